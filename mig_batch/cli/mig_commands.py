@@ -1,0 +1,268 @@
+"""CLI commands over MIG geometry and request translation: gpus, profiles, translate, configs, frag."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.table import Table
+
+from mig_batch.cli.output import console, emit
+from mig_batch.mig.configs import canonical, maximal_configurations, partition_label, reachable_configurations
+from mig_batch.mig.geometry import Configuration, format_mask, parse_configuration, parse_mask
+from mig_batch.mig.models import GpuModel, Profile, all_models, get_model
+from mig_batch.mig.render import configuration_row, placement_chart
+from mig_batch.mig.scores import FragVariant, max_cc_start
+from mig_batch.mig.tables import tables_for
+from mig_batch.request import (
+    MigRequest,
+    RequestError,
+    format_mib,
+    parse_compute,
+    parse_gres,
+    parse_memory,
+    translate,
+)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    def add(name: str, handler: Any, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--json", action="store_true", help="print JSON for scripts")
+        p.set_defaults(handler=handler)
+        return p
+
+    add("gpus", cmd_gpus, "list the known GPU models")
+    p = add("profiles", cmd_profiles, "list a GPU model's MIG profiles and their placements")
+    p.add_argument("model", help="GPU model, e.g. A100-40GB")
+    p = add("translate", cmd_translate, "translate a request into the smallest fitting MIG profile")
+    p.add_argument("--gpu", help="GPU model (default: every known model)")
+    p.add_argument("--mem", help="GPU memory, e.g. 18G, 18GiB, 18GB, 18000M")
+    p.add_argument("--compute", help="compute share: 0.3, 30%% or slices like 2g")
+    p.add_argument("--profile", action="append", default=[], help="explicit profile; repeat for a list of acceptable ones")
+    p.add_argument("--media", action="store_true", help="need media extensions (+me profiles)")
+    p.add_argument("--gres", help="Slurm-style request instead: mig:20G, mig:3g, gpu:3g.40gb:1")
+    p = add("configs", cmd_configs, "count reachable and maximal MIG configurations and list the maximal ones")
+    p.add_argument("model")
+    p.add_argument("--profiles", help="comma-separated profile subset (default: all base profiles)")
+    p = add("frag", cmd_frag, "fragmentation score F and Configuration Capability CC of an occupancy")
+    p.add_argument("model")
+    p.add_argument(
+        "--state",
+        required=True,
+        help="instances (3g.40gb@0,1g.10gb@5), a 0/1 string over memory slices (11000100) or allocated slices (0,1,5)",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def profile_record(model: GpuModel, p: Profile) -> dict[str, Any]:
+    return {
+        "name": p.name,
+        "nvml_profile": p.nvml_profile,
+        "profile_id": p.profile_id,
+        "compute_slices": p.compute_slices,
+        "memory_slices": p.memory_slices,
+        "memory_mib": p.memory_mib,
+        "starts": list(p.starts),
+        "max_instances": p.max_instances,
+        "media_extension_of": p.media_extension_of,
+    }
+
+
+def cmd_gpus(args: argparse.Namespace) -> int:
+    models = sorted(all_models().values(), key=lambda m: m.name)
+    data = [
+        {
+            "model": m.name,
+            "memory_slices": m.memory_slices,
+            "compute_slices": m.compute_slices,
+            "profiles": [p.name for p in m.profiles],
+            "placements_verified": m.placements_verified,
+            "memory_source": m.memory_source,
+            "file": m.path,
+        }
+        for m in models
+    ]
+
+    def render(rows: list[dict[str, Any]]) -> None:
+        table = Table(title="GPU models")
+        for col in ("model", "slices (mem/compute)", "profiles", "placements"):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(
+                r["model"],
+                f"{r['memory_slices']}/{r['compute_slices']}",
+                ", ".join(r["profiles"]),
+                "verified" if r["placements_verified"] else "[yellow]inferred[/]",
+            )
+        console.print(table)
+
+    emit(data, args.json, render)
+    return 0
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    model = get_model(args.model)
+    data = {
+        "model": model.name,
+        "memory_slices": model.memory_slices,
+        "compute_slices": model.compute_slices,
+        "placements_verified": model.placements_verified,
+        "memory_source": model.memory_source,
+        "source": model.source,
+        "profiles": [profile_record(model, p) for p in model.profiles],
+    }
+
+    def render(d: dict[str, Any]) -> None:
+        table = Table(title=f"MIG profiles of {model.name}")
+        for col in ("profile", "NVML profile (id)", "compute", "memory slices", "memory", "starts", "max"):
+            table.add_column(col)
+        for p in model.profiles:
+            table.add_row(
+                p.name, f"{p.nvml_profile} ({p.profile_id})", f"{p.compute_slices}/{model.compute_slices}",
+                f"{p.memory_slices}/{model.memory_slices}", format_mib(p.memory_mib),
+                ",".join(map(str, p.starts)), str(p.max_instances),
+            )
+        console.print(table)
+        console.print(placement_chart(model), highlight=False)
+        if not model.placements_verified:
+            console.print("[yellow]placements inferred, not yet confirmed on a real GPU[/]")
+        if model.memory_source != "nvidia-smi":
+            console.print("[yellow]memory sizes estimated; the NVML backend reads the real ones[/]")
+
+    emit(data, args.json, render)
+    return 0
+
+
+def _request_from_args(args: argparse.Namespace) -> MigRequest:
+    if args.gres:
+        if args.mem or args.compute or args.profile:
+            raise RequestError("--gres cannot be combined with --mem, --compute or --profile")
+        return parse_gres(args.gres)
+    if not (args.mem or args.compute or args.profile or args.media):
+        raise RequestError("say what the job needs: --mem, --compute, --profile, --media or --gres")
+    return MigRequest(
+        memory_mib=parse_memory(args.mem) if args.mem else None,
+        compute=parse_compute(args.compute) if args.compute else None,
+        profiles=tuple(p.lower() for p in args.profile),
+        media=args.media,
+    )
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    request = _request_from_args(args)
+    models = [get_model(args.gpu)] if args.gpu else sorted(all_models().values(), key=lambda m: m.name)
+    rows = []
+    for model in models:
+        try:
+            p = translate(request, model)
+            rows.append({"model": model.name, "profile": p.name, "memory_mib": p.memory_mib,
+                         "compute_slices": p.compute_slices, "memory_slices": p.memory_slices, "error": None})
+        except RequestError as exc:
+            if args.gpu:
+                raise
+            rows.append({"model": model.name, "profile": None, "error": str(exc)})
+    data = {"request": request.describe(), "count": request.count, "results": rows}
+
+    def render(d: dict[str, Any]) -> None:
+        table = Table(title=f"request: {d['request']}")
+        for col in ("GPU model", "profile", "memory", "compute"):
+            table.add_column(col)
+        for r in d["results"]:
+            if r["error"]:
+                table.add_row(r["model"], "[red]none fits[/]", "", "")
+            else:
+                table.add_row(r["model"], f"[bold]{r['profile']}[/]", format_mib(r["memory_mib"]),
+                              f"{r['compute_slices']} slices")
+        console.print(table)
+
+    emit(data, args.json, render)
+    return 0
+
+
+def cmd_configs(args: argparse.Namespace) -> int:
+    model = get_model(args.model)
+    names = [n.strip() for n in args.profiles.split(",")] if args.profiles else None
+    reachable = reachable_configurations(model, names)
+    maximal = maximal_configurations(model, names)
+    canon = {canonical(model, c, names) for c in maximal}
+    data = {
+        "model": model.name,
+        "profiles": names or [p.name for p in model.base_profiles],
+        "reachable": len(reachable),
+        "maximal": len(maximal),
+        "maximal_canonical": len(canon),
+        "maximal_configurations": [
+            {"label": partition_label(model, c), "instances": str(c), "canonical": canonical(model, c, names) == c}
+            for c in maximal
+        ],
+    }
+
+    def render(d: dict[str, Any]) -> None:
+        console.print(
+            f"[bold]{model.name}[/] over {', '.join(d['profiles'])}: {d['reachable']} reachable configurations "
+            f"(empty included), {d['maximal']} maximal, {d['maximal_canonical']} maximal up to equivalence"
+        )
+        table = Table()
+        for col in ("#", "partition", "instances", "canonical"):
+            table.add_column(col)
+        for i, c in enumerate(d["maximal_configurations"], 1):
+            table.add_row(str(i), c["label"], c["instances"], "yes" if c["canonical"] else "")
+        console.print(table)
+
+    emit(data, args.json, render)
+    return 0
+
+
+def _parse_state(model: GpuModel, text: str) -> tuple[int, Configuration | None]:
+    if "@" in text:
+        config = parse_configuration(model, text)
+        return config.mask(model), config
+    return parse_mask(text, model.memory_slices), None
+
+
+def cmd_frag(args: argparse.Namespace) -> int:
+    model = get_model(args.model)
+    mask, config = _parse_state(model, args.state)
+    tables = tables_for(model.name)
+    per_profile = []
+    for i, name in enumerate(tables.base_names):
+        after = tables.frag_after[FragVariant.PRINTED][i][mask]
+        per_profile.append({
+            "profile": name,
+            "free_starts": list(tables.free_starts[i][mask]),
+            "delta_f": {str(s): f - tables.frag[FragVariant.PRINTED][mask] for s, f in after},
+            "nvidia_default_start": max_cc_start(model, mask, name),
+        })
+    data = {
+        "model": model.name,
+        "occupancy": format_mask(mask, model.memory_slices),
+        "instances": str(config) if config else None,
+        "F": tables.frag[FragVariant.PRINTED][mask],
+        "F_partial": tables.frag[FragVariant.PARTIAL][mask],
+        "CC": tables.cc[mask],
+        "profiles": per_profile,
+    }
+
+    def render(d: dict[str, Any]) -> None:
+        if config is not None:
+            console.print(configuration_row(model, config), highlight=False)
+        console.print(
+            f"occupancy {d['occupancy']} (slice 0 first): [bold]F = {d['F']}[/] (MFI Alg. 1 as printed), "
+            f"F = {d['F_partial']} (partly-free windows only), [bold]CC = {d['CC']}[/]"
+        )
+        table = Table()
+        for col in ("profile", "free starts", "ΔF per start", "NVIDIA default start"):
+            table.add_column(col)
+        for r in d["profiles"]:
+            table.add_row(
+                r["profile"], ",".join(map(str, r["free_starts"])) or "-",
+                " ".join(f"{s}:{v:+d}" for s, v in r["delta_f"].items()) or "-",
+                "-" if r["nvidia_default_start"] is None else str(r["nvidia_default_start"]),
+            )
+        console.print(table)
+
+    emit(data, args.json, render)
+    return 0
