@@ -40,7 +40,7 @@ def parse_memory(text: str) -> int:
     scale = _DECIMAL[letter] if suffix == "B" else _BINARY[letter]
     value = number * scale
     if value <= 0:
-        raise RequestError(f"GPU memory must be positive, got {text!r}")
+        raise RequestError(f"GPU memory must be positive, got {text!r}; accepted: {MEMORY_FORMS}")
     return -(-int(value) // MIB)
 
 
@@ -173,7 +173,10 @@ _PROFILE_RE = re.compile(r"^\d+g\.\d+gb(\+me)?$", re.IGNORECASE)
 
 
 def parse_gres(spec: str) -> MigRequest:
-    """Read ``gpu:3g.40gb:1``, ``mig:20G``, ``mig:3g`` or ``mig:3g.40gb`` (an optional ``gres:`` prefix)."""
+    """Read ``gpu:3g.40gb:1``, ``mig:20G``, ``mig:3g`` or ``mig:3g.40gb`` (an optional ``gres:`` prefix).
+
+    ``mig:3g`` (lower-case g, as in profile names) asks for 3 compute slices; ``mig:3G`` for 3 GiB.
+    """
     match = _GRES_RE.match(spec.strip())
     if not match or match.group(2) is None:
         raise RequestError(f"cannot read MIG request {spec!r}; accepted forms: {GRES_FORMS}")
@@ -187,7 +190,7 @@ def parse_gres(spec: str) -> MigRequest:
             f"gpu:{what} is not a MIG profile name (like 3g.40gb); for a memory or compute request use mig:, "
             f"accepted forms: {GRES_FORMS}"
         )
-    if re.fullmatch(r"\d+g", what, re.IGNORECASE):
+    if re.fullmatch(r"\d+g", what):  # lower-case g: compute slices as in MIG names; 3G is memory
         return MigRequest(compute=parse_compute(what), count=count)
     try:
         return MigRequest(memory_mib=parse_memory(what), count=count)
@@ -212,9 +215,7 @@ def parse_duration(text: str | float) -> float:
         for part in raw.split(":"):
             value = value * 60 + int(part)
     elif re.fullmatch(r"(\d+(\.\d+)?[hms])+", raw):
-        value = sum(
-            float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)([hms])", raw)
-        )
+        value = sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)([hms])", raw))
     else:
         raise RequestError(f"cannot read duration {text!r}; accepted: 90, 90s, 2.5m, 1h30m, 01:30:00")
     if value <= 0:

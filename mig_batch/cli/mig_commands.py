@@ -39,7 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu", help="GPU model (default: every known model)")
     p.add_argument("--mem", help="GPU memory, e.g. 18G, 18GiB, 18GB, 18000M")
     p.add_argument("--compute", help="compute share: 0.3, 30%% or slices like 2g")
-    p.add_argument("--profile", action="append", default=[], help="explicit profile; repeat for a list of acceptable ones")
+    p.add_argument(
+        "--profile", action="append", default=[], help="explicit profile; repeat for a list of acceptable ones"
+    )
     p.add_argument("--media", action="store_true", help="need media extensions (+me profiles)")
     p.add_argument("--gres", help="Slurm-style request instead: mig:20G, mig:3g, gpu:3g.40gb:1")
     p = add("configs", cmd_configs, "count reachable and maximal MIG configurations and list the maximal ones")
@@ -121,9 +123,13 @@ def cmd_profiles(args: argparse.Namespace) -> int:
             table.add_column(col)
         for p in model.profiles:
             table.add_row(
-                p.name, f"{p.nvml_profile} ({p.profile_id})", f"{p.compute_slices}/{model.compute_slices}",
-                f"{p.memory_slices}/{model.memory_slices}", format_mib(p.memory_mib),
-                ",".join(map(str, p.starts)), str(p.max_instances),
+                p.name,
+                f"{p.nvml_profile} ({p.profile_id})",
+                f"{p.compute_slices}/{model.compute_slices}",
+                f"{p.memory_slices}/{model.memory_slices}",
+                format_mib(p.memory_mib),
+                ",".join(map(str, p.starts)),
+                str(p.max_instances),
             )
         console.print(table)
         console.print(placement_chart(model), highlight=False)
@@ -158,8 +164,16 @@ def cmd_translate(args: argparse.Namespace) -> int:
     for model in models:
         try:
             p = translate(request, model)
-            rows.append({"model": model.name, "profile": p.name, "memory_mib": p.memory_mib,
-                         "compute_slices": p.compute_slices, "memory_slices": p.memory_slices, "error": None})
+            rows.append(
+                {
+                    "model": model.name,
+                    "profile": p.name,
+                    "memory_mib": p.memory_mib,
+                    "compute_slices": p.compute_slices,
+                    "memory_slices": p.memory_slices,
+                    "error": None,
+                }
+            )
         except RequestError as exc:
             if args.gpu:
                 raise
@@ -174,8 +188,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
             if r["error"]:
                 table.add_row(r["model"], "[red]none fits[/]", "", "")
             else:
-                table.add_row(r["model"], f"[bold]{r['profile']}[/]", format_mib(r["memory_mib"]),
-                              f"{r['compute_slices']} slices")
+                table.add_row(
+                    r["model"], f"[bold]{r['profile']}[/]", format_mib(r["memory_mib"]), f"{r['compute_slices']} slices"
+                )
         console.print(table)
 
     emit(data, args.json, render)
@@ -230,12 +245,14 @@ def cmd_frag(args: argparse.Namespace) -> int:
     per_profile = []
     for i, name in enumerate(tables.base_names):
         after = tables.frag_after[FragVariant.PRINTED][i][mask]
-        per_profile.append({
-            "profile": name,
-            "free_starts": list(tables.free_starts[i][mask]),
-            "delta_f": {str(s): f - tables.frag[FragVariant.PRINTED][mask] for s, f in after},
-            "nvidia_default_start": max_cc_start(model, mask, name),
-        })
+        per_profile.append(
+            {
+                "profile": name,
+                "free_starts": list(tables.free_starts[i][mask]),
+                "delta_f": {str(s): f - tables.frag[FragVariant.PRINTED][mask] for s, f in after},
+                "nvidia_default_start": max_cc_start(model, mask, name),
+            }
+        )
     data = {
         "model": model.name,
         "occupancy": format_mask(mask, model.memory_slices),
@@ -258,7 +275,8 @@ def cmd_frag(args: argparse.Namespace) -> int:
             table.add_column(col)
         for r in d["profiles"]:
             table.add_row(
-                r["profile"], ",".join(map(str, r["free_starts"])) or "-",
+                r["profile"],
+                ",".join(map(str, r["free_starts"])) or "-",
                 " ".join(f"{s}:{v:+d}" for s, v in r["delta_f"].items()) or "-",
                 "-" if r["nvidia_default_start"] is None else str(r["nvidia_default_start"]),
             )

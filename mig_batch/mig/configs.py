@@ -83,7 +83,9 @@ def _buddy_permutations(slices: int) -> list[Permutation]:
         for (lo, size), swap in zip(blocks, choice, strict=True):
             if swap:
                 half = size // 2
-                perm = [p + half if lo <= p < lo + half else p - half if lo + half <= p < lo + size else p for p in perm]
+                perm = [
+                    p + half if lo <= p < lo + half else p - half if lo + half <= p < lo + size else p for p in perm
+                ]
         perms.add(tuple(perm))
     return sorted(perms)
 

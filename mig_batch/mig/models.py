@@ -16,8 +16,16 @@ from typing import Any
 import yaml
 
 NVML_PROFILE_ENUMS = (
-    "1_SLICE", "2_SLICE", "3_SLICE", "4_SLICE", "7_SLICE", "8_SLICE", "6_SLICE",
-    "1_SLICE_REV1", "2_SLICE_REV1", "1_SLICE_REV2",
+    "1_SLICE",
+    "2_SLICE",
+    "3_SLICE",
+    "4_SLICE",
+    "7_SLICE",
+    "8_SLICE",
+    "6_SLICE",
+    "1_SLICE_REV1",
+    "2_SLICE_REV1",
+    "1_SLICE_REV2",
 )
 
 
@@ -159,9 +167,7 @@ def _parse_profile(raw: Any, model_where: str, slices: tuple[int, int]) -> Profi
         raise ModelError(f"{where}: field 'starts' must be a non-empty list of integers, got {starts!r}")
     for s in starts:
         if s < 0 or s + memory > memory_total:
-            raise ModelError(
-                f"{where}: start {s} puts {memory} memory slices outside 0..{memory_total - 1}"
-            )
+            raise ModelError(f"{where}: start {s} puts {memory} memory slices outside 0..{memory_total - 1}")
     if len(set(starts)) != len(starts):
         raise ModelError(f"{where}: field 'starts' lists a start twice: {starts}")
     memory_mib = _require(raw, "memory_mib", int, where)
@@ -172,9 +178,15 @@ def _parse_profile(raw: Any, model_where: str, slices: tuple[int, int]) -> Profi
     if media_of is not None and not isinstance(media_of, str):
         raise ModelError(f"{where}: field 'media_extension_of' must be a profile name, got {media_of!r}")
     return Profile(
-        name=name, nvml_profile=enum, profile_id=_require(raw, "profile_id", int, where),
-        compute_slices=compute, memory_slices=memory, memory_mib=memory_mib,
-        starts=tuple(sorted(starts)), max_instances=max_instances, media_extension_of=media_of,
+        name=name,
+        nvml_profile=enum,
+        profile_id=_require(raw, "profile_id", int, where),
+        compute_slices=compute,
+        memory_slices=memory,
+        memory_mib=memory_mib,
+        starts=tuple(sorted(starts)),
+        max_instances=max_instances,
+        media_extension_of=media_of,
     )
 
 
@@ -206,9 +218,14 @@ def parse_model(data: Any, path: str = "<memory>") -> GpuModel:
     if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
         raise ModelError(f"{where}: field 'aliases' must be a list of strings")
     return GpuModel(
-        name=name, memory_slices=memory_total, compute_slices=compute_total, profiles=profiles,
-        aliases=tuple(aliases), placements_verified=bool(data.get("placements_verified", False)),
-        memory_source=str(data.get("memory_source", "estimated")), source=str(data.get("source", "")).strip(),
+        name=name,
+        memory_slices=memory_total,
+        compute_slices=compute_total,
+        profiles=profiles,
+        aliases=tuple(aliases),
+        placements_verified=bool(data.get("placements_verified", False)),
+        memory_source=str(data.get("memory_source", "estimated")),
+        source=str(data.get("source", "")).strip(),
         path=path,
     )
 

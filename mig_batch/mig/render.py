@@ -31,7 +31,7 @@ def placement_chart(model: GpuModel, include_media: bool = False) -> str:
 
 def configuration_row(model: GpuModel, config: Configuration) -> str:
     """One row: each instance as a labelled bar at its memory slices, free slices as dots."""
-    line = list(("  .  " * model.memory_slices))
+    line = list("  .  " * model.memory_slices)
     for inst in config.instances:
         profile = model.profile(inst.profile)
         bar = _bar(profile.memory_slices, inst.profile)

@@ -73,9 +73,7 @@ def build_tables(model: GpuModel) -> ModelTables:
     frag = {FragVariant.PRINTED: tuple(frag_printed), FragVariant.PARTIAL: tuple(frag_partial)}
     frag_after = {
         variant: tuple(
-            tuple(
-                tuple((s, table[mask | base[k].window(s)]) for s in free[k][mask]) for mask in range(size)
-            )
+            tuple(tuple((s, table[mask | base[k].window(s)]) for s in free[k][mask]) for mask in range(size))
             for k in range(len(base))
         )
         for variant, table in frag.items()

@@ -1,0 +1,185 @@
+"""``migsub``: submit a batch script with a MIG request.
+
+Options come from the command line and from ``#MIG`` directive lines at the top of the script
+(``#MIG --gpu-mem 18G``); the command line wins. ``#SBATCH`` lines stay in the script for sbatch to
+read; migsub only checks that they do not ask for GPUs a second way. Like sbatch, directives are read
+until the first line that is neither blank nor a comment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mig_batch.cli.output import console, fail
+from mig_batch.mig.models import UnknownModelError, all_models, get_model
+from mig_batch.request import (
+    MigRequest,
+    MoldableRequest,
+    RequestError,
+    parse_compute,
+    parse_memory,
+    parse_moldable,
+    translate_any,
+)
+
+
+class DirectiveError(ValueError):
+    pass
+
+
+def _option_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="migsub", description="Submit a batch job that needs a MIG instance.")
+    p.add_argument("--mig", metavar="PROFILE", help="explicit MIG profile, e.g. 3g.40gb")
+    p.add_argument("--gpu-mem", metavar="SIZE", help="GPU memory the job needs, e.g. 18G")
+    p.add_argument("--gpu-compute", metavar="SHARE", help="compute share: 0.3, 30%% or 2g")
+    p.add_argument("--gpu", metavar="MODEL", help="GPU model the job must run on, e.g. A100-80GB")
+    p.add_argument("--moldable", metavar="SIZES", help="sizes with predicted times: 1g=300,2g=160,3g=110")
+    p.add_argument("--dry-run", action="store_true", help="show the translation and the sbatch command only")
+    p.add_argument("--json", action="store_true", help="print the dry run as JSON")
+    return p
+
+
+DIRECTIVE_OPTIONS = ("mig", "gpu_mem", "gpu_compute", "gpu", "moldable")
+
+
+@dataclass
+class JobSpec:
+    script: Path
+    script_args: list[str]
+    options: dict[str, str] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)  # option -> where it was set
+
+
+def read_directives(script: Path) -> tuple[dict[str, str], dict[str, str], list[str]]:
+    """``#MIG`` options (with their line) and ``#SBATCH`` lines from the script's header."""
+    try:
+        lines = script.read_text().splitlines()
+    except OSError as exc:
+        raise DirectiveError(f"cannot read job script {script}: {exc.strerror}") from None
+    parser = _option_parser()
+    options: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    sbatch_lines: list[str] = []
+    for number, line in enumerate(lines, 1):
+        stripped = line.strip()
+        if number == 1 and stripped.startswith("#!"):
+            continue
+        if stripped and not stripped.startswith("#"):
+            break
+        where = f"{script} line {number}: {stripped}"
+        if stripped.startswith("#SBATCH"):
+            sbatch_lines.append(stripped)
+        elif stripped.startswith("#MIG"):
+            try:
+                words = shlex.split(stripped[len("#MIG") :])
+            except ValueError as exc:
+                raise DirectiveError(f"{where}: {exc}") from None
+            namespace, unknown = parser.parse_known_args(words)
+            if unknown:
+                raise DirectiveError(
+                    f"{where}: unknown option {' '.join(unknown)}; #MIG accepts --mig, --gpu-mem, "
+                    f"--gpu-compute, --gpu, --moldable"
+                )
+            for key in DIRECTIVE_OPTIONS:
+                value = getattr(namespace, key)
+                if value is not None:
+                    options[key], sources[key] = value, where
+    return options, sources, sbatch_lines
+
+
+def build_request(options: dict[str, str], sources: dict[str, str]) -> MigRequest | MoldableRequest:
+    def checked(key: str, parse):  # errors name the directive or option that carried the value
+        try:
+            return parse(options[key])
+        except RequestError as exc:
+            raise DirectiveError(f"{sources[key]}: {exc}") from None
+
+    if "moldable" in options:
+        if "mig" in options:
+            raise DirectiveError(f"{sources['mig']}: --mig and --moldable exclude each other")
+        return checked("moldable", lambda v: parse_moldable(v, options.get("gpu_mem")))
+    if not any(k in options for k in ("mig", "gpu_mem", "gpu_compute")):
+        raise DirectiveError("say what the job needs: --mig PROFILE, --gpu-mem SIZE, --gpu-compute SHARE or --moldable")
+    return MigRequest(
+        memory_mib=checked("gpu_mem", parse_memory) if "gpu_mem" in options else None,
+        compute=checked("gpu_compute", parse_compute) if "gpu_compute" in options else None,
+        profiles=(options["mig"].lower(),) if "mig" in options else (),
+    )
+
+
+def gres_of(options: dict[str, str]) -> str:
+    """The GRES string job_submit.lua reads back: the user's request, not yet a profile."""
+    if "mig" in options:
+        return f"mig:{options['mig'].lower()}"
+    if "gpu_mem" in options:
+        return f"mig:{parse_memory(options['gpu_mem'])}M"
+    return f"mig:{parse_compute(options['gpu_compute']).slices}g" if "gpu_compute" in options else "mig:any"
+
+
+def sbatch_command(spec: JobSpec) -> list[str]:
+    cmd = ["sbatch", "--parsable", f"--gres={gres_of(spec.options)}"]
+    comment = []
+    if "gpu_compute" in spec.options:
+        comment.append(f"compute={spec.options['gpu_compute']}")
+    if "moldable" in spec.options:
+        comment.append(f"moldable={spec.options['moldable']}")
+    if comment:
+        cmd.append("--comment=mig-batch:" + ";".join(comment))
+    if "gpu" in spec.options:
+        cmd.append(f"--constraint={get_model(spec.options['gpu']).name}")
+    return [*cmd, str(spec.script), *spec.script_args]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _option_parser()
+    parser.add_argument("script", type=Path, help="the batch script")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+    args = parser.parse_args(argv)
+    try:
+        options, sources, sbatch_lines = read_directives(args.script)
+        for key in DIRECTIVE_OPTIONS:
+            if getattr(args, key) is not None:
+                options[key], sources[key] = getattr(args, key), f"--{key.replace('_', '-')}"
+        for line in sbatch_lines:
+            if "--gres" in line or "--gpus" in line:
+                raise DirectiveError(f"{args.script}: '{line}' asks for GPUs too; let migsub request the MIG instance")
+        request = build_request(options, sources)
+        models = (
+            [get_model(options["gpu"])] if "gpu" in options else sorted(all_models().values(), key=lambda m: m.name)
+        )
+        if isinstance(request, MoldableRequest):
+            per_model = {m.name: request.candidates(m) for m in models}
+        else:
+            per_model = {
+                name: (p.name if not isinstance(p, RequestError) else None)
+                for name, p in translate_any(request, models).items()
+            }
+            if not any(per_model.values()):
+                raise RequestError(str(translate_any(request, models[:1])[models[0].name]))
+        spec = JobSpec(args.script, args.script_args, options, sources)
+        command = sbatch_command(spec)
+    except (DirectiveError, RequestError, UnknownModelError) as exc:
+        return fail(str(exc))
+
+    if args.dry_run:
+        if args.json:
+            json.dump({"options": options, "profiles": per_model, "sbatch": command}, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            for name, chosen in per_model.items():
+                console.print(f"{name}: {chosen if chosen else '[red]no profile fits[/]'}", highlight=False)
+            console.print("sbatch command: " + shlex.join(command), highlight=False, soft_wrap=True)
+        return 0
+    return fail(
+        "submission needs the mig_batch Slurm plugins (job_submit.lua, prolog), not installed yet; use --dry-run"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

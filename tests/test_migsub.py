@@ -1,0 +1,69 @@
+"""migsub: #MIG directives, command-line precedence, errors that name the line, the sbatch command."""
+
+import json
+
+from mig_batch.cli.migsub import main
+
+
+def script(tmp_path, body):
+    path = tmp_path / "job.sh"
+    path.write_text("#!/bin/bash\n" + body)
+    return path
+
+
+def dry_run(capsys, *argv):
+    assert main(["--dry-run", "--json", *argv]) == 0  # options before the script, as with sbatch
+    return json.loads(capsys.readouterr().out)
+
+
+def test_directives_translate_per_model(tmp_path, capsys):
+    job = script(
+        tmp_path, "#SBATCH --time=10\n#MIG --gpu-mem 18G\n#MIG --gpu-compute 0.3\npython train.py\n#MIG --mig 7g.80gb\n"
+    )
+    out = dry_run(capsys, str(job), "--epochs", "3")
+    assert out["profiles"]["A100-80GB"] == "3g.40gb"  # the #MIG after the first command line is ignored
+    assert out["sbatch"][:3] == ["sbatch", "--parsable", "--gres=mig:18432M"]
+    assert out["sbatch"][-3:] == [str(job), "--epochs", "3"]
+
+
+def test_command_line_overrides_directives(tmp_path, capsys):
+    job = script(tmp_path, "#MIG --mig 1g.10gb\n")
+    out = dry_run(capsys, "--mig", "2g.20gb", "--gpu", "h100-80gb", str(job))
+    assert out["profiles"] == {"H100-80GB": "2g.20gb"}
+    assert "--constraint=H100-80GB" in out["sbatch"]
+
+
+def test_moldable(tmp_path, capsys):
+    job = script(tmp_path, "#MIG --moldable 1g=300,3g=110 --gpu-mem 8G\n")
+    out = dry_run(capsys, "--gpu", "A100-40GB", str(job))
+    assert out["profiles"]["A100-40GB"] == {"1g.10gb": 300.0, "3g.20gb": 110.0}
+
+
+def test_errors_name_directive_and_line(tmp_path, capsys):
+    job = script(tmp_path, "#SBATCH -N1\n#MIG --gpu-mem 18\n")
+    assert main(["--dry-run", str(job)]) == 2
+    err = capsys.readouterr().err
+    assert "job.sh line 3: #MIG --gpu-mem 18" in err and "a unit is required" in err
+
+    job = script(tmp_path, "#MIG --gpu-memory 18G\n")
+    assert main(["--dry-run", str(job)]) == 2
+    assert "line 2" in capsys.readouterr().err
+
+    job = script(tmp_path, "#SBATCH --gres=gpu:1\n#MIG --mig 3g.40gb\n")
+    assert main(["--dry-run", str(job)]) == 2
+    assert "asks for GPUs too" in capsys.readouterr().err
+
+    job = script(tmp_path, "echo hi\n")
+    assert main(["--dry-run", str(job)]) == 2
+    assert "say what the job needs" in capsys.readouterr().err
+
+
+def test_impossible_everywhere_names_largest_profile(tmp_path, capsys):
+    job = script(tmp_path, "#MIG --gpu-mem 500G\n")
+    assert main(["--dry-run", str(job)]) == 2
+    assert "the largest is" in capsys.readouterr().err
+
+
+def test_missing_script(tmp_path, capsys):
+    assert main(["--dry-run", str(tmp_path / "nope.sh")]) == 2
+    assert "cannot read job script" in capsys.readouterr().err
