@@ -1,0 +1,125 @@
+"""Placement decisions and the mask-scored policy engine shared by most policies.
+
+A request names, per GPU model, the profile it needs there. A policy answers with a
+:class:`Placement` (GPU, start) or a :class:`Rejection` with a reason; it never changes the cluster
+(the caller applies the decision with ``Cluster.allocate``).
+
+Most policies rank GPUs by a key that depends only on the GPU's (model, occupancy mask) and break
+ties by the lowest GPU id. :class:`MaskScoredPolicy` precomputes, per (model, profile), every mask's
+key and chosen start, sorted by key; a decision walks that list and stops at the first key held by
+some GPU, so it never scans the cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mig_batch.mig.tables import ModelTables
+from mig_batch.placement.cluster import Cluster
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    job: str
+    profiles: Mapping[str, str]  # GPU model -> profile name on that model
+
+    @classmethod
+    def single(cls, job: str, model: str, profile: str) -> PlacementRequest:
+        return cls(job, {model: profile})
+
+
+@dataclass(frozen=True)
+class Placement:
+    gid: int
+    host: str
+    gpu_index: int
+    model: str
+    profile: str
+    start: int
+
+
+@dataclass(frozen=True)
+class Rejection:
+    reason: str
+
+
+Decision = Placement | Rejection
+# (key, start or None): lower keys win; a None start means "chosen but no allowed start fits"
+MaskChoice = tuple[tuple[Any, ...], int | None]
+
+
+def placement_on(cluster: Cluster, gid: int, profile: str, start: int) -> Placement:
+    gpu = cluster.gpus[gid]
+    return Placement(gid, gpu.host, gpu.index, gpu.model, profile, start)
+
+
+class Policy:
+    """A placement policy. Stateful policies (round robin, learned weights) keep their state here."""
+
+    name = "policy"
+
+    def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
+        raise NotImplementedError  # abstract: every concrete policy overrides it
+
+    def describe(self) -> dict[str, Any]:
+        return {"policy": self.name}
+
+
+@dataclass
+class _Ranked:
+    entries: list[tuple[tuple[Any, ...], int, int | None]] = field(default_factory=list)  # (key, mask, start)
+
+
+class MaskScoredPolicy(Policy):
+    """Policies whose GPU ranking depends only on (model, mask); ties go to the lowest GPU id."""
+
+    def __init__(self) -> None:
+        self._ranked: dict[tuple[str, int], _Ranked] = {}
+
+    def mask_choice(self, tables: ModelTables, profile_index: int, mask: int) -> MaskChoice | None:
+        """The key and start for a GPU with ``mask``; None if the policy would not consider it."""
+        raise NotImplementedError  # abstract: every concrete policy overrides it
+
+    def invalidate(self) -> None:
+        """Forget precomputed rankings (for policies whose keys change over time)."""
+        self._ranked.clear()
+
+    def _ranking(self, tables: ModelTables, profile_index: int) -> _Ranked:
+        key = (tables.model.name, profile_index)
+        ranked = self._ranked.get(key)
+        if ranked is None:
+            entries = []
+            for mask in range(1 << tables.model.memory_slices):
+                choice = self.mask_choice(tables, profile_index, mask)
+                if choice is not None:
+                    entries.append((choice[0], mask, choice[1]))
+            entries.sort(key=lambda e: e[0])
+            ranked = self._ranked[key] = _Ranked(entries)
+        return ranked
+
+    def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
+        best: tuple[tuple[Any, ...], int, str, int | None] | None = None  # (key, gid, model, start)
+        for model, profile in request.profiles.items():
+            tables = cluster.tables.get(model)
+            if tables is None:
+                continue
+            ranked = self._ranking(tables, tables.index(profile))
+            found_key = None
+            for key, mask, start in ranked.entries:
+                if found_key is not None and key != found_key:
+                    break
+                gid = cluster.lowest_gpu(model, mask)
+                if gid is None:
+                    continue
+                found_key = key
+                if best is None or (key, gid) < (best[0], best[1]):
+                    best = (key, gid, model, start)
+        if best is None:
+            return Rejection("no GPU can host the request")
+        key, gid, model, start = best
+        profile = request.profiles[model]
+        if start is None:
+            return Rejection(f"GPU {gid} was chosen by free capacity but has no allowed start free for {profile}")
+        return placement_on(cluster, gid, profile, start)

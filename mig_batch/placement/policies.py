@@ -1,0 +1,345 @@
+"""Online placement policies: the papers' baselines, MFI, the CC family, and our improvements.
+
+MFI paper §VI baselines choose a GPU by free capacity only and then an index; if the chosen GPU has
+enough free slices but no allowed start, the request is rejected (their Fig. 3):
+  - ff: first GPU (lowest id) with enough free memory slices, first free start.
+  - rr: round robin over GPUs with enough free slices, first free start.
+  - bf-bi: GPU with the fewest free slices left after allocation, "best index" start.
+  - wf-bi: GPU with the most free slices left after allocation, "best index" start.
+MIG-aware:
+  - mfi: MFI Alg. 2, the (GPU, start) with the least increase of F (Alg. 1 as printed).
+  - mfi-partial: the same with F counting only partly-free windows (the worked example's reading).
+  - nvidia: first GPU where the profile fits, start by NVIDIA's default max-CC rule (GRMU §5).
+  - mcc / mecc: GPU and start with the highest CC (expected CC, profile-frequency weighted) after
+    allocation (GRMU §8.3, Alg. 6 and 7).
+  - hami: first GPU where it fits, first free start NVML reports; 1g.* and 3g.* from the highest start.
+Ours (see docs/placement.md for the evaluation):
+  - mfi-pack: MFI, ties broken toward the GPU left with the fewest free slices.
+  - emfi: expected MFI, F weighted by the observed frequency of each profile, ties packed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from mig_batch.mig.scores import FragVariant
+from mig_batch.mig.tables import ModelTables
+from mig_batch.placement.base import (
+    Decision,
+    MaskChoice,
+    MaskScoredPolicy,
+    Placement,
+    PlacementRequest,
+    Policy,
+    Rejection,
+    placement_on,
+)
+from mig_batch.placement.cluster import Cluster
+
+
+def _free_slices(tables: ModelTables, mask: int) -> int:
+    return tables.model.memory_slices - mask.bit_count()
+
+
+def _size(tables: ModelTables, k: int) -> int:
+    return tables.model.profile(tables.base_names[k]).memory_slices
+
+
+def best_index_order(tables: ModelTables, k: int) -> tuple[int, ...]:
+    """Starts of profile k, least restrictive first: fewest windows of *other* profiles overlapped on
+    an empty GPU, then the highest start (so 1g.10gb goes to 6 before 0, keeping 0 for 4g.40gb)."""
+    model = tables.model
+    me = model.profile(tables.base_names[k])
+    others = [p for i, p in enumerate(model.base_profiles) if i != k]
+
+    def blocked(start: int) -> int:
+        window = me.window(start)
+        return sum(1 for p in others for s in p.starts if p.window(s) & window)
+
+    return tuple(sorted(me.starts, key=lambda s: (blocked(s), -s)))
+
+
+# --------------------------------------------------------------------------------------------- MFI baselines
+
+
+class FirstFit(MaskScoredPolicy):
+    name = "ff"
+
+    def mask_choice(self, tables: ModelTables, k: int, mask: int) -> MaskChoice | None:
+        if _free_slices(tables, mask) < _size(tables, k):
+            return None
+        starts = tables.free_starts[k][mask]
+        return (), (starts[0] if starts else None)
+
+
+class _FitBestIndex(MaskScoredPolicy):
+    sign = 1
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._orders: dict[tuple[str, int], tuple[int, ...]] = {}
+
+    def mask_choice(self, tables: ModelTables, k: int, mask: int) -> MaskChoice | None:
+        left = _free_slices(tables, mask) - _size(tables, k)
+        if left < 0:
+            return None
+        key = (tables.model.name, k)
+        if key not in self._orders:
+            self._orders[key] = best_index_order(tables, k)
+        free = set(tables.free_starts[k][mask])
+        start = next((s for s in self._orders[key] if s in free), None)
+        return (self.sign * left,), start
+
+
+class BestFitBestIndex(_FitBestIndex):
+    name = "bf-bi"
+    sign = 1
+
+
+class WorstFitBestIndex(_FitBestIndex):
+    name = "wf-bi"
+    sign = -1
+
+
+class RoundRobin(Policy):
+    """Round robin over GPUs with enough free slices; first free start. O(GPUs) in the worst case."""
+
+    name = "rr"
+
+    def __init__(self) -> None:
+        self.next_gid = 0
+
+    def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
+        n = len(cluster.gpus)
+        for step in range(n):
+            gid = (self.next_gid + step) % n
+            gpu = cluster.gpus[gid]
+            profile = request.profiles.get(gpu.model)
+            if profile is None:
+                continue
+            tables = cluster.tables[gpu.model]
+            k = tables.index(profile)
+            if _free_slices(tables, gpu.mask) < _size(tables, k):
+                continue
+            self.next_gid = (gid + 1) % n
+            starts = tables.free_starts[k][gpu.mask]
+            if not starts:
+                return Rejection(f"GPU {gid} was chosen by free capacity but has no allowed start free for {profile}")
+            return placement_on(cluster, gid, profile, starts[0])
+        return Rejection("no GPU has enough free memory slices")
+
+
+# --------------------------------------------------------------------------------------------- MFI
+
+
+class MinimumFragmentationIncrement(MaskScoredPolicy):
+    """MFI Alg. 2: argmin over (GPU, start) of F after - F before; ties to the lowest GPU, then start."""
+
+    name = "mfi"
+
+    def __init__(self, variant: FragVariant = FragVariant.PRINTED, pack_ties: bool = False) -> None:
+        super().__init__()
+        self.variant = FragVariant(variant)
+        self.pack_ties = pack_ties
+        if self.variant is FragVariant.PARTIAL:
+            self.name = "mfi-partial"
+        if pack_ties:
+            self.name = "mfi-pack"
+
+    def delta_f(self, tables: ModelTables, k: int, mask: int) -> list[tuple[float, int]]:
+        before = tables.frag[self.variant][mask]
+        return [(after - before, s) for s, after in tables.frag_after[self.variant][k][mask]]
+
+    def mask_choice(self, tables: ModelTables, k: int, mask: int) -> MaskChoice | None:
+        options = self.delta_f(tables, k, mask)
+        if not options:
+            return None
+        delta, start = min(options)
+        left = _free_slices(tables, mask) - _size(tables, k)
+        return ((delta, left) if self.pack_ties else (delta,)), start
+
+    def describe(self) -> dict[str, Any]:
+        return {"policy": self.name, "variant": str(self.variant), "pack_ties": self.pack_ties}
+
+
+class ExpectedMFI(MinimumFragmentationIncrement):
+    """MFI with F weighted by how often each profile has been requested (learned online, +1 prior).
+
+    A window blocked for a profile nobody asks for costs little; one blocked for the common profile
+    costs a lot. Weights are re-estimated every ``refresh`` requests; ties are packed.
+    """
+
+    name = "emfi"
+
+    def __init__(self, refresh: int = 64) -> None:
+        super().__init__(FragVariant.PRINTED, pack_ties=True)
+        self.name = "emfi"
+        self.refresh = refresh
+        self.counts: dict[str, Counter[int]] = {}
+        self.seen = 0
+        self._weighted: dict[str, list[float]] = {}
+
+    def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
+        for model, profile in request.profiles.items():
+            if model in cluster.tables:
+                self.counts.setdefault(model, Counter())[cluster.tables[model].index(profile)] += 1
+        self.seen += 1
+        if self.seen % self.refresh == 1:
+            self._weighted.clear()
+            self.invalidate()
+        return super().decide(cluster, request)
+
+    def _frag_table(self, tables: ModelTables) -> list[float]:
+        name = tables.model.name
+        if name not in self._weighted:
+            counts = self.counts.get(name, Counter())
+            n = len(tables.base_names)
+            total = sum(counts.values()) + n
+            weights = [(counts[k] + 1) / total * n for k in range(n)]  # mean weight 1
+            model = tables.model
+            table = []
+            for mask in range(1 << model.memory_slices):
+                unused = model.memory_slices - mask.bit_count()
+                score = 0.0
+                for k, profile in enumerate(model.base_profiles):
+                    if profile.memory_slices > unused:
+                        continue
+                    blocked = sum(1 for s in profile.starts if profile.window(s) & mask)
+                    score += weights[k] * profile.memory_slices * blocked
+                table.append(score)
+            self._weighted[name] = table
+        return self._weighted[name]
+
+    def delta_f(self, tables: ModelTables, k: int, mask: int) -> list[tuple[float, int]]:
+        table = self._frag_table(tables)
+        return [
+            (table[mask | tables.window(tables.base_names[k], s)] - table[mask], s) for s in tables.free_starts[k][mask]
+        ]
+
+    def describe(self) -> dict[str, Any]:
+        return {"policy": self.name, "refresh": self.refresh}
+
+
+# --------------------------------------------------------------------------------------------- CC family
+
+
+class NvidiaDefault(MaskScoredPolicy):
+    """First GPU where the profile fits; the driver's default start (max CC after, ties lowest)."""
+
+    name = "nvidia"
+
+    def mask_choice(self, tables: ModelTables, k: int, mask: int) -> MaskChoice | None:
+        options = tables.cc_after[k][mask]
+        if not options:
+            return None
+        _cc, start = max((cc, -s) for s, cc in options)
+        return (), -start
+
+
+class MaxCC(MaskScoredPolicy):
+    """GRMU Alg. 6: the GPU (and default start) with the highest CC after allocation."""
+
+    name = "mcc"
+
+    def mask_choice(self, tables: ModelTables, k: int, mask: int) -> MaskChoice | None:
+        options = tables.cc_after[k][mask]
+        if not options:
+            return None
+        cc, neg_start = max((cc, -s) for s, cc in options)
+        return (-cc,), -neg_start
+
+
+class MaxExpectedCC(MaskScoredPolicy):
+    """GRMU Alg. 7 (MECC): CC with each profile's count weighted by its share of recent requests.
+
+    GRMU looks back 24 hours; here the window is the last ``window`` requests.
+    """
+
+    name = "mecc"
+
+    def __init__(self, window: int = 500, refresh: int = 64) -> None:
+        super().__init__()
+        self.window, self.refresh = window, refresh
+        self.recent: list[tuple[str, int]] = []
+        self.seen = 0
+        self._ecc: dict[str, list[float]] = {}
+
+    def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
+        for model, profile in request.profiles.items():
+            if model in cluster.tables:
+                self.recent.append((model, cluster.tables[model].index(profile)))
+        del self.recent[: max(0, len(self.recent) - self.window)]
+        self.seen += 1
+        if self.seen % self.refresh == 1:
+            self._ecc.clear()
+            self.invalidate()
+        return super().decide(cluster, request)
+
+    def _ecc_table(self, tables: ModelTables) -> list[float]:
+        name = tables.model.name
+        if name not in self._ecc:
+            counts = Counter(k for m, k in self.recent if m == name)
+            total = sum(counts.values()) or 1
+            probs = [counts[k] / total for k in range(len(tables.base_names))]
+            table = []
+            for mask in range(1 << tables.model.memory_slices):
+                table.append(sum(probs[k] * len(tables.free_starts[k][mask]) for k in range(len(probs))))
+            self._ecc[name] = table
+        return self._ecc[name]
+
+    def mask_choice(self, tables: ModelTables, k: int, mask: int) -> MaskChoice | None:
+        starts = tables.free_starts[k][mask]
+        if not starts:
+            return None
+        table = self._ecc_table(tables)
+        name = tables.base_names[k]
+        ecc, neg_start = max((table[mask | tables.window(name, s)], -s) for s in starts)
+        return (-ecc,), -neg_start
+
+
+class Hami(MaskScoredPolicy):
+    """HAMi-style dynamic MIG: first GPU where it fits; 1g.* and 3g.* from the highest start."""
+
+    name = "hami"
+
+    def mask_choice(self, tables: ModelTables, k: int, mask: int) -> MaskChoice | None:
+        starts = tables.free_starts[k][mask]
+        if not starts:
+            return None
+        name = tables.base_names[k]
+        return (), (starts[-1] if name.startswith(("1g.", "3g.")) else starts[0])
+
+
+POLICIES: dict[str, type[Policy]] = {
+    "ff": FirstFit,
+    "rr": RoundRobin,
+    "bf-bi": BestFitBestIndex,
+    "wf-bi": WorstFitBestIndex,
+    "mfi": MinimumFragmentationIncrement,
+    "nvidia": NvidiaDefault,
+    "mcc": MaxCC,
+    "mecc": MaxExpectedCC,
+    "hami": Hami,
+    "emfi": ExpectedMFI,
+}
+EXTRA = {
+    "mfi-partial": lambda: MinimumFragmentationIncrement(FragVariant.PARTIAL),
+    "mfi-pack": lambda: MinimumFragmentationIncrement(pack_ties=True),
+}
+
+
+def policy_names() -> list[str]:
+    return [*POLICIES, *EXTRA]
+
+
+def make_policy(name: str) -> Policy:
+    """A fresh policy by name; ValueError lists the known names."""
+    if name in POLICIES:
+        return POLICIES[name]()
+    if name in EXTRA:
+        return EXTRA[name]()
+    raise ValueError(f"unknown placement policy {name!r}; known: {', '.join(policy_names())}")
+
+
+__all__ = ["Placement", "PlacementRequest", "Rejection", "make_policy", "policy_names"]

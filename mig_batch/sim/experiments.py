@@ -1,0 +1,112 @@
+"""Placement experiments: the MFI Monte Carlo protocol (MFI §VI), reproducible by seed.
+
+Each run draws one arrival sequence per (distribution, seed) and feeds the *same* sequence to every
+policy, so policies are compared on identical inputs. Runs are spread over worker processes.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from mig_batch.mig.models import get_model
+from mig_batch.placement.cluster import Cluster
+from mig_batch.placement.policies import make_policy
+from mig_batch.sim.engine import METRICS, run_online
+from mig_batch.sim.workloads import MFI_DISTRIBUTIONS, mfi_arrivals
+
+PAPER_POLICIES = ("mfi", "ff", "rr", "bf-bi", "wf-bi")
+SNAPSHOT_DEMAND = 0.85
+
+
+def demand_checkpoints(max_demand: float = 1.0) -> tuple[float, ...]:
+    """5%, 10%, ... up to ``max_demand`` (MFI sweeps to 100%; past it the cluster is overloaded)."""
+    return tuple(round(0.05 * i, 2) for i in range(1, round(max_demand / 0.05) + 1))
+
+
+@dataclass(frozen=True)
+class MfiSetup:
+    model: str = "A100-80GB"
+    gpus: int = 100
+    runs: int = 500
+    seed: int = 1
+    policies: tuple[str, ...] = PAPER_POLICIES
+    distributions: tuple[str, ...] = tuple(MFI_DISTRIBUTIONS)
+    checkpoints: tuple[float, ...] = demand_checkpoints(1.0)
+
+
+def _one_run(setup: MfiSetup, distribution: str, run: int) -> dict[str, list[dict[str, float]]]:
+    model = get_model(setup.model)
+    distribution_ = MFI_DISTRIBUTIONS[distribution]
+    arrivals = mfi_arrivals(model, setup.gpus, distribution_, seed=setup.seed + run, demand=max(setup.checkpoints))
+    out = {}
+    for name in setup.policies:
+        cluster = Cluster.homogeneous(model.name, setup.gpus)
+        snaps = run_online(cluster, make_policy(name), model.name, arrivals, setup.checkpoints)
+        out[name] = [s.as_dict() for s in snaps]
+    return out
+
+
+def _task(args: tuple[MfiSetup, str, int]) -> tuple[str, dict[str, list[dict[str, float]]]]:
+    setup, distribution, run = args
+    return distribution, _one_run(setup, distribution, run)
+
+
+def run_mfi_experiment(
+    setup: MfiSetup, workers: int = 1, progress: Callable[[int, int], None] | None = None
+) -> dict[str, Any]:
+    """Mean and standard deviation of every metric per distribution, policy and demand checkpoint."""
+    for name in setup.policies:
+        make_policy(name)  # unknown names fail before any work starts
+    for distribution in setup.distributions:
+        if distribution not in MFI_DISTRIBUTIONS:
+            raise ValueError(f"unknown distribution {distribution!r}; known: {', '.join(MFI_DISTRIBUTIONS)}")
+    tasks = [(setup, d, r) for d in setup.distributions for r in range(setup.runs)]
+    collected: dict[str, dict[str, list[list[dict[str, float]]]]] = {
+        d: {p: [] for p in setup.policies} for d in setup.distributions
+    }
+    results_iter = map(_task, tasks) if workers <= 1 else ProcessPoolExecutor(workers).map(_task, tasks, chunksize=8)
+    for done, (distribution, per_policy) in enumerate(results_iter, 1):
+        for name, snaps in per_policy.items():
+            collected[distribution][name].append(snaps)
+        if progress:
+            progress(done, len(tasks))
+    return {
+        "experiment": "mfi",
+        "setup": {
+            "model": setup.model,
+            "gpus": setup.gpus,
+            "runs": setup.runs,
+            "seed": setup.seed,
+            "policies": list(setup.policies),
+            "distributions": list(setup.distributions),
+            "checkpoints": list(setup.checkpoints),
+        },
+        "results": {
+            d: {p: _aggregate(runs, setup.checkpoints) for p, runs in per.items()} for d, per in collected.items()
+        },
+    }
+
+
+def _aggregate(runs: Sequence[Sequence[dict[str, float]]], checkpoints: Sequence[float]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for metric in METRICS:
+        means, stds = [], []
+        for i in range(len(checkpoints)):
+            values = [run[i][metric] for run in runs if i < len(run)]
+            means.append(statistics.fmean(values) if values else float("nan"))
+            stds.append(statistics.pstdev(values) if len(values) > 1 else 0.0)
+        out[metric] = {"mean": means, "std": stds}
+    return out
+
+
+def at_demand(result: dict[str, Any], demand: float = SNAPSHOT_DEMAND) -> dict[str, dict[str, dict[str, float]]]:
+    """metric means per distribution and policy at one demand checkpoint."""
+    index = result["setup"]["checkpoints"].index(demand)
+    return {
+        d: {p: {m: v["mean"][index] for m, v in metrics.items()} for p, metrics in per.items()}
+        for d, per in result["results"].items()
+    }
