@@ -28,7 +28,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     sim = sub.add_parser("simulate", help="run simulation experiments", description="Run simulation experiments.")
     kinds = sim.add_subparsers(dest="kind", metavar="KIND", required=True)
     p = kinds.add_parser("placement", help="online placement policies (MFI protocol)")
-    p.add_argument("--experiment", choices=["mfi"], default="mfi", help="experiment protocol (default mfi)")
+    p.add_argument(
+        "--experiment",
+        choices=["mfi", "fill"],
+        default="mfi",
+        help="mfi: MFI §VI (durations U[1,T]); fill: nothing leaves, as in FGD's protocol (default mfi)",
+    )
     p.add_argument("--runs", type=int, default=500, help="runs per distribution (MFI used 500)")
     p.add_argument("--gpus", type=int, default=100, help="GPUs in the cluster (default 100)")
     p.add_argument("--gpu", default="A100-80GB", help="GPU model (default A100-80GB)")
@@ -59,6 +64,7 @@ def cmd_simulate_placement(args: argparse.Namespace) -> int:
         policies=_csv(args.policies),
         distributions=_csv(args.distributions),
         checkpoints=demand_checkpoints(args.max_demand),
+        departures=args.experiment == "mfi",
     )
     with Progress(
         TextColumn("simulating"),
@@ -77,10 +83,11 @@ def cmd_simulate_placement(args: argparse.Namespace) -> int:
     result["at_85_percent_demand"] = snapshot
 
     args.out.mkdir(parents=True, exist_ok=True)
-    files = [str(plot_snapshot(snapshot, SNAPSHOT_DEMAND, args.out / "mfi_at_85.png"))]
+    stem = args.experiment
+    files = [str(plot_snapshot(snapshot, SNAPSHOT_DEMAND, args.out / f"{stem}_at_85.png"))]
     for distribution in setup.distributions:
-        files.append(str(plot_load_sweep(result, distribution, args.out / f"mfi_load_{distribution}.png")))
-    json_path = args.out / "mfi.json"
+        files.append(str(plot_load_sweep(result, distribution, args.out / f"{stem}_load_{distribution}.png")))
+    json_path = args.out / f"{stem}.json"
     result["files"] = [*files, str(json_path)]
     json_path.write_text(json.dumps(result, indent=1))
 
@@ -93,8 +100,9 @@ def cmd_simulate_placement(args: argparse.Namespace) -> int:
 
 
 def render_snapshot(snapshot: dict[str, dict[str, dict[str, float]]], setup: MfiSetup) -> None:
+    protocol = "MFI" if setup.departures else "fill (no departures)"
     console.print(
-        f"[bold]MFI experiment[/]: {setup.gpus} x {setup.model}, {setup.runs} runs per distribution, "
+        f"[bold]{protocol} experiment[/]: {setup.gpus} x {setup.model}, {setup.runs} runs per distribution, "
         f"seeds {setup.seed}..{setup.seed + setup.runs - 1}; numbers at {SNAPSHOT_DEMAND:.0%} demand (means)"
     )
     for distribution, per_policy in snapshot.items():

@@ -36,12 +36,19 @@ class MfiSetup:
     policies: tuple[str, ...] = PAPER_POLICIES
     distributions: tuple[str, ...] = tuple(MFI_DISTRIBUTIONS)
     checkpoints: tuple[float, ...] = demand_checkpoints(1.0)
+    departures: bool = True  # False: the FGD "fill" protocol, nothing leaves
 
 
 def _one_run(setup: MfiSetup, distribution: str, run: int) -> dict[str, list[dict[str, float]]]:
     model = get_model(setup.model)
-    distribution_ = MFI_DISTRIBUTIONS[distribution]
-    arrivals = mfi_arrivals(model, setup.gpus, distribution_, seed=setup.seed + run, demand=max(setup.checkpoints))
+    arrivals = mfi_arrivals(
+        model,
+        setup.gpus,
+        MFI_DISTRIBUTIONS[distribution],
+        seed=setup.seed + run,
+        demand=max(setup.checkpoints),
+        departures=setup.departures,
+    )
     out = {}
     for name in setup.policies:
         cluster = Cluster.homogeneous(model.name, setup.gpus)
@@ -84,6 +91,7 @@ def run_mfi_experiment(
             "policies": list(setup.policies),
             "distributions": list(setup.distributions),
             "checkpoints": list(setup.checkpoints),
+            "departures": setup.departures,
         },
         "results": {
             d: {p: _aggregate(runs, setup.checkpoints) for p, runs in per.items()} for d, per in collected.items()

@@ -50,10 +50,21 @@ def saturation_slots(model: GpuModel, n_gpus: int, distribution: Mapping[str, fl
     return math.ceil(n_gpus * model.memory_slices / expected_slices(model, distribution))
 
 
+NEVER = 10**12  # duration of workloads that never leave (fill protocol)
+
+
 def mfi_arrivals(
-    model: GpuModel, n_gpus: int, distribution: Mapping[str, float], seed: int, demand: float = 1.0
+    model: GpuModel,
+    n_gpus: int,
+    distribution: Mapping[str, float],
+    seed: int,
+    demand: float = 1.0,
+    departures: bool = True,
 ) -> list[Arrival]:
-    """One arrival per slot until the cumulative request reaches ``demand`` x capacity; durations U[1, T]."""
+    """One arrival per slot until the cumulative request reaches ``demand`` x capacity; durations U[1, T].
+
+    With ``departures=False`` nothing ever leaves (the FGD protocol: fill the cluster past capacity).
+    """
     rng = random.Random(seed)
     names, weights = list(distribution), list(distribution.values())
     horizon = saturation_slots(model, n_gpus, distribution)
@@ -62,7 +73,8 @@ def mfi_arrivals(
     while requested < demand * capacity:
         name = rng.choices(names, weights)[0]
         slices = model.profile(name).memory_slices
-        arrivals.append(Arrival(f"j{slot}", slot, name, rng.randint(1, horizon), slices))
+        duration = rng.randint(1, horizon)  # drawn either way, so both protocols see the same profiles
+        arrivals.append(Arrival(f"j{slot}", slot, name, duration if departures else NEVER, slices))
         requested += slices
         slot += 1
     return arrivals

@@ -1,0 +1,173 @@
+"""Placement policies: feasibility, MFI = brute-force minimum of ΔF, baseline semantics, the mask index."""
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mig_batch.mig.models import get_model
+from mig_batch.mig.scores import FragVariant, fragmentation_score
+from mig_batch.mig.tables import tables_for
+from mig_batch.placement.base import Placement, PlacementRequest, Rejection
+from mig_batch.placement.cluster import Cluster, Gpu, PlacementConflict
+from mig_batch.placement.policies import best_index_order, make_policy, policy_names
+
+MODEL = "A100-80GB"
+A100 = get_model(MODEL)
+BASE = [p.name for p in A100.base_profiles]
+
+
+@st.composite
+def clusters(draw, max_gpus=12):
+    """A small cluster whose GPUs hold random feasible instances."""
+    n = draw(st.integers(1, max_gpus))
+    seed = draw(st.integers(0, 10**6))
+    rng = random.Random(seed)
+    cluster = Cluster.homogeneous(MODEL, n, gpus_per_host=4)
+    tables = cluster.tables[MODEL]
+    for j in range(draw(st.integers(0, 4 * n))):
+        gpu = cluster.gpus[rng.randrange(n)]
+        k = rng.randrange(len(BASE))
+        starts = tables.free_starts[k][gpu.mask]
+        if starts:
+            cluster.allocate(gpu.gid, f"pre{j}", BASE[k], rng.choice(starts))
+    return cluster
+
+
+def assert_feasible(cluster, decision, profile):
+    gpu = cluster.gpus[decision.gid]
+    p = cluster.models[gpu.model].profile(profile)
+    assert decision.profile == profile
+    assert decision.start in p.starts
+    assert not p.window(decision.start) & gpu.mask
+    assert (decision.host, decision.gpu_index) == (gpu.host, gpu.index)
+
+
+@settings(max_examples=150)
+@given(clusters(), st.sampled_from(BASE), st.sampled_from(policy_names()))
+def test_no_policy_returns_an_infeasible_placement(cluster, profile, name):
+    decision = make_policy(name).decide(cluster, PlacementRequest.single("x", MODEL, profile))
+    if isinstance(decision, Placement):
+        assert_feasible(cluster, decision, profile)
+        cluster.allocate(decision.gid, "x", decision.profile, decision.start)  # and it really applies
+    else:
+        assert isinstance(decision, Rejection) and decision.reason
+
+
+def brute_force_mfi(cluster, profile, variant):
+    best = None
+    p = A100.profile(profile)
+    for gpu in cluster.gpus:  # every GPU, every start, F computed directly (MFI Alg. 2)
+        before = fragmentation_score(A100, gpu.mask, variant)
+        for start in p.starts:
+            if p.window(start) & gpu.mask:
+                continue
+            delta = fragmentation_score(A100, gpu.mask | p.window(start), variant) - before
+            candidate = (delta, gpu.gid, start)
+            best = candidate if best is None or candidate < best else best
+    return best
+
+
+@settings(max_examples=200)
+@given(clusters(), st.sampled_from(BASE), st.sampled_from(list(FragVariant)))
+def test_mfi_equals_brute_force_minimum(cluster, profile, variant):
+    policy = make_policy("mfi" if variant is FragVariant.PRINTED else "mfi-partial")
+    decision = policy.decide(cluster, PlacementRequest.single("x", MODEL, profile))
+    expected = brute_force_mfi(cluster, profile, variant)
+    if expected is None:
+        assert isinstance(decision, Rejection)
+    else:
+        assert (decision.gid, decision.start) == expected[1:]
+
+
+@settings(max_examples=150)
+@given(clusters(), st.sampled_from(BASE))
+def test_first_fit_is_mig_agnostic(cluster, profile):
+    # MFI §VI: the first GPU with enough free slices, then its first free start; a GPU with enough
+    # slices but no free start means rejection (their Fig. 3).
+    size = A100.profile(profile).memory_slices
+    decision = make_policy("ff").decide(cluster, PlacementRequest.single("x", MODEL, profile))
+    chosen = next((g for g in cluster.gpus if 8 - g.mask.bit_count() >= size), None)
+    if chosen is None:
+        assert isinstance(decision, Rejection)
+        return
+    starts = [s for s in A100.profile(profile).starts if not A100.profile(profile).window(s) & chosen.mask]
+    if starts:
+        assert (decision.gid, decision.start) == (chosen.gid, starts[0])
+    else:
+        assert isinstance(decision, Rejection) and f"GPU {chosen.gid}" in decision.reason
+
+
+def test_best_index_keeps_constrained_starts_free():
+    tables = tables_for(MODEL)
+    assert best_index_order(tables, tables.index("1g.10gb"))[0] == 6  # MFI §VI: 6 rather than 0
+    assert best_index_order(tables, tables.index("2g.20gb")) == (4, 2, 0)
+    assert best_index_order(tables, tables.index("3g.40gb")) == (4, 0)
+
+
+def test_round_robin_moves_on():
+    cluster = Cluster.homogeneous(MODEL, 3)
+    rr = make_policy("rr")
+    gids = []
+    for j in range(4):
+        d = rr.decide(cluster, PlacementRequest.single(f"j{j}", MODEL, "1g.10gb"))
+        cluster.allocate(d.gid, f"j{j}", d.profile, d.start)
+        gids.append(d.gid)
+    assert gids == [0, 1, 2, 0]
+
+
+def test_mcc_takes_the_gpu_with_highest_cc_after():
+    cluster = Cluster.homogeneous(MODEL, 2)
+    cluster.allocate(0, "a", "3g.40gb", 4)
+    d = make_policy("mcc").decide(cluster, PlacementRequest.single("x", MODEL, "1g.10gb"))
+    # on GPU 0 (left half free) the best start leaves CC 8; on the empty GPU 1 it leaves 18 - 4 = 14
+    assert (d.gid, d.start) == (1, 6)
+
+
+def test_unknown_policy_lists_known():
+    with pytest.raises(ValueError, match="known: ff, rr"):
+        make_policy("best")
+
+
+def test_request_for_absent_model_is_rejected():
+    cluster = Cluster.homogeneous(MODEL, 2)
+    d = make_policy("mfi").decide(cluster, PlacementRequest.single("x", "H100-80GB", "1g.10gb"))
+    assert isinstance(d, Rejection)
+
+
+def test_heterogeneous_cluster_uses_each_models_profile():
+    gpus = [Gpu(0, "a", 0, "A30-24GB"), Gpu(1, "b", 0, "H100-80GB")]
+    cluster = Cluster(gpus)
+    cluster.allocate(0, "full", "4g.24gb", 0)
+    d = make_policy("mfi").decide(cluster, PlacementRequest("x", {"A30-24GB": "1g.6gb", "H100-80GB": "1g.10gb"}))
+    assert (d.gid, d.model, d.profile) == (1, "H100-80GB", "1g.10gb")
+
+
+@settings(max_examples=60)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 7), st.integers(0, 5)), max_size=60))
+def test_index_buckets_match_gpu_masks(ops):
+    cluster = Cluster.homogeneous(MODEL, 8)
+    jobs = []
+    for j, (add, g, k) in enumerate(ops):
+        gpu = cluster.gpus[g]
+        starts = cluster.tables[MODEL].free_starts[k][gpu.mask]
+        if add and starts:
+            cluster.allocate(g, f"j{j}", BASE[k], starts[0])
+            jobs.append(f"j{j}")
+        elif jobs:
+            cluster.release(jobs.pop(k % len(jobs)))
+        for mask, bucket in cluster.occupied_masks(MODEL):
+            assert bucket.members == {gpu.gid for gpu in cluster.gpus if gpu.mask == mask}
+            assert bucket.lowest() == min(bucket.members)
+
+
+def test_conflicting_allocations_are_refused():
+    cluster = Cluster.homogeneous(MODEL, 1)
+    cluster.allocate(0, "a", "4g.40gb", 0)
+    with pytest.raises(PlacementConflict):
+        cluster.allocate(0, "b", "3g.40gb", 0)
+    with pytest.raises(PlacementConflict):
+        cluster.allocate(0, "a", "1g.10gb", 6)
+    with pytest.raises(PlacementConflict):
+        cluster.release("nobody")
