@@ -133,10 +133,13 @@ def _summary(snapshot: dict[str, dict[str, dict[str, float]]]) -> str:
         ranked = sorted(per_policy.items(), key=lambda kv: -kv[1]["accepted"])
         (top, m1), (second, m2) = ranked[0], ranked[1] if len(ranked) > 1 else ranked[0]
         ahead = (m1["accepted"] / m2["accepted"] - 1) * 100 if m2["accepted"] else 0.0
-        lines.append(
-            f"{distribution}: {top} accepts most ({m1['accepted']:.1f}); "
-            f"next {second} ({m2['accepted']:.1f}, {ahead:+.1f}%)"
-        )
+        if ahead < 0.05:
+            lines.append(f"{distribution}: {top} and {second} tie on accepted workloads ({m1['accepted']:.1f})")
+        else:
+            lines.append(
+                f"{distribution}: {top} accepts most ({m1['accepted']:.1f}); "
+                f"next {second} ({m2['accepted']:.1f}, {ahead:+.1f}%)"
+            )
     return "\n".join(lines)
 
 
