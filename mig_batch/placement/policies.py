@@ -224,17 +224,23 @@ class ExpectedMFI(MinimumFragmentationIncrement):
 # --------------------------------------------------------------------------------------------- CC family
 
 
+def _max_cc(tables: ModelTables, k: int, mask: int) -> tuple[int, int] | None:
+    """(CC after, start) of NVIDIA's default start on this mask: highest CC after, ties lowest start."""
+    options = tables.cc_after[k][mask]
+    if not options:
+        return None
+    cc, neg_start = max((cc, -s) for s, cc in options)
+    return cc, -neg_start
+
+
 class NvidiaDefault(MaskScoredPolicy):
     """First GPU where the profile fits; the driver's default start (max CC after, ties lowest)."""
 
     name = "nvidia"
 
     def mask_choice(self, tables: ModelTables, k: int, mask: int) -> MaskChoice | None:
-        options = tables.cc_after[k][mask]
-        if not options:
-            return None
-        _cc, start = max((cc, -s) for s, cc in options)
-        return (), -start
+        best = _max_cc(tables, k, mask)
+        return None if best is None else ((), best[1])
 
 
 class MaxCC(MaskScoredPolicy):
@@ -243,11 +249,8 @@ class MaxCC(MaskScoredPolicy):
     name = "mcc"
 
     def mask_choice(self, tables: ModelTables, k: int, mask: int) -> MaskChoice | None:
-        options = tables.cc_after[k][mask]
-        if not options:
-            return None
-        cc, neg_start = max((cc, -s) for s, cc in options)
-        return (-cc,), -neg_start
+        best = _max_cc(tables, k, mask)
+        return None if best is None else ((-best[0],), best[1])
 
 
 class MaxExpectedCC(MaskScoredPolicy):
