@@ -46,6 +46,22 @@ class Rejection:
 
 
 Decision = Placement | Rejection
+
+
+@dataclass(frozen=True)
+class Migration:
+    """Move a running job's instance (same profile) to another GPU and/or start.
+
+    The live system may execute it only for checkpointable jobs; the simulator applies it at once.
+    """
+
+    job: str
+    from_gid: int
+    from_start: int
+    to_gid: int
+    to_start: int
+
+
 # (key, start or None): lower keys win; a None start means "chosen but no allowed start fits"
 MaskChoice = tuple[tuple[Any, ...], int | None]
 
@@ -63,8 +79,28 @@ class Policy:
     def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
         raise NotImplementedError  # abstract: every concrete policy overrides it
 
+    def after_rejection(self, cluster: Cluster, request: PlacementRequest) -> list[Migration]:
+        """A defragmentation plan to run after a rejection (none by default)."""
+        return []
+
+    def periodic(self, cluster: Cluster, slot: int) -> list[Migration]:
+        """A consolidation plan to run at the start of ``slot`` (none by default)."""
+        return []
+
     def describe(self) -> dict[str, Any]:
         return {"policy": self.name}
+
+
+def apply_migrations(cluster: Cluster, plan: list[Migration]) -> None:
+    """Execute a plan as one step: free every moved instance, then create them at their targets."""
+    profiles = {}
+    for move in plan:
+        gid, profile, start = cluster.release(move.job)
+        if (gid, start) != (move.from_gid, move.from_start):
+            raise ValueError(f"migration of {move.job} expected it on GPU {move.from_gid} at {move.from_start}")
+        profiles[move.job] = profile
+    for move in plan:
+        cluster.allocate(move.to_gid, move.job, profiles[move.job], move.to_start)
 
 
 @dataclass

@@ -13,6 +13,7 @@ MIG-aware:
   - mcc / mecc: GPU and start with the highest CC (expected CC, profile-frequency weighted) after
     allocation (GRMU §8.3, Alg. 6 and 7).
   - hami: first GPU where it fits, first free start NVML reports; 1g.* and 3g.* from the highest start.
+  - grmu: dual-basket pooling with defragmentation and consolidation plans (mig_batch.placement.grmu).
 Ours (see docs/placement.md for the evaluation):
   - mfi-pack: MFI, ties broken toward the GPU left with the fewest free slices.
   - emfi: expected MFI, F weighted by the observed frequency of each profile, ties packed.
@@ -224,7 +225,7 @@ class ExpectedMFI(MinimumFragmentationIncrement):
 # --------------------------------------------------------------------------------------------- CC family
 
 
-def _max_cc(tables: ModelTables, k: int, mask: int) -> tuple[int, int] | None:
+def max_cc_choice(tables: ModelTables, k: int, mask: int) -> tuple[int, int] | None:
     """(CC after, start) of NVIDIA's default start on this mask: highest CC after, ties lowest start."""
     options = tables.cc_after[k][mask]
     if not options:
@@ -239,7 +240,7 @@ class NvidiaDefault(MaskScoredPolicy):
     name = "nvidia"
 
     def mask_choice(self, tables: ModelTables, k: int, mask: int) -> MaskChoice | None:
-        best = _max_cc(tables, k, mask)
+        best = max_cc_choice(tables, k, mask)
         return None if best is None else ((), best[1])
 
 
@@ -249,7 +250,7 @@ class MaxCC(MaskScoredPolicy):
     name = "mcc"
 
     def mask_choice(self, tables: ModelTables, k: int, mask: int) -> MaskChoice | None:
-        best = _max_cc(tables, k, mask)
+        best = max_cc_choice(tables, k, mask)
         return None if best is None else ((-best[0],), best[1])
 
 
@@ -326,9 +327,18 @@ POLICIES: dict[str, type[Policy]] = {
     "hami": Hami,
     "emfi": ExpectedMFI,
 }
+
+
+def _grmu() -> Policy:
+    from mig_batch.placement.grmu import Grmu  # grmu builds on this module
+
+    return Grmu()
+
+
 EXTRA = {
     "mfi-partial": lambda: MinimumFragmentationIncrement(FragVariant.PARTIAL),
     "mfi-pack": lambda: MinimumFragmentationIncrement(pack_ties=True),
+    "grmu": _grmu,
 }
 
 

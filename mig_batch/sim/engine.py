@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from mig_batch.mig.scores import FragVariant
-from mig_batch.placement.base import Placement, PlacementRequest, Policy
+from mig_batch.placement.base import Placement, PlacementRequest, Policy, apply_migrations
 from mig_batch.placement.cluster import Cluster
 from mig_batch.sim.workloads import Arrival
 
@@ -26,16 +26,25 @@ class Snapshot:
     allocated_slices: int
     mean_frag: float  # mean F over GPUs (MFI Alg. 1 as printed)
     mean_frag_partial: float
+    migrations: int  # instances moved so far by the policy's defragmentation/consolidation plans
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
 
 
-METRICS = ("acceptance_rate", "accepted", "active_gpus", "allocated_slices", "mean_frag", "mean_frag_partial")
+METRICS = (
+    "acceptance_rate",
+    "accepted",
+    "active_gpus",
+    "allocated_slices",
+    "mean_frag",
+    "mean_frag_partial",
+    "migrations",
+)
 
 
 def _snapshot(
-    cluster: Cluster, demand: float, arrived: int, accepted: int, frag_sums: dict[FragVariant, int]
+    cluster: Cluster, demand: float, arrived: int, accepted: int, frag_sums: dict[FragVariant, int], migrations: int
 ) -> Snapshot:
     n = len(cluster.gpus)
     return Snapshot(
@@ -47,6 +56,7 @@ def _snapshot(
         allocated_slices=cluster.allocated_slices(),
         mean_frag=frag_sums[FragVariant.PRINTED] / n,
         mean_frag_partial=frag_sums[FragVariant.PARTIAL] / n,
+        migrations=migrations,
     )
 
 
@@ -69,17 +79,25 @@ def run_online(
     pending = sorted(checkpoints)
     departures: list[tuple[int, str]] = []
     snapshots: list[Snapshot] = []
-    requested = accepted = 0
+    requested = accepted = migrations = 0
     for arrived, arrival in enumerate(arrivals, 1):
         while departures and departures[0][0] <= arrival.slot:
             cluster.release(heapq.heappop(departures)[1])
-        decision = policy.decide(cluster, PlacementRequest.single(arrival.job, model, arrival.profile))
+        plan = policy.periodic(cluster, arrival.slot)
+        apply_migrations(cluster, plan)
+        migrations += len(plan)
+        request = PlacementRequest.single(arrival.job, model, arrival.profile)
+        decision = policy.decide(cluster, request)
         if isinstance(decision, Placement):
             cluster.allocate(decision.gid, arrival.job, decision.profile, decision.start)
             heapq.heappush(departures, (arrival.slot + arrival.duration, arrival.job))
             accepted += 1
+        else:
+            plan = policy.after_rejection(cluster, request)
+            apply_migrations(cluster, plan)
+            migrations += len(plan)
         requested += arrival.slices
         demand = requested / capacity
         while pending and demand >= pending[0] - 1e-12:
-            snapshots.append(_snapshot(cluster, pending.pop(0), arrived, accepted, _frag_sums(cluster)))
+            snapshots.append(_snapshot(cluster, pending.pop(0), arrived, accepted, _frag_sums(cluster), migrations))
     return snapshots
