@@ -12,6 +12,7 @@ some GPU, so it never scans the cluster.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,13 +72,14 @@ def placement_on(cluster: Cluster, gid: int, profile: str, start: int) -> Placem
     return Placement(gid, gpu.host, gpu.index, gpu.model, profile, start)
 
 
-class Policy:
+class Policy(ABC):
     """A placement policy. Stateful policies (round robin, learned weights) keep their state here."""
 
     name = "policy"
 
+    @abstractmethod
     def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
-        raise NotImplementedError  # abstract: every concrete policy overrides it
+        """Place ``request`` or say why not; never changes ``cluster``."""
 
     def after_rejection(self, cluster: Cluster, request: PlacementRequest) -> list[Migration]:
         """A defragmentation plan to run after a rejection (none by default)."""
@@ -114,9 +116,9 @@ class MaskScoredPolicy(Policy):
     def __init__(self) -> None:
         self._ranked: dict[tuple[str, int], _Ranked] = {}
 
+    @abstractmethod
     def mask_choice(self, tables: ModelTables, profile_index: int, mask: int) -> MaskChoice | None:
         """The key and start for a GPU with ``mask``; None if the policy would not consider it."""
-        raise NotImplementedError  # abstract: every concrete policy overrides it
 
     def invalidate(self) -> None:
         """Forget precomputed rankings (for policies whose keys change over time)."""
