@@ -171,3 +171,13 @@ def test_conflicting_allocations_are_refused():
         cluster.allocate(0, "a", "1g.10gb", 6)
     with pytest.raises(PlacementConflict):
         cluster.release("nobody")
+
+
+def test_learning_policies_keep_their_settings():
+    emfi, mecc = make_policy("emfi"), make_policy("mecc")
+    assert (emfi.pack_ties, emfi.variant, emfi.window) == (True, FragVariant.PRINTED, None)
+    assert mecc.window == 500
+    cluster = Cluster.homogeneous(MODEL, 4)
+    for j in range(3):
+        mecc.decide(cluster, PlacementRequest.single(f"j{j}", MODEL, "1g.10gb"))
+    assert mecc.profile_counts(MODEL) == {cluster.tables[MODEL].index("1g.10gb"): 3}

@@ -21,7 +21,8 @@ Ours (see docs/placement.md for the evaluation):
 
 from __future__ import annotations
 
-from collections import Counter
+from abc import abstractmethod
+from collections import Counter, deque
 from typing import Any
 
 from mig_batch.mig.scores import FragVariant
@@ -164,7 +165,42 @@ class MinimumFragmentationIncrement(MaskScoredPolicy):
         return {"policy": self.name, "variant": str(self.variant), "pack_ties": self.pack_ties}
 
 
-class ExpectedMFI(MinimumFragmentationIncrement):
+class _LearnsProfileMix(MaskScoredPolicy):
+    """Keeps the per-model profile counts of the last ``window`` requests (all if None) and recomputes
+    its derived per-mask table every ``refresh`` requests."""
+
+    def __init__(self, window: int | None, refresh: int) -> None:
+        super().__init__()
+        self.window, self.refresh = window, refresh
+        self.recent: deque[tuple[str, int]] = deque(maxlen=window)
+        self.seen = 0
+        self._derived: dict[str, list[float]] = {}
+
+    def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
+        for model, profile in request.profiles.items():
+            if model in cluster.tables:
+                self.recent.append((model, cluster.tables[model].index(profile)))
+        self.seen += 1
+        if self.seen % self.refresh == 1:
+            self._derived.clear()
+            self.invalidate()
+        return super().decide(cluster, request)
+
+    def profile_counts(self, model_name: str) -> Counter[int]:
+        return Counter(k for m, k in self.recent if m == model_name)
+
+    def derived_table(self, tables: ModelTables) -> list[float]:
+        name = tables.model.name
+        if name not in self._derived:
+            self._derived[name] = self.build_table(tables)
+        return self._derived[name]
+
+    @abstractmethod
+    def build_table(self, tables: ModelTables) -> list[float]:
+        """The per-mask table this policy derives from the current profile mix."""
+
+
+class ExpectedMFI(_LearnsProfileMix, MinimumFragmentationIncrement):
     """MFI with F weighted by how often each profile has been requested (learned online, +1 prior).
 
     A window blocked for a profile nobody asks for costs little; one blocked for the common profile
@@ -174,49 +210,32 @@ class ExpectedMFI(MinimumFragmentationIncrement):
     name = "emfi"
 
     def __init__(self, refresh: int = 64) -> None:
-        super().__init__(FragVariant.PRINTED, pack_ties=True)
+        super().__init__(window=None, refresh=refresh)  # -> MFI with printed F -> MaskScoredPolicy
+        self.pack_ties = True
         self.name = "emfi"
-        self.refresh = refresh
-        self.counts: dict[str, Counter[int]] = {}
-        self.seen = 0
-        self._weighted: dict[str, list[float]] = {}
 
-    def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
-        for model, profile in request.profiles.items():
-            if model in cluster.tables:
-                self.counts.setdefault(model, Counter())[cluster.tables[model].index(profile)] += 1
-        self.seen += 1
-        if self.seen % self.refresh == 1:
-            self._weighted.clear()
-            self.invalidate()
-        return super().decide(cluster, request)
-
-    def _frag_table(self, tables: ModelTables) -> list[float]:
-        name = tables.model.name
-        if name not in self._weighted:
-            counts = self.counts.get(name, Counter())
-            n = len(tables.base_names)
-            total = sum(counts.values()) + n
-            weights = [(counts[k] + 1) / total * n for k in range(n)]  # mean weight 1
-            model = tables.model
-            table = []
-            for mask in range(1 << model.memory_slices):
-                unused = model.memory_slices - mask.bit_count()
-                score = 0.0
-                for k, profile in enumerate(model.base_profiles):
-                    if profile.memory_slices > unused:
-                        continue
-                    blocked = sum(1 for s in profile.starts if profile.window(s) & mask)
-                    score += weights[k] * profile.memory_slices * blocked
-                table.append(score)
-            self._weighted[name] = table
-        return self._weighted[name]
+    def build_table(self, tables: ModelTables) -> list[float]:
+        counts = self.profile_counts(tables.model.name)
+        n = len(tables.base_names)
+        total = sum(counts.values()) + n
+        weights = [(counts[k] + 1) / total * n for k in range(n)]  # mean weight 1
+        model = tables.model
+        table = []
+        for mask in range(1 << model.memory_slices):
+            unused = model.memory_slices - mask.bit_count()
+            score = 0.0
+            for k, profile in enumerate(model.base_profiles):
+                if profile.memory_slices > unused:
+                    continue
+                blocked = sum(1 for s in profile.starts if profile.window(s) & mask)
+                score += weights[k] * profile.memory_slices * blocked
+            table.append(score)
+        return table
 
     def delta_f(self, tables: ModelTables, k: int, mask: int) -> list[tuple[float, int]]:
-        table = self._frag_table(tables)
-        return [
-            (table[mask | tables.window(tables.base_names[k], s)] - table[mask], s) for s in tables.free_starts[k][mask]
-        ]
+        table = self.derived_table(tables)
+        name = tables.base_names[k]
+        return [(table[mask | tables.window(name, s)] - table[mask], s) for s in tables.free_starts[k][mask]]
 
     def describe(self) -> dict[str, Any]:
         return {"policy": self.name, "refresh": self.refresh}
@@ -254,7 +273,7 @@ class MaxCC(MaskScoredPolicy):
         return None if best is None else ((-best[0],), best[1])
 
 
-class MaxExpectedCC(MaskScoredPolicy):
+class MaxExpectedCC(_LearnsProfileMix):
     """GRMU Alg. 7 (MECC): CC with each profile's count weighted by its share of recent requests.
 
     GRMU looks back 24 hours; here the window is the last ``window`` requests.
@@ -263,40 +282,22 @@ class MaxExpectedCC(MaskScoredPolicy):
     name = "mecc"
 
     def __init__(self, window: int = 500, refresh: int = 64) -> None:
-        super().__init__()
-        self.window, self.refresh = window, refresh
-        self.recent: list[tuple[str, int]] = []
-        self.seen = 0
-        self._ecc: dict[str, list[float]] = {}
+        super().__init__(window=window, refresh=refresh)
 
-    def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
-        for model, profile in request.profiles.items():
-            if model in cluster.tables:
-                self.recent.append((model, cluster.tables[model].index(profile)))
-        del self.recent[: max(0, len(self.recent) - self.window)]
-        self.seen += 1
-        if self.seen % self.refresh == 1:
-            self._ecc.clear()
-            self.invalidate()
-        return super().decide(cluster, request)
-
-    def _ecc_table(self, tables: ModelTables) -> list[float]:
-        name = tables.model.name
-        if name not in self._ecc:
-            counts = Counter(k for m, k in self.recent if m == name)
-            total = sum(counts.values()) or 1
-            probs = [counts[k] / total for k in range(len(tables.base_names))]
-            table = []
-            for mask in range(1 << tables.model.memory_slices):
-                table.append(sum(probs[k] * len(tables.free_starts[k][mask]) for k in range(len(probs))))
-            self._ecc[name] = table
-        return self._ecc[name]
+    def build_table(self, tables: ModelTables) -> list[float]:
+        counts = self.profile_counts(tables.model.name)
+        total = sum(counts.values()) or 1
+        probs = [counts[k] / total for k in range(len(tables.base_names))]
+        return [
+            sum(p * len(tables.free_starts[k][mask]) for k, p in enumerate(probs))
+            for mask in range(1 << tables.model.memory_slices)
+        ]
 
     def mask_choice(self, tables: ModelTables, k: int, mask: int) -> MaskChoice | None:
         starts = tables.free_starts[k][mask]
         if not starts:
             return None
-        table = self._ecc_table(tables)
+        table = self.derived_table(tables)
         name = tables.base_names[k]
         ecc, neg_start = max((table[mask | tables.window(name, s)], -s) for s in starts)
         return (-ecc,), -neg_start
