@@ -21,7 +21,7 @@ from mig_batch.request import (
     parse_compute,
     parse_gres,
     parse_memory,
-    translate,
+    translate_any,
 )
 
 
@@ -161,23 +161,22 @@ def cmd_translate(args: argparse.Namespace) -> int:
     request = _request_from_args(args)
     models = [get_model(args.gpu)] if args.gpu else sorted(all_models().values(), key=lambda m: m.name)
     rows = []
-    for model in models:
-        try:
-            p = translate(request, model)
+    for name, result in translate_any(request, models).items():
+        if isinstance(result, RequestError):
+            if args.gpu:
+                raise result
+            rows.append({"model": name, "profile": None, "error": str(result)})
+        else:
             rows.append(
                 {
-                    "model": model.name,
-                    "profile": p.name,
-                    "memory_mib": p.memory_mib,
-                    "compute_slices": p.compute_slices,
-                    "memory_slices": p.memory_slices,
+                    "model": name,
+                    "profile": result.name,
+                    "memory_mib": result.memory_mib,
+                    "compute_slices": result.compute_slices,
+                    "memory_slices": result.memory_slices,
                     "error": None,
                 }
             )
-        except RequestError as exc:
-            if args.gpu:
-                raise
-            rows.append({"model": model.name, "profile": None, "error": str(exc)})
     data = {"request": request.describe(), "count": request.count, "results": rows}
 
     def render(d: dict[str, Any]) -> None:

@@ -156,12 +156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(request, MoldableRequest):
             per_model = {m.name: request.candidates(m) for m in models}
         else:
-            per_model = {
-                name: (p.name if not isinstance(p, RequestError) else None)
-                for name, p in translate_any(request, models).items()
-            }
+            results = translate_any(request, models)
+            per_model = {name: (None if isinstance(p, RequestError) else p.name) for name, p in results.items()}
             if not any(per_model.values()):
-                raise RequestError(str(translate_any(request, models[:1])[models[0].name]))
+                raise results[models[0].name]
         spec = JobSpec(args.script, args.script_args, options, sources)
         command = sbatch_command(spec)
     except (DirectiveError, RequestError, UnknownModelError) as exc:

@@ -6,7 +6,6 @@ import argparse
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -141,6 +140,3 @@ def _summary(snapshot: dict[str, dict[str, dict[str, float]]]) -> str:
                 f"next {second} ({m2['accepted']:.1f}, {ahead:+.1f}%)"
             )
     return "\n".join(lines)
-
-
-__all__: list[Any] = ["register"]

@@ -31,7 +31,6 @@ from mig_batch.placement.base import (
     Decision,
     MaskChoice,
     MaskScoredPolicy,
-    Placement,
     PlacementRequest,
     Policy,
     Rejection,
@@ -354,6 +353,3 @@ def make_policy(name: str) -> Policy:
     if name in EXTRA:
         return EXTRA[name]()
     raise ValueError(f"unknown placement policy {name!r}; known: {', '.join(policy_names())}")
-
-
-__all__ = ["Placement", "PlacementRequest", "Rejection", "make_policy", "policy_names"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,12 +76,16 @@ def run_mfi_experiment(
     collected: dict[str, dict[str, list[list[dict[str, float]]]]] = {
         d: {p: [] for p in setup.policies} for d in setup.distributions
     }
-    results_iter = map(_task, tasks) if workers <= 1 else ProcessPoolExecutor(workers).map(_task, tasks, chunksize=8)
-    for done, (distribution, per_policy) in enumerate(results_iter, 1):
-        for name, snaps in per_policy.items():
-            collected[distribution][name].append(snaps)
-        if progress:
-            progress(done, len(tasks))
+    with ExitStack() as stack:
+        if workers <= 1:
+            results_iter = map(_task, tasks)
+        else:
+            results_iter = stack.enter_context(ProcessPoolExecutor(workers)).map(_task, tasks, chunksize=8)
+        for done, (distribution, per_policy) in enumerate(results_iter, 1):
+            for name, snaps in per_policy.items():
+                collected[distribution][name].append(snaps)
+            if progress:
+                progress(done, len(tasks))
     return {
         "experiment": "mfi",
         "setup": {
