@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -37,6 +38,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(str(exc))
     except KeyError as exc:
         return fail(exc.args[0] if exc.args else str(exc))
+    except BrokenPipeError:  # output piped into head & co.: stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
