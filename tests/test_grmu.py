@@ -50,7 +50,9 @@ def test_defragmentation_moves_the_survivor_to_the_max_cc_block():
     place(cluster, grmu, "a", "1g.5gb")
     place(cluster, grmu, "b", "1g.5gb")
     cluster.release("a")
-    plan = grmu.after_rejection(cluster, PlacementRequest.single("x", A100, "7g.40gb"))
+    heavy = PlacementRequest.single("x", A100, "7g.40gb")
+    assert grmu.after_rejection(cluster, heavy) == []  # only a rejected light request defragments
+    plan = grmu.after_rejection(cluster, PlacementRequest.single("y", A100, "4g.20gb"))
     assert [(m.job, m.from_start, m.to_start) for m in plan] == [("b", 4, 6)]
     apply_migrations(cluster, plan)
     assert cluster.gpus[0].instances == {"b": ("1g.5gb", 6)}

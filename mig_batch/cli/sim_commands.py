@@ -19,25 +19,44 @@ from mig_batch.sim.experiments import (
     demand_checkpoints,
     run_mfi_experiment,
 )
-from mig_batch.sim.plots import plot_load_sweep, plot_snapshot
+from mig_batch.sim.plots import plot_load_sweep, plot_snapshot, plot_trace
+from mig_batch.sim.trace_experiment import TRACE_POLICIES, TraceSetup, run_trace_experiment
 from mig_batch.sim.workloads import MFI_DISTRIBUTIONS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     sim = sub.add_parser("simulate", help="run simulation experiments", description="Run simulation experiments.")
     kinds = sim.add_subparsers(dest="kind", metavar="KIND", required=True)
-    p = kinds.add_parser("placement", help="online placement policies (MFI protocol)")
+    p = kinds.add_parser("placement", help="online placement policies (MFI and GRMU protocols)")
     p.add_argument(
         "--experiment",
-        choices=["mfi", "fill"],
+        choices=["mfi", "fill", "grmu"],
         default="mfi",
-        help="mfi: MFI §VI (durations U[1,T]); fill: nothing leaves, as in FGD's protocol (default mfi)",
+        help="mfi: MFI §VI (durations U[1,T]); fill: nothing leaves, as in FGD's protocol; "
+        "grmu: GRMU §8, the Alibaba 2023 trace replayed in time (default mfi)",
     )
-    p.add_argument("--runs", type=int, default=500, help="runs per distribution (MFI used 500)")
-    p.add_argument("--gpus", type=int, default=100, help="GPUs in the cluster (default 100)")
-    p.add_argument("--gpu", default="A100-80GB", help="GPU model (default A100-80GB)")
+    p.add_argument("--runs", type=int, default=500, help="runs per distribution (MFI used 500; mfi/fill)")
+    p.add_argument(
+        "--gpus",
+        default=None,
+        help="mfi/fill: GPUs in the cluster (default 100); grmu: comma-separated cluster sizes cut from the "
+        "trace's hosts, 'all' for all 6,212 (default 8,16,32,all)",
+    )
+    p.add_argument("--gpu", default=None, help="GPU model (default A100-80GB; grmu: A100-40GB as in GRMU)")
+    p.add_argument(
+        "--trace-dir",
+        type=Path,
+        default=Path(os.environ.get("MIG_BATCH_TRACE_DIR", "../shared/data/alibaba-gpu-2023")),
+        help="grmu: folder with openb_pod_list_default.csv and openb_node_list_gpu_node.csv "
+        "(default $MIG_BATCH_TRACE_DIR or ../shared/data/alibaba-gpu-2023)",
+    )
     p.add_argument("--seed", type=int, default=1, help="seed of the first run; run r uses seed + r")
-    p.add_argument("--policies", default=",".join(PAPER_POLICIES), help="comma-separated policy names")
+    p.add_argument(
+        "--policies",
+        default=None,
+        help=f"comma-separated policy names (default mfi/fill: {','.join(PAPER_POLICIES)}; "
+        f"grmu: {','.join(TRACE_POLICIES)})",
+    )
     p.add_argument("--distributions", default=",".join(MFI_DISTRIBUTIONS), help="comma-separated distributions")
     p.add_argument("--max-demand", type=float, default=1.0, help="sweep demand up to this share of capacity")
     p.add_argument("--out", type=Path, default=Path("out/placement"), help="directory for PNG plots and JSON")
@@ -50,30 +69,47 @@ def _csv(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
-def cmd_simulate_placement(args: argparse.Namespace) -> int:
-    if args.runs < 1 or args.gpus < 1:
-        raise ValueError("--runs and --gpus must be at least 1")
-    if not SNAPSHOT_DEMAND <= args.max_demand <= 3:
-        raise ValueError(f"--max-demand must be between {SNAPSHOT_DEMAND} and 3, got {args.max_demand}")
-    setup = MfiSetup(
-        model=args.gpu,
-        gpus=args.gpus,
-        runs=args.runs,
-        seed=args.seed,
-        policies=_csv(args.policies),
-        distributions=_csv(args.distributions),
-        checkpoints=demand_checkpoints(args.max_demand),
-        departures=args.experiment == "mfi",
-    )
-    with Progress(
+def _positive(text: str, option: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{option} takes positive whole numbers, got {text!r}")
+    return value
+
+
+def _progress(disable: bool) -> Progress:
+    return Progress(
         TextColumn("simulating"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=console,
         transient=True,
-        disable=args.json,
-    ) as progress:
+        disable=disable,
+    )
+
+
+def cmd_simulate_placement(args: argparse.Namespace) -> int:
+    if args.experiment == "grmu":
+        return _simulate_trace(args)
+    gpus = _positive(args.gpus or "100", "--gpus")
+    if args.runs < 1:
+        raise ValueError("--runs must be at least 1")
+    if not SNAPSHOT_DEMAND <= args.max_demand <= 3:
+        raise ValueError(f"--max-demand must be between {SNAPSHOT_DEMAND} and 3, got {args.max_demand}")
+    setup = MfiSetup(
+        model=args.gpu or "A100-80GB",
+        gpus=gpus,
+        runs=args.runs,
+        seed=args.seed,
+        policies=_csv(args.policies or ",".join(PAPER_POLICIES)),
+        distributions=_csv(args.distributions),
+        checkpoints=demand_checkpoints(args.max_demand),
+        departures=args.experiment == "mfi",
+    )
+    with _progress(args.json) as progress:
         task = progress.add_task("runs", total=setup.runs * len(setup.distributions))
         result = run_mfi_experiment(
             setup, workers=args.workers, progress=lambda done, total: progress.update(task, completed=done)
@@ -140,3 +176,65 @@ def _summary(snapshot: dict[str, dict[str, dict[str, float]]]) -> str:
                 f"next {second} ({m2['accepted']:.1f}, {ahead:+.1f}%)"
             )
     return "\n".join(lines)
+
+
+def _simulate_trace(args: argparse.Namespace) -> int:
+    sizes = tuple(
+        None if part.lower() == "all" else _positive(part, "--gpus") for part in _csv(args.gpus or "8,16,32,all")
+    )
+    setup = TraceSetup(
+        trace_dir=args.trace_dir,
+        model=args.gpu or "A100-40GB",
+        gpu_counts=sizes,
+        policies=_csv(args.policies or ",".join(TRACE_POLICIES)),
+    )
+    for name in (setup.pod_file, setup.node_file):
+        if not (setup.trace_dir / name).is_file():
+            raise ValueError(
+                f"the grmu experiment needs {name} in {setup.trace_dir}; point --trace-dir (or "
+                "$MIG_BATCH_TRACE_DIR) at the Alibaba cluster-trace-gpu-v2023 csv folder"
+            )
+    with _progress(args.json) as progress:
+        task = progress.add_task("runs", total=len(sizes) * len(setup.policies))
+        result = run_trace_experiment(
+            setup, workers=args.workers, progress=lambda done, total: progress.update(task, completed=done)
+        )
+    args.out.mkdir(parents=True, exist_ok=True)
+    files = [str(plot_trace(result, gpus, args.out / f"grmu_{gpus}_gpus.png")) for gpus in result["results"]]
+    json_path = args.out / "grmu.json"
+    result["files"] = [*files, str(json_path)]
+    json_path.write_text(json.dumps(result, separators=(",", ":")))  # hourly series: keep the file small
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        render_trace(result)
+        console.print("plots and numbers: " + ", ".join(result["files"]), highlight=False, soft_wrap=True)
+    return 0
+
+
+def render_trace(result: dict) -> None:
+    setup = result["setup"]
+    console.print(
+        f"[bold]GRMU experiment[/]: Alibaba 2023 trace, {setup['requests']} requests as {setup['model']} "
+        "profiles (GRMU §8.1), replayed in time"
+    )
+    for gpus, per_policy in result["results"].items():
+        profiles = list(next(iter(per_policy.values()))["arrived_by_profile"])
+        table = Table(title=f"{gpus} GPUs", title_justify="left")
+        for col in ("policy", "accepted", "acceptance", *profiles, "slice-h", "active GPU-h", "norm.", "migr."):
+            table.add_column(col, justify="left" if col == "policy" else "right")
+        ranked = sorted(per_policy.items(), key=lambda kv: (-kv[1]["accepted"], kv[1]["active_gpu_hours"]))
+        best = ranked[0][1]["accepted"]
+        for policy, s in ranked:
+            table.add_row(
+                policy,
+                str(s["accepted"]),
+                f"{s['acceptance_rate']:.3f}",
+                *(f"{s['acceptance_by_profile'][p]:.2f}" for p in profiles),
+                f"{s['allocated_slice_hours']:.0f}",
+                f"{s['active_gpu_hours']:.0f}",
+                f"{s['active_gpu_hours_normalized']:.3f}",
+                str(s["migrations"]),
+                style="bold green" if s["accepted"] == best else "",
+            )
+        console.print(table)

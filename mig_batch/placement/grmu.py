@@ -7,8 +7,9 @@
 - Defragmentation (Alg. 4), after a rejected light request: the light GPU with the highest GRMU
   fragmentation value has its instances re-placed on a mock empty GPU with the default placement
   (largest first, then by current start); the instances whose start differs are migrated.
-- Consolidation (Alg. 5), every ``consolidation_interval`` slots: light GPUs holding one half-GPU
-  instance (3g or 4g) are paired; the later one's instance moves onto the earlier, emptying a GPU.
+- Consolidation (Alg. 5), every ``consolidation_interval`` time units (None: off, GRMU's trace
+  setting): light GPUs holding one half-GPU instance (3g or 4g) are paired; the later one's
+  instance moves onto the earlier, emptying a GPU.
 
 Migration plans are returned, not executed: the simulator applies them, the live system will apply
 them only to checkpointable jobs. Basket scans are O(GPUs in the basket), unlike the mask-indexed
@@ -54,9 +55,9 @@ def grmu_fragmentation(tables: ModelTables, mask: int) -> float:
 class Grmu(Policy):
     name = "grmu"
 
-    def __init__(self, heavy_share: float = 0.3, consolidation_interval: int = 50) -> None:
-        if not 0 <= heavy_share <= 1 or consolidation_interval < 1:
-            raise ValueError("heavy_share must be in [0, 1] and consolidation_interval at least 1")
+    def __init__(self, heavy_share: float = 0.3, consolidation_interval: int | None = 50) -> None:
+        if not 0 <= heavy_share <= 1 or (consolidation_interval is not None and consolidation_interval < 1):
+            raise ValueError("heavy_share must be in [0, 1] and consolidation_interval at least 1 (or None: off)")
         self.heavy_share = heavy_share
         self.consolidation_interval = consolidation_interval
         self.basket: dict[int, str] = {}  # gid -> basket; GPUs not listed are in the pool
@@ -96,6 +97,12 @@ class Grmu(Policy):
 
     # -- defragmentation -------------------------------------------------------------------------
     def after_rejection(self, cluster: Cluster, request: PlacementRequest) -> list[Migration]:
+        if all(
+            self._basket_of(cluster.tables[model], profile) == HEAVY
+            for model, profile in request.profiles.items()
+            if model in cluster.tables
+        ):
+            return []  # heavy GPUs are whole: rearranging light ones cannot help a 7g request
         light = [cluster.gpus[g] for g, b in self.basket.items() if b == LIGHT and cluster.gpus[g].instances]
         if not light:
             return []
@@ -120,7 +127,8 @@ class Grmu(Policy):
 
     # -- consolidation ---------------------------------------------------------------------------
     def periodic(self, cluster: Cluster, slot: int) -> list[Migration]:
-        if slot == 0 or slot % self.consolidation_interval:
+        interval = self.consolidation_interval
+        if interval is None or slot == 0 or slot % interval:
             return []
         halves = []
         for gid, basket in sorted(self.basket.items()):

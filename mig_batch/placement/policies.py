@@ -9,7 +9,9 @@ enough free slices but no allowed start, the request is rejected (their Fig. 3):
 MIG-aware:
   - mfi: MFI Alg. 2, the (GPU, start) with the least increase of F (Alg. 1 as printed).
   - mfi-partial: the same with F counting only partly-free windows (the worked example's reading).
-  - nvidia: first GPU where the profile fits, start by NVIDIA's default max-CC rule (GRMU §5).
+  - nvidia: first GPU where the profile fits, start by NVIDIA's default max-CC rule (GRMU §5); this
+    is GRMU's FF baseline.
+  - bf-cc: GRMU's BF baseline, the GPU left with the fewest free slices, NVIDIA's default start.
   - mcc / mecc: GPU and start with the highest CC (expected CC, profile-frequency weighted) after
     allocation (GRMU §8.3, Alg. 6 and 7).
   - hami: first GPU where it fits, first free start NVML reports; 1g.* and 3g.* from the highest start.
@@ -262,6 +264,16 @@ class NvidiaDefault(MaskScoredPolicy):
         return None if best is None else ((), best[1])
 
 
+class BestFitDefaultStart(MaskScoredPolicy):
+    """GRMU's BF baseline: the GPU left with the fewest free slices, the driver's default start."""
+
+    name = "bf-cc"
+
+    def mask_choice(self, tables: ModelTables, k: int, mask: int) -> MaskChoice | None:
+        best = max_cc_choice(tables, k, mask)
+        return None if best is None else ((_free_slices(tables, mask) - _size(tables, k),), best[1])
+
+
 class MaxCC(MaskScoredPolicy):
     """GRMU Alg. 6: the GPU (and default start) with the highest CC after allocation."""
 
@@ -322,6 +334,7 @@ POLICIES: dict[str, type[Policy]] = {
     "wf-bi": WorstFitBestIndex,
     "mfi": MinimumFragmentationIncrement,
     "nvidia": NvidiaDefault,
+    "bf-cc": BestFitDefaultStart,
     "mcc": MaxCC,
     "mecc": MaxExpectedCC,
     "hami": Hami,
@@ -329,15 +342,15 @@ POLICIES: dict[str, type[Policy]] = {
 }
 
 
-def _grmu() -> Policy:
+def _grmu(**options: Any) -> Policy:
     from mig_batch.placement.grmu import Grmu  # grmu builds on this module
 
-    return Grmu()
+    return Grmu(**options)
 
 
 EXTRA = {
-    "mfi-partial": lambda: MinimumFragmentationIncrement(FragVariant.PARTIAL),
-    "mfi-pack": lambda: MinimumFragmentationIncrement(pack_ties=True),
+    "mfi-partial": lambda **options: MinimumFragmentationIncrement(FragVariant.PARTIAL, **options),
+    "mfi-pack": lambda **options: MinimumFragmentationIncrement(pack_ties=True, **options),
     "grmu": _grmu,
 }
 
@@ -346,10 +359,12 @@ def policy_names() -> list[str]:
     return [*POLICIES, *EXTRA]
 
 
-def make_policy(name: str) -> Policy:
-    """A fresh policy by name; ValueError lists the known names."""
-    if name in POLICIES:
-        return POLICIES[name]()
-    if name in EXTRA:
-        return EXTRA[name]()
+def make_policy(name: str, **options: Any) -> Policy:
+    """A fresh policy by name, ``options`` passed to its constructor; ValueError lists the known names."""
+    factory = POLICIES.get(name) or EXTRA.get(name)
+    if factory is not None:
+        try:
+            return factory(**options)
+        except TypeError as exc:
+            raise ValueError(f"policy {name!r} does not take option(s) {', '.join(options)}") from exc
     raise ValueError(f"unknown placement policy {name!r}; known: {', '.join(policy_names())}")

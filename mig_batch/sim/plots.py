@@ -58,3 +58,35 @@ def plot_snapshot(snapshot: dict[str, dict[str, dict[str, float]]], demand: floa
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_trace(result: dict[str, Any], gpus: str, path: Path) -> Path:
+    """GRMU-style figures for one cluster size: acceptance and active GPUs over time, acceptance per profile."""
+    per_policy = result["results"][gpus]
+    fig, axes = plt.subplots(1, 3, figsize=(17, 3.8))
+    for policy, summary in per_policy.items():
+        series = summary["series"]
+        days = [h / 24 for h in series["hours"]]
+        width = 2 if policy.startswith(("mfi", "grmu")) else 1.1
+        axes[0].plot(days, series["acceptance_rate"], label=policy, linewidth=width)
+        axes[1].plot(days, series["active_gpus"], label=policy, linewidth=width)
+    axes[0].set_title("acceptance rate so far (GRMU Fig. 10)", fontsize=10)
+    axes[1].set_title("active GPUs, hourly (GRMU Fig. 12)", fontsize=10)
+    for ax in axes[:2]:
+        ax.set_xlabel("days")
+        ax.grid(alpha=0.3)
+    policies = list(per_policy)
+    profiles = list(next(iter(per_policy.values()))["arrived_by_profile"])
+    width = 0.8 / len(policies)
+    for i, policy in enumerate(policies):
+        xs = [p + i * width for p in range(len(profiles))]
+        axes[2].bar(xs, [per_policy[policy]["acceptance_by_profile"][p] for p in profiles], width, label=policy)
+    axes[2].set_xticks([p + 0.4 - width / 2 for p in range(len(profiles))], profiles, fontsize=8)
+    axes[2].set_title("acceptance per profile (GRMU Fig. 11)", fontsize=10)
+    axes[2].grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"Alibaba 2023 trace, {gpus} x {result['setup']['model']}", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
