@@ -151,3 +151,34 @@ def test_bad_input_is_named():
         make_plan("far", A100, [Task("x", {1: math.inf})])
     with pytest.raises(ValueError, match="unknown planner"):
         make_plan("best", A100, tasks2())
+
+
+def test_cli_plan_writes_table_gantt_and_json(tmp_path, capsys):
+    from mig_batch.cli.main import main
+
+    queue = tmp_path / "q.yaml"
+    queue.write_text(
+        "gpu: A100-40GB\ntasks:\n  - name: cfd\n    times: {1g: 7.12, 2g: 2.43, 3g: 2.07, 4g: 1.19, 7g: 1.24}\n"
+        "    count: 6\n  - name: big\n    times: {4g: 3.4, 7g: 3.5}\n"
+    )
+    assert main(["plan", str(queue), "--planner", "auto", "--out", str(tmp_path / "o"), "--json"]) == 0
+    result = __import__("json").loads(capsys.readouterr().out)
+    assert result["makespan"] >= result["lower_bound"] > 0
+    assert {e["task"] for e in result["events"] if e["kind"] == "run"} == {*(f"cfd-{k}" for k in range(6)), "big"}
+    assert (tmp_path / "o" / "q_auto.png").stat().st_size > 0
+    queue.write_text("tasks:\n  - name: x\n    times: {5g: 1.0}\n")
+    assert main(["plan", str(queue)]) != 0
+    assert "size 5 is not an instance size" in capsys.readouterr().err
+    queue.write_text("tasks:\n  - name: x\n    times: {1g: -1}\n")
+    assert main(["plan", str(queue)]) != 0
+    assert "time must be a positive number" in capsys.readouterr().err
+
+
+def test_cli_bench_planner_runs_a_small_case(capsys):
+    from mig_batch.cli.main import main
+
+    code = main(["bench", "planner", "--datasets", "1", "--batch", "6", "--workloads", "poorscaling",
+                 "--planners", "far,fixbest", "--json"])  # fmt: skip
+    assert code == 0
+    rows = __import__("json").loads(capsys.readouterr().out)
+    assert {r["planner"] for r in rows} == {"far", "fixbest"} and all(r["mean_p_opt"] >= 0 for r in rows)

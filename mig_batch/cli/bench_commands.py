@@ -5,11 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import asdict
+from pathlib import Path
 
 from rich.table import Table
 
 from mig_batch.bench.placement import bench_placement
+from mig_batch.bench.planner import bench_planners, subset_workload, synthetic_workloads
 from mig_batch.cli.output import console
+from mig_batch.planner.planners import PLANNERS
+from mig_batch.planner.problem import gpu_scheme
+from mig_batch.planner.workloads import WORKLOAD_TYPES, read_rodinia
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,6 +28,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--load", type=float, default=0.7, help="share of memory slices preloaded")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_bench_placement)
+    q = kinds.add_parser("planner", help="every planner on every workload: mean p_opt and planning time")
+    q.add_argument("--datasets", type=int, default=5, help="datasets per workload (fixed seeds 0..K-1)")
+    q.add_argument("--batch", type=int, default=14, help="tasks per offline batch (N)")
+    q.add_argument("--planners", default=",".join(PLANNERS), help="comma-separated planners")
+    q.add_argument("--workloads", default=",".join([*WORKLOAD_TYPES, "rodinia-a100"]), help="comma-separated")
+    q.add_argument(
+        "--rodinia-dir",
+        type=Path,
+        default=Path("../shared/data/mig-tasks/rodinia_A100"),
+        help="folder with the <size>g_A100.csv Rodinia times (for the rodinia-a100 workload)",
+    )
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(handler=cmd_bench_planner)
 
 
 def cmd_bench_placement(args: argparse.Namespace) -> int:
@@ -46,5 +64,35 @@ def cmd_bench_placement(args: argparse.Namespace) -> int:
             f"{r.p99_us:.2f}",
             f"{r.placed}/{r.decisions}",
         )
+    console.print(table)
+    return 0
+
+
+def cmd_bench_planner(args: argparse.Namespace) -> int:
+    if args.datasets < 1 or args.batch < 1:
+        raise ValueError("--datasets and --batch must be at least 1")
+    planners = [p.strip() for p in args.planners.split(",") if p.strip()]
+    unknown = [p for p in planners if p not in PLANNERS]
+    if unknown:
+        raise ValueError(f"unknown planner(s) {', '.join(unknown)}; known: {', '.join(PLANNERS)}")
+    names = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    workloads = synthetic_workloads([w for w in names if w in WORKLOAD_TYPES])
+    if "rodinia-a100" in names:
+        workloads["rodinia-a100"] = subset_workload(read_rodinia(args.rodinia_dir, "A100"), args.batch)
+    unknown = [w for w in names if w not in workloads]
+    if unknown:
+        raise ValueError(f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(WORKLOAD_TYPES)}, rodinia-a100")
+    rows = bench_planners(gpu_scheme("A100-40GB"), planners, workloads, args.datasets, args.batch)
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+        return 0
+    table = Table(title=f"planners on A100-40GB, batches of {args.batch}, {args.datasets} datasets per workload")
+    for col in ("workload", "planner", "batches", "mean p_opt %", "mean plan ms", "max plan ms"):
+        table.add_column(col, justify="left" if col in ("workload", "planner") else "right")
+    for r in rows:
+        table.add_row(
+            r.workload, r.planner, str(r.batches), f"{r.mean_p_opt:.2f}", f"{r.mean_plan_s * 1e3:.1f}",
+            f"{r.max_plan_s * 1e3:.1f}",
+        )  # fmt: skip
     console.print(table)
     return 0

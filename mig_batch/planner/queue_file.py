@@ -1,0 +1,69 @@
+"""Queue files for ``mig-batch plan``: YAML with the GPU model and each task's predicted times.
+
+gpu: A100-40GB            # optional; --gpu overrides
+tasks:
+  - name: cfd
+    times: {1g: 7.12, 2g: 2.43, 3g: 2.07, 4g: 1.19, 7g: 1.24}   # or 1: 7.12, ...; seconds
+    count: 20             # optional: that many copies (cfd-0, cfd-1, ...)
+  - name: lavamd
+    times: {2g: 9.95, 3g: 6.51, 4g: 3.46, 7g: 3.51}            # a size left out cannot run it
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mig_batch.planner.problem import Task
+
+
+class QueueFileError(ValueError):
+    pass
+
+
+def _size(key: Any, where: str) -> int:
+    text = str(key).strip().lower()
+    if text.endswith("g"):
+        text = text[:-1]
+    if not text.isdigit() or int(text) < 1:
+        raise QueueFileError(f"{where}: size {key!r} must be a number of compute slices like 3 or 3g")
+    return int(text)
+
+
+def _time(value: Any, where: str) -> float:
+    if isinstance(value, str) and value.strip().lower() in ("inf", "infinite", "oom"):
+        return math.inf
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise QueueFileError(f"{where}: time must be a positive number of seconds (or 'inf'), got {value!r}")
+    return float(value)
+
+
+def parse_queue(data: Any, source: str = "queue") -> tuple[str | None, list[Task]]:
+    if not isinstance(data, dict) or not isinstance(data.get("tasks"), list) or not data["tasks"]:
+        raise QueueFileError(f"{source}: expected a mapping with a non-empty 'tasks' list")
+    gpu = data.get("gpu")
+    tasks: list[Task] = []
+    for i, entry in enumerate(data["tasks"], 1):
+        where = f"{source}: task {i}"
+        if not isinstance(entry, dict) or not isinstance(entry.get("times"), dict) or not entry["times"]:
+            raise QueueFileError(f"{where}: expected 'name' and a 'times' mapping of size -> seconds")
+        name = str(entry.get("name", f"task{i}"))
+        times = {_size(k, f"{where} ({name})"): _time(v, f"{where} ({name})") for k, v in entry["times"].items()}
+        count = entry.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise QueueFileError(f"{where} ({name}): count must be a positive integer, got {count!r}")
+        tasks += [Task(name if count == 1 else f"{name}-{k}", times) for k in range(count)]
+    return (str(gpu) if gpu is not None else None), tasks
+
+
+def read_queue(path: Path) -> tuple[str | None, list[Task]]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise QueueFileError(f"cannot read {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise QueueFileError(f"{path} is not valid YAML: {exc}") from exc
+    return parse_queue(data, str(path))
