@@ -100,6 +100,14 @@ def _leaves(node: _Node) -> list[_Node]:
     return [n for n in _nodes(node) if not n.children]
 
 
+def _reconfigure(scheme: GpuScheme, kind: str, node: _Node, clock: float, events: list[Event]) -> float:
+    """Create or destroy ``node``'s instance once the clock and the instance allow; the new clock."""
+    begin = max(clock, node.end)
+    end = begin + (scheme.create_s if kind == "create" else scheme.destroy_s)[node.size]
+    events.append(Event(kind, node.size, node.slot.start, begin, end))
+    return end
+
+
 def _greedy_tree(scheme: GpuScheme, tasks: Sequence[Task], allotment: Allotment) -> tuple[_Node, list[Event]]:
     groups: dict[int, list[tuple[float, int]]] = {}
     for index, size in enumerate(allotment):
@@ -114,10 +122,7 @@ def _greedy_tree(scheme: GpuScheme, tasks: Sequence[Task], allotment: Allotment)
         node = heapq.heappop(heap)
         if node.size in groups:
             if not node.tasks:
-                begin = max(clock, node.end)
-                clock = begin + scheme.create_s[node.size]
-                events.append(Event("create", node.size, node.slot.start, begin, clock))
-                node.end = clock
+                clock = node.end = _reconfigure(scheme, "create", node, clock, events)
             time, index = groups[node.size].pop(0)
             if not groups[node.size]:
                 del groups[node.size]
@@ -127,9 +132,7 @@ def _greedy_tree(scheme: GpuScheme, tasks: Sequence[Task], allotment: Allotment)
             heapq.heappush(heap, node)
         elif groups:
             if node.tasks:
-                begin = max(clock, node.end)
-                clock = begin + scheme.destroy_s[node.size]
-                events.append(Event("destroy", node.size, node.slot.start, begin, clock))
+                clock = _reconfigure(scheme, "destroy", node, clock, events)
             for child in node.children:
                 child.end = node.end
                 heapq.heappush(heap, child)
@@ -155,10 +158,7 @@ def _retime(scheme: GpuScheme, tree: _Node) -> list[Event]:
                 heapq.heappush(heap, child)
             continue
         if done[id(node)] == 0:
-            begin = max(clock, node.end)
-            clock = begin + scheme.create_s[node.size]
-            events.append(Event("create", node.size, node.slot.start, begin, clock))
-            node.end = clock
+            clock = node.end = _reconfigure(scheme, "create", node, clock, events)
         if done[id(node)] < len(node.tasks):
             task = node.tasks[done[id(node)]]
             done[id(node)] += 1
@@ -167,9 +167,7 @@ def _retime(scheme: GpuScheme, tree: _Node) -> list[Event]:
             node.end += task[0]
             heapq.heappush(heap, node)
         else:
-            begin = max(clock, node.end)
-            clock = begin + scheme.destroy_s[node.size]
-            events.append(Event("destroy", node.size, node.slot.start, begin, clock))
+            clock = _reconfigure(scheme, "destroy", node, clock, events)
             for child in node.children:
                 child.end = node.end
                 heapq.heappush(heap, child)
