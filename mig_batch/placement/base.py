@@ -67,6 +67,15 @@ class Migration:
 MaskChoice = tuple[tuple[Any, ...], int | None]
 
 
+def max_cc_choice(tables: ModelTables, k: int, mask: int) -> tuple[int, int] | None:
+    """(CC after, start) of NVIDIA's default start on this mask: highest CC after, ties lowest start."""
+    options = tables.cc_after[k][mask]
+    if not options:
+        return None
+    cc, neg_start = max((cc, -s) for s, cc in options)
+    return cc, -neg_start
+
+
 def placement_on(cluster: Cluster, gid: int, profile: str, start: int) -> Placement:
     gpu = cluster.gpus[gid]
     return Placement(gid, gpu.host, gpu.index, gpu.model, profile, start)

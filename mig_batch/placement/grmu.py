@@ -28,10 +28,10 @@ from mig_batch.placement.base import (
     PlacementRequest,
     Policy,
     Rejection,
+    max_cc_choice,
     placement_on,
 )
 from mig_batch.placement.cluster import Cluster
-from mig_batch.placement.policies import max_cc_choice
 
 HEAVY, LIGHT = "heavy", "light"
 

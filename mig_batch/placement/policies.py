@@ -23,8 +23,11 @@ Ours (see docs/placement.md for the evaluation):
 
 from __future__ import annotations
 
+import inspect
 from abc import abstractmethod
 from collections import Counter, deque
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from mig_batch.mig.scores import FragVariant
@@ -36,9 +39,11 @@ from mig_batch.placement.base import (
     PlacementRequest,
     Policy,
     Rejection,
+    max_cc_choice,
     placement_on,
 )
 from mig_batch.placement.cluster import Cluster
+from mig_batch.placement.grmu import Grmu
 
 
 def _free_slices(tables: ModelTables, mask: int) -> int:
@@ -245,15 +250,6 @@ class ExpectedMFI(_LearnsProfileMix, MinimumFragmentationIncrement):
 # --------------------------------------------------------------------------------------------- CC family
 
 
-def max_cc_choice(tables: ModelTables, k: int, mask: int) -> tuple[int, int] | None:
-    """(CC after, start) of NVIDIA's default start on this mask: highest CC after, ties lowest start."""
-    options = tables.cc_after[k][mask]
-    if not options:
-        return None
-    cc, neg_start = max((cc, -s) for s, cc in options)
-    return cc, -neg_start
-
-
 class NvidiaDefault(MaskScoredPolicy):
     """First GPU where the profile fits; the driver's default start (max CC after, ties lowest)."""
 
@@ -342,16 +338,10 @@ POLICIES: dict[str, type[Policy]] = {
 }
 
 
-def _grmu(**options: Any) -> Policy:
-    from mig_batch.placement.grmu import Grmu  # grmu builds on this module
-
-    return Grmu(**options)
-
-
-EXTRA = {
-    "mfi-partial": lambda **options: MinimumFragmentationIncrement(FragVariant.PARTIAL, **options),
-    "mfi-pack": lambda **options: MinimumFragmentationIncrement(pack_ties=True, **options),
-    "grmu": _grmu,
+EXTRA: dict[str, Callable[..., Policy]] = {
+    "mfi-partial": partial(MinimumFragmentationIncrement, FragVariant.PARTIAL),
+    "mfi-pack": partial(MinimumFragmentationIncrement, pack_ties=True),
+    "grmu": Grmu,
 }
 
 
@@ -364,7 +354,8 @@ def make_policy(name: str, **options: Any) -> Policy:
     factory = POLICIES.get(name) or EXTRA.get(name)
     if factory is not None:
         try:
-            return factory(**options)
-        except TypeError as exc:
-            raise ValueError(f"policy {name!r} does not take option(s) {', '.join(options)}") from exc
+            inspect.signature(factory).bind(**options)
+        except TypeError:
+            raise ValueError(f"policy {name!r} does not take option(s) {', '.join(options)}") from None
+        return factory(**options)
     raise ValueError(f"unknown placement policy {name!r}; known: {', '.join(policy_names())}")

@@ -33,6 +33,20 @@ def plot_load_sweep(result: dict[str, Any], distribution: str, path: Path) -> Pa
     axes[0].legend(fontsize=8)
     setup = result["setup"]
     fig.suptitle(f"{distribution}: {setup['gpus']} x {setup['model']}, {setup['runs']} runs", fontsize=11)
+    return _save(fig, path)
+
+
+def _grouped_bars(ax: Any, groups: list[str], values: dict[str, list[float]], title: str) -> None:
+    """One bar per series within each group, series side by side."""
+    width = 0.8 / len(values)
+    for i, (label, ys) in enumerate(values.items()):
+        ax.bar([g + i * width for g in range(len(groups))], ys, width, label=label)
+    ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))], groups, fontsize=8)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+
+
+def _save(fig: Any, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -44,20 +58,12 @@ def plot_snapshot(snapshot: dict[str, dict[str, dict[str, float]]], demand: floa
     distributions = list(snapshot)
     policies = list(next(iter(snapshot.values())))
     fig, axes = plt.subplots(1, 4, figsize=(17, 3.6))
-    width = 0.8 / len(policies)
     for ax, (metric, label) in zip(axes, PANELS[:4], strict=True):
-        for i, policy in enumerate(policies):
-            xs = [d + i * width for d in range(len(distributions))]
-            ax.bar(xs, [snapshot[d][policy][metric] for d in distributions], width, label=policy)
-        ax.set_xticks([d + 0.4 - width / 2 for d in range(len(distributions))], distributions, fontsize=8)
-        ax.set_title(label, fontsize=10)
-        ax.grid(alpha=0.3, axis="y")
+        values = {p: [snapshot[d][p][metric] for d in distributions] for p in policies}
+        _grouped_bars(ax, distributions, values, label)
     axes[0].legend(fontsize=7)
     fig.suptitle(f"at {demand:.0%} demand", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_trace(result: dict[str, Any], gpus: str, path: Path) -> Path:
@@ -75,18 +81,9 @@ def plot_trace(result: dict[str, Any], gpus: str, path: Path) -> Path:
     for ax in axes[:2]:
         ax.set_xlabel("days")
         ax.grid(alpha=0.3)
-    policies = list(per_policy)
     profiles = list(next(iter(per_policy.values()))["arrived_by_profile"])
-    width = 0.8 / len(policies)
-    for i, policy in enumerate(policies):
-        xs = [p + i * width for p in range(len(profiles))]
-        axes[2].bar(xs, [per_policy[policy]["acceptance_by_profile"][p] for p in profiles], width, label=policy)
-    axes[2].set_xticks([p + 0.4 - width / 2 for p in range(len(profiles))], profiles, fontsize=8)
-    axes[2].set_title("acceptance per profile (GRMU Fig. 11)", fontsize=10)
-    axes[2].grid(alpha=0.3, axis="y")
+    values = {p: [s["acceptance_by_profile"][name] for name in profiles] for p, s in per_policy.items()}
+    _grouped_bars(axes[2], profiles, values, "acceptance per profile (GRMU Fig. 11)")
     axes[0].legend(fontsize=8)
     fig.suptitle(f"Alibaba 2023 trace, {gpus} x {result['setup']['model']}", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
