@@ -178,7 +178,59 @@ def test_cli_bench_planner_runs_a_small_case(capsys):
     from mig_batch.cli.main import main
 
     code = main(["bench", "planner", "--datasets", "1", "--batch", "6", "--workloads", "poorscaling",
-                 "--planners", "far,fixbest", "--json"])  # fmt: skip
+                 "--planners", "far,fixbest", "--gap-batch", "4", "--json"])  # fmt: skip
     assert code == 0
-    rows = __import__("json").loads(capsys.readouterr().out)
+    out = __import__("json").loads(capsys.readouterr().out)
+    rows, gaps = out["p_opt"], out["gap"]
     assert {r["planner"] for r in rows} == {"far", "fixbest"} and all(r["mean_p_opt"] >= 0 for r in rows)
+    assert {g["planner"] for g in gaps} == {"far", "fixbest", "lower bound"}
+    assert all(g["proven"] == 1 for g in gaps) and all(
+        g["mean_gap"] >= 0 for g in gaps if g["planner"] != "lower bound"
+    )
+    assert next(g for g in gaps if g["planner"] == "lower bound")["mean_gap"] <= 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(task_sets(), st.integers(1, 3), st.sampled_from(["far", "fixbest", "miso"]), st.booleans())
+def test_multi_gpu_batches_are_valid(tasks, gpus, planner, with_a30):
+    from mig_batch.planner.multi import check_multi
+    from mig_batch.planner.planners import make_multi_plan
+
+    schemes = [A100] * gpus + ([A30] if with_a30 else [])
+    multi = make_multi_plan(planner, schemes, tasks)
+    makespan = check_multi(schemes, tasks, multi)
+    assert makespan <= make_plan(planner, A100, tasks).makespan + 1e-9
+
+
+def test_multi_gpu_spreads_work_and_the_checker_refuses_lost_tasks():
+    from dataclasses import replace
+
+    from mig_batch.planner.multi import check_multi
+    from mig_batch.planner.planners import make_multi_plan
+
+    tasks = synthetic_dataset("widetimes", 12, seed=3)
+    one = make_plan("far", A100, tasks).makespan
+    two = make_multi_plan("far", [A100, A100], tasks)
+    assert check_multi([A100, A100], tasks, two) < 0.75 * one
+    assert all(two.assignment)
+    lost = replace(two, assignment=(two.assignment[0][1:], two.assignment[1]))
+    with pytest.raises(PlanError, match="exactly one GPU"):
+        check_multi([A100, A100], tasks, lost)
+    with pytest.raises(ValueError, match="cannot run on any of the GPUs"):
+        make_multi_plan("far", [A30], [Task("big", {7: 5.0})])
+
+
+def test_cli_plan_over_two_gpus(tmp_path, capsys):
+    import json
+
+    from mig_batch.cli.main import main
+
+    queue = tmp_path / "q.yaml"
+    queue.write_text(
+        "tasks:\n  - name: cfd\n    times: {1g: 7.12, 2g: 2.43, 3g: 2.07, 4g: 1.19, 7g: 1.24}\n    count: 6\n"
+    )
+    assert main(["plan", str(queue), "--gpus", "2", "--planner", "far", "--out", str(tmp_path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["gpus"]) == 2 and sum(len([e for e in g["events"] if e["kind"] == "run"]) for g in out["gpus"]) == 6
+    assert (tmp_path / "q_far_2gpus_gpu1.png").exists()
+    assert main(["plan", str(queue), "--gpus", "0"]) != 0

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mig_batch.planner.bounds import lower_bound, p_opt
+from mig_batch.planner.exact import solve_exact
 from mig_batch.planner.plan import check_plan
 from mig_batch.planner.planners import make_plan
 from mig_batch.planner.problem import GpuScheme, Task
@@ -82,3 +83,66 @@ def subset_workload(pool: Sequence[Task], size: int) -> Callable[[int], list[Tas
         return random.Random(d).sample(list(pool), min(size, len(pool)))
 
     return make
+
+
+@dataclass(frozen=True)
+class GapRow:
+    workload: str
+    planner: str  # a planner, or "lower bound" for the MIG-DRL bound's own distance below the optimum
+    batches: int
+    proven: int  # batches whose optimum the exact solver proved
+    mean_gap: float  # mean (makespan / optimum - 1) x 100 over proven batches
+    max_gap: float
+
+
+@dataclass(frozen=True)
+class ExactStats:
+    workload: str
+    batches: int
+    proven: int
+    mean_solve_s: float
+    max_solve_s: float
+
+
+def bench_gaps(
+    scheme: GpuScheme,
+    planners: Sequence[str],
+    workloads: dict[str, Callable[[int], list[Task]]],
+    datasets: int,
+    batch: int,
+    time_limit_s: float = 60.0,
+) -> tuple[list[GapRow], list[ExactStats]]:
+    """True gap to the optimum: the first ``batch`` tasks of each dataset, solved exactly."""
+    rows: list[GapRow] = []
+    stats: list[ExactStats] = []
+    for workload, make in workloads.items():
+        gaps: dict[str, list[float]] = {p: [] for p in [*planners, "lower bound"]}
+        solve_s: list[float] = []
+        count = proven = 0
+        for d in range(datasets):
+            tasks = make(d)[:batch]
+            if len(tasks) < batch:
+                continue
+            count += 1
+            plans = {name: make_plan(name, scheme, tasks) for name in planners}
+            incumbent = min(plans.values(), key=lambda p: p.makespan)
+            result = solve_exact(scheme, tasks, time_limit_s=time_limit_s, incumbent=incumbent)
+            solve_s.append(result.wall_s)
+            if not result.optimal:
+                continue
+            proven += 1
+            optimum = check_plan(scheme, tasks, result.plan)
+            for name, plan in plans.items():
+                gaps[name].append((plan.makespan / optimum - 1) * 100)
+            gaps["lower bound"].append((lower_bound(scheme, tasks) / optimum - 1) * 100)
+        for name, values in gaps.items():
+            rows.append(
+                GapRow(workload, name, count, proven, statistics.fmean(values) if values else float("nan"),
+                       max(values, default=float("nan")))
+            )  # fmt: skip
+        stats.append(
+            ExactStats(
+                workload, count, proven, statistics.fmean(solve_s) if solve_s else 0.0, max(solve_s, default=0.0)
+            )
+        )
+    return rows, stats

@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.table import Table
 
 from mig_batch.bench.placement import bench_placement
-from mig_batch.bench.planner import bench_planners, subset_workload, synthetic_workloads
+from mig_batch.bench.planner import bench_gaps, bench_planners, subset_workload, synthetic_workloads
 from mig_batch.cli.output import console
 from mig_batch.planner.planners import PLANNERS
 from mig_batch.planner.problem import gpu_scheme
@@ -39,6 +39,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=Path("../shared/data/mig-tasks/rodinia_A100"),
         help="folder with the <size>g_A100.csv Rodinia times (for the rodinia-a100 workload)",
     )
+    q.add_argument(
+        "--gap-batch",
+        type=int,
+        default=8,
+        help="also solve the first N tasks of each dataset exactly (CP-SAT) for the true gap; 0: skip",
+    )
+    q.add_argument("--gap-time-limit", type=float, default=60.0, help="seconds per exact solve")
     q.add_argument("--json", action="store_true")
     q.set_defaults(handler=cmd_bench_planner)
 
@@ -68,6 +75,21 @@ def cmd_bench_placement(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_gaps(gaps: list, stats: list, batch: int) -> None:
+    table = Table(title=f"true gap to the optimum (CP-SAT) on the first {batch} tasks of each dataset")
+    for col in ("workload", "planner", "proven/batches", "mean gap %", "max gap %"):
+        table.add_column(col, justify="left" if col in ("workload", "planner") else "right")
+    for r in gaps:
+        table.add_row(r.workload, r.planner, f"{r.proven}/{r.batches}", f"{r.mean_gap:.2f}", f"{r.max_gap:.2f}")
+    console.print(table)
+    solved = Table(title="exact solver")
+    for col in ("workload", "proven/batches", "mean solve s", "max solve s"):
+        solved.add_column(col, justify="left" if col == "workload" else "right")
+    for s in stats:
+        solved.add_row(s.workload, f"{s.proven}/{s.batches}", f"{s.mean_solve_s:.2f}", f"{s.max_solve_s:.2f}")
+    console.print(solved)
+
+
 def cmd_bench_planner(args: argparse.Namespace) -> int:
     if args.datasets < 1 or args.batch < 1:
         raise ValueError("--datasets and --batch must be at least 1")
@@ -82,9 +104,16 @@ def cmd_bench_planner(args: argparse.Namespace) -> int:
     unknown = [w for w in names if w not in workloads]
     if unknown:
         raise ValueError(f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(WORKLOAD_TYPES)}, rodinia-a100")
-    rows = bench_planners(gpu_scheme("A100-40GB"), planners, workloads, args.datasets, args.batch)
+    if args.gap_batch < 0 or args.gap_time_limit <= 0:
+        raise ValueError("--gap-batch must be 0 (skip) or more, --gap-time-limit positive")
+    scheme = gpu_scheme("A100-40GB")
+    rows = bench_planners(scheme, planners, workloads, args.datasets, args.batch)
+    gaps, stats = [], []
+    if args.gap_batch:
+        gaps, stats = bench_gaps(scheme, planners, workloads, args.datasets, args.gap_batch, args.gap_time_limit)
     if args.json:
-        print(json.dumps([asdict(r) for r in rows], indent=1))
+        print(json.dumps({"p_opt": [asdict(r) for r in rows], "gap": [asdict(r) for r in gaps],
+                          "exact": [asdict(s) for s in stats]}, indent=1))  # fmt: skip
         return 0
     table = Table(title=f"planners on A100-40GB, batches of {args.batch}, {args.datasets} datasets per workload")
     for col in ("workload", "planner", "batches", "mean p_opt %", "mean plan ms", "max plan ms"):
@@ -95,4 +124,6 @@ def cmd_bench_planner(args: argparse.Namespace) -> int:
             f"{r.max_plan_s * 1e3:.1f}",
         )  # fmt: skip
     console.print(table)
+    if gaps:
+        _print_gaps(gaps, stats, args.gap_batch)
     return 0

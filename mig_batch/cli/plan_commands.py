@@ -1,4 +1,4 @@
-"""``mig-batch plan``: plan a queue of moldable tasks on one MIG GPU."""
+"""``mig-batch plan``: plan a queue of moldable tasks on one MIG GPU, or spread over several."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from rich.table import Table
 from mig_batch.cli.output import console
 from mig_batch.planner.bounds import lower_bound, p_opt
 from mig_batch.planner.gantt import plot_plan
+from mig_batch.planner.multi import check_multi
 from mig_batch.planner.plan import check_plan
-from mig_batch.planner.planners import PLANNERS, make_plan
-from mig_batch.planner.problem import gpu_scheme
+from mig_batch.planner.planners import PLANNERS, make_multi_plan, make_plan
+from mig_batch.planner.problem import GpuScheme, Task, gpu_scheme
 from mig_batch.planner.queue_file import read_queue
 
 
@@ -26,6 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("queue", type=Path, help="YAML: gpu (optional) and tasks with times per size")
     p.add_argument("--gpu", default=None, help="GPU model (default: the queue file's, else A100-40GB)")
     p.add_argument("--planner", default="auto", choices=sorted(PLANNERS), help="planner (default auto)")
+    p.add_argument(
+        "--gpus", type=int, default=1, help="GPUs of that model to spread the batch over (one timeline each)"
+    )
     p.add_argument("--out", type=Path, default=Path("out/plan"), help="directory for the Gantt PNG and plan JSON")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(handler=cmd_plan)
@@ -34,6 +38,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     file_gpu, tasks = read_queue(args.queue)
     scheme = gpu_scheme(args.gpu or file_gpu or "A100-40GB")
+    if args.gpus < 1:
+        raise ValueError(f"--gpus must be at least 1, got {args.gpus}")
+    if args.gpus > 1:
+        return _plan_multi(args, scheme, tasks)
     plan = make_plan(args.planner, scheme, tasks)
     makespan = check_plan(scheme, tasks, plan)
     bound = lower_bound(scheme, tasks)
@@ -59,4 +67,36 @@ def cmd_plan(args: argparse.Namespace) -> int:
         highlight=False,
         soft_wrap=True,
     )
+    return 0
+
+
+def _plan_multi(args: argparse.Namespace, scheme: GpuScheme, tasks: list[Task]) -> int:
+    schemes = [scheme] * args.gpus
+    multi = make_multi_plan(args.planner, schemes, tasks)
+    makespan = check_multi(schemes, tasks, multi)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"{args.queue.stem}_{args.planner}_{args.gpus}gpus"
+    per_gpu = []
+    for g, (members, plan) in enumerate(zip(multi.assignment, multi.plans, strict=True)):
+        subset = [tasks[i] for i in members]
+        plot_plan(scheme, subset, plan, args.out / f"{stem}_gpu{g}.png", lower_bound(scheme, subset))
+        per_gpu.append({"gpu_index": g, **plan.as_dict(subset)})
+    result = {"gpu": scheme.model.name, "planner": args.planner, "makespan": makespan, "gpus": per_gpu}
+    json_path = args.out / f"{stem}.json"
+    json_path.write_text(json.dumps(result, indent=1))
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    table = Table(title=f"{args.planner} plan for {len(tasks)} tasks on {args.gpus} x {scheme.model.name}")
+    for col in ("GPU", "begin s", "end s", "action", "instance", "task"):
+        table.add_column(col, justify="right" if col.endswith(" s") else "left")
+    for gpu in per_gpu:
+        for e in gpu["events"]:
+            profile = scheme.profiles[e["size"]].name
+            table.add_row(str(gpu["gpu_index"]), f"{e['begin']:.3f}", f"{e['end']:.3f}", e["kind"],
+                          f"{profile} @ {e['start']}", e.get("task", ""))  # fmt: skip
+    console.print(table)
+    ends = ", ".join(f"GPU {g['gpu_index']} {g['makespan']:.3f} s" for g in per_gpu)
+    console.print(f"makespan {makespan:.3f} s ({ends}); Gantt {args.out}/{stem}_gpu*.png; plan {json_path}",
+                  highlight=False, soft_wrap=True)  # fmt: skip
     return 0

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from mig_batch.planner.auto import plan_auto
 from mig_batch.planner.baselines import plan_fixbest, plan_miso, plan_nomig
 from mig_batch.planner.far import plan_far
+from mig_batch.planner.multi import MultiPlan, plan_multi
 from mig_batch.planner.plan import Plan
 from mig_batch.planner.problem import GpuScheme, Task, check_tasks
 
@@ -19,8 +20,18 @@ PLANNERS: dict[str, Callable[[GpuScheme, Sequence[Task]], Plan]] = {
 }
 
 
-def make_plan(name: str, scheme: GpuScheme, tasks: Sequence[Task]) -> Plan:
+def _planner(name: str) -> Callable[[GpuScheme, Sequence[Task]], Plan]:
     if name not in PLANNERS:
         raise ValueError(f"unknown planner {name!r}; known: {', '.join(PLANNERS)}")
+    return PLANNERS[name]
+
+
+def make_plan(name: str, scheme: GpuScheme, tasks: Sequence[Task]) -> Plan:
+    planner = _planner(name)
     check_tasks(tasks, scheme)
-    return PLANNERS[name](scheme, tasks)
+    return planner(scheme, tasks)
+
+
+def make_multi_plan(name: str, schemes: Sequence[GpuScheme], tasks: Sequence[Task]) -> MultiPlan:
+    """One batch over several GPUs (one timeline each), every GPU planned by ``name``."""
+    return plan_multi(schemes, tasks, _planner(name))
