@@ -11,12 +11,15 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
+import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mig_batch.cli.output import console, fail
+from mig_batch.config import ConfigError, load_config
 from mig_batch.mig.models import UnknownModelError, all_models, get_model
 from mig_batch.request import (
     MigRequest,
@@ -122,6 +125,16 @@ def gres_of(options: dict[str, str]) -> str:
     return f"mig:{parse_compute(options['gpu_compute']).slices}g" if "gpu_compute" in options else "mig:any"
 
 
+def site_models() -> list:
+    """The site's GPU models (inventory of the mig_batch config) when there is one, else every model."""
+    try:
+        config = load_config()
+    except ConfigError:
+        config = None
+    names = sorted({m for ms in config.nodes.values() for m in ms}) if config and config.nodes else []
+    return [get_model(n) for n in names] or sorted(all_models().values(), key=lambda m: m.name)
+
+
 def sbatch_command(spec: JobSpec) -> list[str]:
     cmd = ["sbatch", "--parsable", f"--gres={gres_of(spec.options)}"]
     comment = []
@@ -150,16 +163,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             if "--gres" in line or "--gpus" in line:
                 raise DirectiveError(f"{args.script}: '{line}' asks for GPUs too; let migsub request the MIG instance")
         request = build_request(options, sources)
-        models = (
-            [get_model(options["gpu"])] if "gpu" in options else sorted(all_models().values(), key=lambda m: m.name)
-        )
+        models = [get_model(options["gpu"])] if "gpu" in options else site_models()
         if isinstance(request, MoldableRequest):
             per_model = {m.name: request.candidates(m) for m in models}
         else:
             results = translate_any(request, models)
             per_model = {name: (None if isinstance(p, RequestError) else p.name) for name, p in results.items()}
             if not any(per_model.values()):
-                raise results[models[0].name]
+                if len(models) == 1:
+                    raise results[models[0].name]
+                largest = max(models, key=lambda m: m.largest_profile.memory_mib)
+                raise RequestError(
+                    f"no MIG profile of {', '.join(m.name for m in models)} satisfies {request.describe()}; "
+                    f"the largest is {largest.largest_profile.name} on {largest.name}"
+                )
         spec = JobSpec(args.script, args.script_args, options, sources)
         command = sbatch_command(spec)
     except (DirectiveError, RequestError, UnknownModelError) as exc:
@@ -174,9 +191,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 console.print(f"{name}: {chosen if chosen else '[red]no profile fits[/]'}", highlight=False)
             console.print("sbatch command: " + shlex.join(command), highlight=False, soft_wrap=True)
         return 0
-    return fail(
-        "submission needs the mig_batch Slurm plugins (job_submit.lua, prolog), not installed yet; use --dry-run"
-    )
+    return submit(command)
+
+
+def submit(command: list[str]) -> int:
+    """Hand the job to the batch system found on PATH; print its id."""
+    if shutil.which(command[0]) is None:
+        return fail(f"no batch system found: {command[0]} is not on PATH (HTCondor support comes later); "
+                    "--dry-run shows the translation")  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return fail(proc.stderr.strip() or f"{command[0]} failed with exit code {proc.returncode}", proc.returncode)
+    job = proc.stdout.strip().split(";")[0]
+    print(job)
+    return 0
 
 
 if __name__ == "__main__":

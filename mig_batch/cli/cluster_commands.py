@@ -1,0 +1,131 @@
+"""``mig-batch slurm ...`` (install, gen-lua) and ``mig-batch status``; ``mig-batchd`` lives here too."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.table import Table
+
+from mig_batch.cli.output import console, emit, fail
+from mig_batch.config import ConfigError, SiteConfig, load_config
+from mig_batch.mig.models import all_models, get_model
+from mig_batch.slurm.install import install, job_submit_lua
+from mig_batch.state import ACTIVE, Store
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    slurm = sub.add_parser("slurm", help="Slurm integration: generate job_submit.lua, install the hook shims")
+    kinds = slurm.add_subparsers(dest="slurm_command", metavar="SUBCOMMAND", required=True)
+    g = kinds.add_parser("gen-lua", help="print job_submit.lua with the profile table of the site's GPU models")
+    g.add_argument("--config", help="site config (default: MIG_BATCH_CONFIG or /etc/mig-batch/mig-batch.yaml)")
+    g.add_argument("--all-models", action="store_true", help="every model of etc/gpus, not only the inventory's")
+    g.set_defaults(handler=cmd_gen_lua)
+    i = kinds.add_parser("install", help="write job_submit.lua and the Prolog/Epilog/TaskProlog shims into DEST")
+    i.add_argument("dest", type=Path, help="directory (e.g. /etc/slurm)")
+    i.add_argument("--config", required=True, help="the site config the shims will use")
+    i.add_argument("--python", default=sys.executable, help="the Python that has mig_batch (default: this one)")
+    i.set_defaults(handler=cmd_install)
+    s = sub.add_parser("status", help="every GPU's MIG slices and the jobs on them")
+    s.add_argument("--config", help="site config")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(handler=cmd_status)
+
+
+def _models(config: SiteConfig | None, every: bool):
+    if every or config is None or not config.nodes:
+        return list(all_models().values())
+    return [get_model(m) for m in sorted({m for models in config.nodes.values() for m in models})]
+
+
+def cmd_gen_lua(args: argparse.Namespace) -> int:
+    config = None if args.all_models else _maybe_config(args.config)
+    sys.stdout.write(job_submit_lua(_models(config, args.all_models)))
+    return 0
+
+
+def _maybe_config(path: str | None) -> SiteConfig | None:
+    try:
+        return load_config(path)
+    except ConfigError:
+        if path:
+            raise
+        return None  # no site config yet: every model
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    written = install(args.dest, args.python, str(Path(args.config).resolve()), str(config.job_dir),
+                      _models(config, False))  # fmt: skip
+    for path in written:
+        console.print(f"wrote {path}", highlight=False)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    store = Store(config.state)
+    try:
+        decisions: dict[tuple[str, int], list] = {}
+        for d in store.decisions(ACTIVE):
+            decisions.setdefault((d.node, d.gpu), []).append(d)
+        instances = {r.job: r for r in store.instances()}
+    finally:
+        store.close()
+    gpus = []
+    for node in sorted(config.nodes):
+        for index, model_name in enumerate(config.nodes[node]):
+            model = get_model(model_name)
+            jobs = []
+            for d in sorted(decisions.get((node, index), []), key=lambda d: d.start):
+                inst = instances.get(d.job)
+                jobs.append({"job": d.job, "profile": d.profile, "start": d.start,
+                             "size": model.profile(d.profile).memory_slices, "state": d.state,
+                             "uuid": inst.uuid if inst else None})  # fmt: skip
+            gpus.append({"node": node, "gpu": index, "model": model.name, "slices": model.memory_slices, "jobs": jobs})
+    emit(gpus, args.json, _render_status)
+    return 0
+
+
+def _render_status(gpus: list[dict]) -> None:
+    table = Table(title="MIG slices per GPU (memory slices; letters are jobs)")
+    for col in ("node", "GPU", "model", "slices", "jobs"):
+        table.add_column(col)
+    for g in gpus:
+        cells = ["·"] * g["slices"]
+        legend = []
+        for n, job in enumerate(g["jobs"]):
+            mark = chr(ord("a") + n % 26)
+            for s in range(job["start"], job["start"] + job["size"]):
+                cells[s] = mark
+            legend.append(f"{mark}={job['job']} {job['profile']}@{job['start']} ({job['state']})")
+        table.add_row(g["node"], str(g["gpu"]), g["model"], "".join(cells), ", ".join(legend))
+    console.print(table)
+
+
+def daemon_main(argv: Sequence[str] | None = None) -> int:
+    """``mig-batchd``: the controller loop."""
+    from mig_batch.controller.daemon import Controller
+    from mig_batch.slurm.commands import SlurmCli
+
+    parser = argparse.ArgumentParser(prog="mig-batchd", description="mig_batch controller: places managed jobs.")
+    parser.add_argument("--config", help="site config (default: MIG_BATCH_CONFIG or /etc/mig-batch/mig-batch.yaml)")
+    parser.add_argument("--once", action="store_true", help="one pass, then exit")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        config = load_config(args.config)
+        controller = Controller(config, Store(config.state), SlurmCli(config.slurm_bin))
+    except (ConfigError, ValueError) as exc:
+        return fail(str(exc))
+    if args.once:
+        stats = controller.step()
+        console.print(f"placed {stats.placed}, waiting {stats.waiting}, ended {stats.ended}, "
+                      f"{stats.seconds * 1e3:.1f} ms", highlight=False)  # fmt: skip
+        return 0
+    controller.run()
+    return 0

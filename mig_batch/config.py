@@ -1,0 +1,96 @@
+"""Site configuration (etc/mig-batch.yaml): one dataclass, validated on load with clear errors."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mig_batch.mig.models import UnknownModelError, get_model
+from mig_batch.placement.policies import policy_names
+
+DEFAULT_PATH = Path("/etc/mig-batch/mig-batch.yaml")
+BACKENDS = ("nvml", "emulated")
+LIVE_POLICIES = [p for p in policy_names() if p != "grmu"]  # grmu migrates running jobs: not live yet
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class SiteConfig:
+    state: Path = Path("/var/lib/mig-batch/state.db")
+    policy: str = "mfi"
+    poll_interval_s: float = 1.0
+    gpu_backend: str = "nvml"
+    emulated_dir: Path = Path("/var/lib/mig-batch/emulated")
+    job_dir: Path = Path("/run/mig-batch/jobs")
+    nodes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    slurm_bin: str = ""
+    path: str = "<defaults>"
+
+
+def config_path(explicit: str | os.PathLike | None = None) -> Path:
+    return Path(explicit or os.environ.get("MIG_BATCH_CONFIG") or DEFAULT_PATH)
+
+
+def load_config(explicit: str | os.PathLike | None = None) -> SiteConfig:
+    path = config_path(explicit)
+    try:
+        raw: Any = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read the mig_batch config {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings")
+    known = set(SiteConfig.__dataclass_fields__) - {"path"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"{path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    policy = str(raw.get("policy", "mfi"))
+    if policy not in LIVE_POLICIES:
+        raise ConfigError(f"{path}: policy {policy!r} is not one of {', '.join(LIVE_POLICIES)}")
+    backend = str(raw.get("gpu_backend", "nvml"))
+    if backend not in BACKENDS:
+        raise ConfigError(f"{path}: gpu_backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    nodes: dict[str, tuple[str, ...]] = {}
+    for node, models in (raw.get("nodes") or {}).items():
+        if not isinstance(models, list) or not models:
+            raise ConfigError(f"{path}: nodes.{node} must be a list of GPU models, e.g. [A100-80GB, A100-80GB]")
+        try:
+            nodes[str(node)] = tuple(get_model(str(m)).name for m in models)
+        except UnknownModelError as exc:
+            raise ConfigError(f"{path}: nodes.{node}: {exc}") from None
+    try:
+        interval = float(raw.get("poll_interval_s", 1.0))
+    except (TypeError, ValueError):
+        raise ConfigError(f"{path}: poll_interval_s must be a number of seconds") from None
+    if interval <= 0:
+        raise ConfigError(f"{path}: poll_interval_s must be positive")
+    return SiteConfig(
+        state=Path(raw.get("state", SiteConfig.state)),
+        policy=policy,
+        poll_interval_s=interval,
+        gpu_backend=backend,
+        emulated_dir=Path(raw.get("emulated_dir", SiteConfig.emulated_dir)),
+        job_dir=Path(raw.get("job_dir", SiteConfig.job_dir)),
+        nodes=nodes,
+        slurm_bin=str(raw.get("slurm_bin") or ""),
+        path=str(path),
+    )
+
+
+def open_backend(config: SiteConfig, node: str):
+    """The GPU backend of ``node`` as the config says."""
+    if config.gpu_backend == "emulated":
+        from mig_batch.gpu.emulated import EmulatedNode
+
+        return EmulatedNode(config.emulated_dir, node, config.nodes.get(node))
+    from mig_batch.gpu.nvml import NvmlNode
+
+    return NvmlNode()

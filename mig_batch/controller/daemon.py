@@ -1,0 +1,190 @@
+"""The controller loop: place held managed jobs, pin and release them, follow them to the end.
+
+Crash-safe by construction: a decision is recorded in the store before the batch system hears of
+it, and every step is idempotent, so after a crash (or SIGKILL) a restart resumes from the store:
+  decided  + job still held    -> pin and release again (same node, same admin comment)
+  released/running + job ended -> free the slot
+  requeue (prolog could not place it) -> requeue-hold in Slurm, decide again
+The in-memory view (a placement ``Cluster``) is rebuilt from the store at start-up, and the store's
+instance records are compared with the nodes' real instances (emulated backend: read directly).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from mig_batch.config import SiteConfig
+from mig_batch.controller.tags import JobTag, parse_tag, placed_tag
+from mig_batch.mig.models import get_model
+from mig_batch.placement.base import Placement, PlacementRequest
+from mig_batch.placement.cluster import Cluster, Gpu, PlacementConflict
+from mig_batch.placement.policies import make_policy
+from mig_batch.request import RequestError, translate
+from mig_batch.slurm.commands import SlurmCli, SlurmError, SlurmJob
+from mig_batch.state import Decision, Store
+
+log = logging.getLogger("mig-batchd")
+
+
+@dataclass
+class PassStats:
+    seconds: float = 0.0
+    placed: int = 0
+    waiting: int = 0
+    ended: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def build_view(nodes: dict[str, tuple[str, ...]]) -> Cluster:
+    gpus, gid = [], 0
+    for node in sorted(nodes):
+        for index, model in enumerate(nodes[node]):
+            gpus.append(Gpu(gid, node, index, model))
+            gid += 1
+    return Cluster(gpus)
+
+
+class Controller:
+    def __init__(self, config: SiteConfig, store: Store, slurm: SlurmCli):
+        if not config.nodes:
+            raise ValueError(f"{config.path}: no nodes in the inventory; the controller has nothing to place on")
+        self.config, self.store, self.slurm = config, store, slurm
+        self.policy = make_policy(config.policy)
+        self.view = build_view(config.nodes)
+        self.gid = {(g.host, g.index): g.gid for g in self.view.gpus}
+        self._profiles: dict[str, dict[str, str] | str] = {}  # tag text -> model -> profile, or the error
+        for d in store.decisions():
+            self._occupy(d)
+
+    def _occupy(self, d: Decision) -> None:
+        gid = self.gid.get((d.node, d.gpu))
+        if gid is None:
+            self.store.event(d.job, "inventory-mismatch", node=d.node, gpu=d.gpu)
+            return
+        if d.job in self.view.job_gpu:
+            return
+        try:
+            self.view.allocate(gid, d.job, d.profile, d.start)
+        except PlacementConflict as exc:  # two records claim one slot: report, keep the first
+            self.store.event(d.job, "view-conflict", error=str(exc))
+
+    def _free(self, job: str) -> None:
+        if job in self.view.job_gpu:
+            self.view.release(job)
+
+    def profiles_for(self, tag: JobTag) -> dict[str, str] | str:
+        key = tag.text()
+        if key not in self._profiles:
+            models = {g.model for g in self.view.gpus}
+            if tag.model:
+                models &= {get_model(tag.model).name}
+            out: dict[str, str] = {}
+            errors = []
+            try:
+                request = tag.request()
+                for name in sorted(models):
+                    try:
+                        out[name] = translate(request, get_model(name)).name
+                    except RequestError as exc:
+                        errors.append(str(exc))
+            except (RequestError, ValueError, KeyError) as exc:
+                errors.append(str(exc))
+            self._profiles[key] = out or ("; ".join(errors) or f"no GPU of model {tag.model} in the inventory")
+        return self._profiles[key]
+
+    def step(self) -> PassStats:
+        t0 = time.perf_counter()
+        stats = PassStats()
+        jobs = {j.job_id: j for j in self.slurm.jobs()}
+        self._follow(jobs, stats)
+        waiting = sorted((j for j in jobs.values() if j.managed and j.held and self._needs_decision(j.job_id)),
+                         key=lambda j: (j.submit_time, int(j.job_id.split("_")[0])))  # fmt: skip
+        for job in waiting:
+            try:
+                if self._place(job):
+                    stats.placed += 1
+                else:
+                    stats.waiting += 1
+            except SlurmError as exc:  # the decision stays recorded; the next pass re-applies it
+                stats.errors.append(str(exc))
+                log.warning("job %s: %s", job.job_id, exc)
+        stats.seconds = time.perf_counter() - t0
+        return stats
+
+    def _needs_decision(self, job: str) -> bool:
+        d = self.store.decision(job)
+        return d is None or d.state in ("ended", "requeued")
+
+    def _follow(self, jobs: dict[str, SlurmJob], stats: PassStats) -> None:
+        for d in self.store.decisions():
+            job = jobs.get(d.job)
+            try:
+                if d.state == "requeue":
+                    if job is not None and not job.finished:
+                        self.slurm.requeue_hold(d.job)
+                    self._free(d.job)
+                    self.store.set_state(d.job, "requeued")
+                elif job is None or job.finished:
+                    self._free(d.job)
+                    self.store.set_state(d.job, "ended", slurm_state=job.state if job else "gone")
+                    stats.ended += 1
+                elif d.state == "decided" and job.held:
+                    self._apply(d)
+                elif d.state in ("decided", "released") and job.state in ("RUNNING", "COMPLETING"):
+                    self.store.set_state(d.job, "running")
+            except SlurmError as exc:
+                stats.errors.append(str(exc))
+                log.warning("job %s: %s", d.job, exc)
+
+    def _place(self, job: SlurmJob) -> bool:
+        try:
+            tag = parse_tag(job.admin_comment)
+        except ValueError as exc:
+            self.store.event(job.job_id, "bad-tag", error=str(exc))
+            return False
+        profiles = self.profiles_for(tag)
+        if isinstance(profiles, str):
+            self.store.event(job.job_id, "unplaceable", error=profiles)
+            return False
+        decision = self.policy.decide(self.view, PlacementRequest(job.job_id, profiles))
+        if not isinstance(decision, Placement):
+            return False
+        self.view.allocate(decision.gid, job.job_id, decision.profile, decision.start)
+        d = Decision(job.job_id, tag.text(), decision.host, decision.gpu_index, decision.model, decision.profile,
+                     decision.start, "decided", self.config.policy)  # fmt: skip
+        self.store.record_decision(d)  # recorded before Slurm hears of it
+        self._apply(d)
+        return True
+
+    def _apply(self, d: Decision) -> None:
+        tag = parse_tag(d.request)
+        self.slurm.pin_and_release(d.job, d.node, placed_tag(tag, d.node, d.gpu, d.profile, d.start))
+        self.store.set_state(d.job, "released")
+
+    def reconcile_nodes(self, backends: Iterable[tuple[str, object]]) -> list[str]:
+        """Compare recorded instances with each node's real ones; report leaks and strays as events."""
+        problems = []
+        recorded = {(r.node, r.gpu, r.gi_id): r for r in self.store.instances()}
+        for node, backend in backends:
+            for gpu in backend.gpus():
+                for inst in backend.instances(gpu.index):
+                    if (node, gpu.index, inst.gi_id) not in recorded:
+                        problems.append(f"{node} GPU {gpu.index}: {inst.profile}@{inst.start} belongs to no job")
+        for p in problems:
+            self.store.event(None, "stray-instance", detail=p)
+        return problems
+
+    def run(self, stop_after: float | None = None) -> None:
+        deadline = None if stop_after is None else time.monotonic() + stop_after
+        while deadline is None or time.monotonic() < deadline:
+            try:
+                stats = self.step()
+                if stats.placed or stats.ended:
+                    log.info("pass %.1f ms: placed %d, ended %d, waiting %d", stats.seconds * 1e3, stats.placed,
+                             stats.ended, stats.waiting)  # fmt: skip
+            except SlurmError as exc:
+                log.warning("pass failed: %s", exc)
+            time.sleep(self.config.poll_interval_s)

@@ -1,0 +1,48 @@
+"""The managed-job tag job_submit.lua writes into AdminComment (operator-only) and its parser.
+
+``mig-batch:v1;req=<spec>[;compute=<share>][;model=<GPU model>][;place=<node>/<gpu>/<profile>@<start>]``
+where ``spec`` is what followed ``mig:`` in ``--gres`` (3g.40gb, 20480M, 20G, 3g). ``place`` is
+written by the controller for people reading ``scontrol show job``; hooks read the placement from
+the state store, never from a field a user can set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mig_batch.request import MigRequest, parse_compute, parse_gres
+from mig_batch.slurm.commands import MANAGED_PREFIX
+
+
+@dataclass(frozen=True)
+class JobTag:
+    spec: str
+    compute: str | None = None
+    model: str | None = None
+
+    def request(self) -> MigRequest:
+        base = parse_gres(f"mig:{self.spec}")
+        if self.compute:
+            return MigRequest(base.memory_mib, parse_compute(self.compute), base.profiles, base.media, base.count)
+        return base
+
+    def text(self) -> str:
+        parts = [f"{MANAGED_PREFIX}v1", f"req={self.spec}"]
+        if self.compute:
+            parts.append(f"compute={self.compute}")
+        if self.model:
+            parts.append(f"model={self.model}")
+        return ";".join(parts)
+
+
+def parse_tag(text: str) -> JobTag:
+    if not text.startswith(MANAGED_PREFIX):
+        raise ValueError(f"not a mig_batch tag: {text!r}")
+    fields = dict(part.split("=", 1) for part in text[len(MANAGED_PREFIX) :].split(";") if "=" in part)
+    if "req" not in fields:
+        raise ValueError(f"mig_batch tag without req=: {text!r}")
+    return JobTag(fields["req"], fields.get("compute") or None, fields.get("model") or None)
+
+
+def placed_tag(tag: JobTag, node: str, gpu: int, profile: str, start: int) -> str:
+    return f"{tag.text()};place={node}/{gpu}/{profile}@{start}"

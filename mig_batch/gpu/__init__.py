@@ -1,0 +1,1 @@
+"""GPU backends: one interface over NVML (real GPUs) and an emulated, file-backed node."""

@@ -1,0 +1,79 @@
+"""The GPU backend interface and its errors, shared by the NVML and emulated backends.
+
+Errors mirror NVML's return codes so callers handle both backends alike: an overlapping placement is
+``InsufficientResources`` (NVML_ERROR_INSUFFICIENT_RESOURCES), destroying an instance with processes
+is ``InUse`` (NVML_ERROR_IN_USE), an unknown profile or a GPU without MIG is ``NotSupported``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+
+class GpuBackendError(RuntimeError):
+    pass
+
+
+class InsufficientResources(GpuBackendError):
+    pass
+
+
+class InUse(GpuBackendError):
+    pass
+
+
+class NotSupported(GpuBackendError):
+    pass
+
+
+class NotFound(GpuBackendError):
+    pass
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    model: str  # a model name of etc/gpus, e.g. A100-40GB
+    mig_enabled: bool
+    uuid: str
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    gpu: int
+    gi_id: int
+    ci_id: int
+    profile: str  # e.g. 3g.40gb
+    start: int  # placement start (memory slice)
+    size: int  # placement size (memory slices)
+    uuid: str  # MIG-<uuid>: what CUDA_VISIBLE_DEVICES takes
+
+
+class GpuBackend(ABC):
+    """One node's GPUs."""
+
+    @abstractmethod
+    def gpus(self) -> list[GpuInfo]: ...
+
+    @abstractmethod
+    def instances(self, gpu: int) -> list[MigInstance]: ...
+
+    @abstractmethod
+    def create(self, gpu: int, profile: str, start: int) -> MigInstance:
+        """Create a GPU instance of ``profile`` at placement ``start`` and one compute instance on it."""
+
+    @abstractmethod
+    def destroy(self, gpu: int, gi_id: int) -> None:
+        """Destroy the GPU instance's compute instances, then the GPU instance."""
+
+    @abstractmethod
+    def memory_used(self, gpu: int, gi_id: int) -> int:
+        """Bytes of the instance's memory in use now."""
+
+    def find(self, uuid: str) -> MigInstance | None:
+        for gpu in self.gpus():
+            for inst in self.instances(gpu.index):
+                if inst.uuid == uuid:
+                    return inst
+        return None

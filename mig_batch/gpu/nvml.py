@@ -1,0 +1,199 @@
+"""Real GPUs through NVML (nvidia-ml-py's ``pynvml``).
+
+Profile ids differ per GPU model and driver, so they are read from NVML by the profile's enum
+(NVML_GPU_INSTANCE_PROFILE_<n>_SLICE[_REV1|_GFX|...], from etc/gpus), never hard-coded. A GPU
+instance is created at an explicit placement (passed by reference: the C call takes a pointer), then
+one compute instance spanning it; the MIG UUID is read from the MIG device handle whose GI/CI ids
+match. NVML errors become the backend's errors (see ``base``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from mig_batch.gpu.base import (
+    GpuBackend,
+    GpuBackendError,
+    GpuInfo,
+    InsufficientResources,
+    InUse,
+    MigInstance,
+    NotFound,
+    NotSupported,
+)
+from mig_batch.mig.models import GpuModel, UnknownModelError, get_model
+
+
+def _nvml():
+    import pynvml  # imported here so that nodes without the driver can still use the emulated backend
+
+    return pynvml
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    nv = _nvml()
+    try:
+        yield
+    except nv.NVMLError as exc:
+        code = getattr(exc, "value", None)
+        kind = {
+            nv.NVML_ERROR_INSUFFICIENT_RESOURCES: InsufficientResources,
+            nv.NVML_ERROR_IN_USE: InUse,
+            nv.NVML_ERROR_NOT_SUPPORTED: NotSupported,
+            nv.NVML_ERROR_NOT_FOUND: NotFound,
+            nv.NVML_ERROR_INVALID_ARGUMENT: InsufficientResources,  # placement not allowed for the profile
+        }.get(code, GpuBackendError)
+        raise kind(f"NVML: {exc}") from exc
+
+
+class NvmlNode(GpuBackend):
+    def __init__(self) -> None:
+        with _errors():
+            _nvml().nvmlInit()
+
+    def close(self) -> None:
+        with _errors():
+            _nvml().nvmlShutdown()
+
+    def _handle(self, gpu: int):
+        with _errors():
+            return _nvml().nvmlDeviceGetHandleByIndex(gpu)
+
+    def _model(self, gpu: int) -> GpuModel:
+        nv = _nvml()
+        with _errors():
+            name = nv.nvmlDeviceGetName(self._handle(gpu))
+        name = name.decode() if isinstance(name, bytes) else name
+        try:
+            return get_model(name)
+        except UnknownModelError:
+            raise NotSupported(f"GPU {gpu} is a {name}, which no etc/gpus model lists as an alias") from None
+
+    def _profile_ids(self, gpu: int) -> dict[int, str]:
+        """NVML profile id -> profile name, for the profiles this GPU supports."""
+        nv = _nvml()
+        handle, model = self._handle(gpu), self._model(gpu)
+        out = {}
+        for profile in model.profiles:
+            enum = getattr(nv, f"NVML_GPU_INSTANCE_PROFILE_{profile.nvml_profile}", None)
+            if enum is None:
+                continue
+            try:
+                out[nv.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum).id] = profile.name
+            except nv.NVMLError:
+                continue  # not supported by this GPU / driver
+        return out
+
+    def gpus(self) -> list[GpuInfo]:
+        nv = _nvml()
+        out = []
+        with _errors():
+            for i in range(nv.nvmlDeviceGetCount()):
+                handle = nv.nvmlDeviceGetHandleByIndex(i)
+                try:
+                    current, _pending = nv.nvmlDeviceGetMigMode(handle)
+                except nv.NVMLError:
+                    current = 0
+                uuid = nv.nvmlDeviceGetUUID(handle)
+                try:
+                    model = self._model(i).name
+                except NotSupported:
+                    model = "unknown"
+                out.append(GpuInfo(i, model, current == nv.NVML_DEVICE_MIG_ENABLE, _text(uuid)))
+        return out
+
+    def instances(self, gpu: int) -> list[MigInstance]:
+        nv = _nvml()
+        handle = self._handle(gpu)
+        out = []
+        with _errors():
+            for profile_id, name in self._profile_ids(gpu).items():
+                capacity = nv.nvmlDeviceGetGpuInstanceProfileInfoById(handle, profile_id).instanceCount
+                array = (nv.c_nvmlGpuInstance_t * max(capacity, 1))()
+                count = ctypes.c_uint(0)
+                nv.nvmlDeviceGetGpuInstances(handle, profile_id, array, ctypes.byref(count))
+                for k in range(count.value):
+                    info = nv.nvmlGpuInstanceGetInfo(array[k])
+                    out.append(MigInstance(gpu, info.id, 0, name, info.placement.start, info.placement.size,
+                                           self._uuid(handle, info.id)))  # fmt: skip
+        return sorted(out, key=lambda i: i.start)
+
+    def _uuid(self, handle, gi_id: int) -> str:
+        nv = _nvml()
+        for k in range(nv.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            try:
+                mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, k)
+            except nv.NVMLError:
+                continue
+            if nv.nvmlDeviceGetGpuInstanceId(mig) == gi_id:
+                return _text(nv.nvmlDeviceGetUUID(mig))
+        return ""  # a GPU instance without a compute instance has no MIG device
+
+    def create(self, gpu: int, profile: str, start: int) -> MigInstance:
+        nv = _nvml()
+        handle, model = self._handle(gpu), self._model(gpu)
+        if not model.has_profile(profile):
+            raise NotSupported(f"{model.name} has no MIG profile {profile}")
+        p = model.profile(profile)
+        ids = {name: pid for pid, name in self._profile_ids(gpu).items()}
+        if profile not in ids:
+            raise NotSupported(f"this GPU or driver does not offer {profile}")
+        with _errors():
+            placement = nv.c_nvmlGpuInstancePlacement_t()
+            placement.start, placement.size = start, p.memory_slices
+            gi = nv.nvmlDeviceCreateGpuInstanceWithPlacement(handle, ids[profile], ctypes.byref(placement))
+            try:
+                ci_enum = getattr(nv, f"NVML_COMPUTE_INSTANCE_PROFILE_{p.compute_slices}_SLICE")
+                ci_profile = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                    gi, ci_enum, nv.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+                )
+                ci = nv.nvmlGpuInstanceCreateComputeInstance(gi, ci_profile.id)
+            except nv.NVMLError:
+                nv.nvmlGpuInstanceDestroy(gi)  # no half-made instance left behind
+                raise
+            gi_info = nv.nvmlGpuInstanceGetInfo(gi)
+            ci_info = nv.nvmlComputeInstanceGetInfo(ci)
+            return MigInstance(gpu, gi_info.id, ci_info.id, profile, gi_info.placement.start,
+                               gi_info.placement.size, self._uuid(handle, gi_info.id))  # fmt: skip
+
+    def destroy(self, gpu: int, gi_id: int) -> None:
+        nv = _nvml()
+        handle = self._handle(gpu)
+        with _errors():
+            gi = nv.nvmlDeviceGetGpuInstanceById(handle, gi_id)
+            for slices in (1, 2, 3, 4, 6, 7, 8):
+                enum = getattr(nv, f"NVML_COMPUTE_INSTANCE_PROFILE_{slices}_SLICE", None)
+                if enum is None:
+                    continue
+                try:
+                    profile_id = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                        gi, enum, nv.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+                    ).id
+                except nv.NVMLError:
+                    continue
+                array = (nv.c_nvmlComputeInstance_t * 8)()
+                count = ctypes.c_uint(0)
+                nv.nvmlGpuInstanceGetComputeInstances(gi, profile_id, array, ctypes.byref(count))
+                for k in range(count.value):
+                    nv.nvmlComputeInstanceDestroy(array[k])
+            nv.nvmlGpuInstanceDestroy(gi)
+
+    def memory_used(self, gpu: int, gi_id: int) -> int:
+        nv = _nvml()
+        handle = self._handle(gpu)
+        with _errors():
+            for k in range(nv.nvmlDeviceGetMaxMigDeviceCount(handle)):
+                try:
+                    mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, k)
+                except nv.NVMLError:
+                    continue
+                if nv.nvmlDeviceGetGpuInstanceId(mig) == gi_id:
+                    return int(nv.nvmlDeviceGetMemoryInfo(mig).used)
+        raise NotFound(f"GPU {gpu} has no MIG device for GPU instance {gi_id}")
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,90 @@
+"""The Slurm adapter over its commands (squeue --json, scontrol, sbatch): thin, no decisions.
+
+pyslurm has no release for Slurm 22.05, so the CLI is the default adapter. Every call has a timeout
+and raises SlurmError with the command and Slurm's message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+MANAGED_PREFIX = "mig-batch:"
+FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
+            "BOOT_FAIL", "DEADLINE"}  # fmt: skip
+
+
+class SlurmError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    job_id: str
+    state: str  # PENDING, RUNNING, COMPLETING, COMPLETED, ...
+    reason: str
+    admin_comment: str
+    features: str
+    nodes: str
+    priority: int
+    submit_time: int
+
+    @property
+    def managed(self) -> bool:
+        return self.admin_comment.startswith(MANAGED_PREFIX)
+
+    @property
+    def held(self) -> bool:
+        return self.state == "PENDING" and self.priority == 0
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINISHED
+
+
+class SlurmCli:
+    def __init__(self, bin_dir: str = "", env: dict[str, str] | None = None, timeout: float = 30):
+        self.bin_dir, self.env, self.timeout = bin_dir, env, timeout
+
+    def _run(self, command: str, *args: str) -> str:
+        exe = str(Path(self.bin_dir) / command) if self.bin_dir else command
+        try:
+            proc = subprocess.run([exe, *args], capture_output=True, text=True, timeout=self.timeout,
+                                  env=self.env or os.environ.copy())  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SlurmError(f"{command} {' '.join(args)}: {exc}") from None
+        if proc.returncode != 0:
+            raise SlurmError(f"{command} {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
+        return proc.stdout
+
+    def jobs(self) -> list[SlurmJob]:
+        data = json.loads(self._run("squeue", "--json"))
+        return [
+            SlurmJob(
+                job_id=str(j["job_id"]),
+                state=str(j.get("job_state", "")),
+                reason=str(j.get("state_reason", "")),
+                admin_comment=str(j.get("admin_comment") or ""),
+                features=str(j.get("features") or ""),
+                nodes=str(j.get("nodes") or ""),
+                priority=int(j.get("priority") or 0),
+                submit_time=int(j.get("submit_time") or 0),
+            )
+            for j in data.get("jobs", [])
+        ]
+
+    def pin_and_release(self, job: str, node: str, admin_comment: str) -> None:
+        self._run("scontrol", "update", f"jobid={job}", f"nodelist={node}", f"admincomment={admin_comment}")
+        self._run("scontrol", "release", job)
+
+    def requeue_hold(self, job: str) -> None:
+        self._run("scontrol", "requeuehold", job)
+
+    def submit(self, argv: Sequence[str]) -> str:
+        """``sbatch --parsable`` with ``argv``; returns the job id."""
+        out = self._run("sbatch", "--parsable", *argv).strip()
+        return out.split(";")[0]
