@@ -98,8 +98,8 @@ def prolog(config: SiteConfig, env: Mapping[str, str]) -> None:
             store.event(job, "prolog-replaced", node=node, decided=f"{decision.gpu}/{profile}@{start}",
                         placed=f"{local.gpu_index}/{local.profile}@{local.start}", reason=str(exc))  # fmt: skip
         store.record_instance(InstanceRecord(job, node, inst.gpu, inst.profile, inst.start, inst.gi_id, inst.uuid))
-        _write_job_file(config, job, [f"export CUDA_VISIBLE_DEVICES={inst.uuid}",
-                                      f"export MIG_BATCH_INSTANCE={node}/{inst.gpu}/{inst.profile}@{inst.start}"])  # fmt: skip
+        where = f"{node}/{inst.gpu}/{inst.profile}@{inst.start}"
+        _write_job_file(config, job, [f"export CUDA_VISIBLE_DEVICES={inst.uuid}", f"export MIG_BATCH_INSTANCE={where}"])
     except Exception as exc:  # never fail the prolog: that would drain the node
         store.event(job, "prolog-error", node=node, error=f"{type(exc).__name__}: {exc}")
         with contextlib.suppress(Exception):

@@ -1,0 +1,105 @@
+"""One behavioural suite for every available GPU backend (NVML only where a MIG GPU is present)."""
+
+import multiprocessing
+import os
+
+import pytest
+
+from mig_batch.gpu.base import InsufficientResources, InUse, NotFound, NotSupported
+from mig_batch.gpu.emulated import EmulatedNode
+from mig_batch.mig.models import get_model
+
+
+def _nvml_mig_gpu():
+    """(backend, GPU index) of a real MIG-enabled GPU with no instances, else None."""
+    try:
+        from mig_batch.gpu.nvml import NvmlNode
+
+        backend = NvmlNode()
+        for gpu in backend.gpus():
+            if gpu.mig_enabled and gpu.model != "unknown" and not backend.instances(gpu.index):
+                return backend, gpu.index
+    except Exception:
+        return None
+    return None
+
+
+def _backends():
+    yield pytest.param("emulated", id="emulated")
+    yield pytest.param(
+        "nvml", id="nvml", marks=pytest.mark.skipif(_nvml_mig_gpu() is None, reason="no free MIG-enabled GPU here")
+    )
+
+
+@pytest.fixture(params=list(_backends()))
+def node(request, tmp_path):
+    if request.param == "emulated":
+        yield EmulatedNode(tmp_path, "n1", ["A100-40GB"]), 0
+        return
+    backend, gpu = _nvml_mig_gpu()
+    yield backend, gpu
+    for inst in backend.instances(gpu):  # leave the GPU as found
+        backend.destroy(gpu, inst.gi_id)
+
+
+def test_create_at_a_placement_then_destroy(node):
+    backend, gpu = node
+    model = get_model(backend.gpus()[gpu].model)
+    small = min(model.base_profiles, key=lambda p: (p.memory_slices, p.compute_slices))
+    start = small.starts[-1]
+    inst = backend.create(gpu, small.name, start)
+    assert (inst.profile, inst.start, inst.size) == (small.name, start, small.memory_slices)
+    assert inst.uuid.startswith("MIG-")
+    assert [i.uuid for i in backend.instances(gpu)] == [inst.uuid]
+    assert backend.find(inst.uuid) == inst
+    backend.destroy(gpu, inst.gi_id)
+    assert backend.instances(gpu) == []
+
+
+def test_nvml_errors_are_the_same_everywhere(node):
+    backend, gpu = node
+    model = get_model(backend.gpus()[gpu].model)
+    full = model.largest_profile
+    inst = backend.create(gpu, full.name, full.starts[0])
+    small = min(model.base_profiles, key=lambda p: p.memory_slices)
+    with pytest.raises(InsufficientResources):
+        backend.create(gpu, small.name, small.starts[0])  # overlaps the full instance
+    with pytest.raises(NotSupported):
+        backend.create(gpu, "9g.999gb", 0)
+    backend.destroy(gpu, inst.gi_id)
+    with pytest.raises(NotFound):
+        backend.destroy(gpu, inst.gi_id)
+    two = next(p for p in model.base_profiles if p.compute_slices == 2)
+    with pytest.raises(InsufficientResources):
+        backend.create(gpu, two.name, 1)  # 2g instances start at even slices only
+
+
+def test_emulated_state_survives_a_restart_and_refuses_destroy_in_use(tmp_path):
+    node = EmulatedNode(tmp_path, "n2", ["A100-80GB", "H100-80GB"])
+    inst = node.create(1, "3g.40gb", 4)
+    again = EmulatedNode(tmp_path, "n2")  # no models: must find the saved state
+    assert [g.model for g in again.gpus()] == ["A100-80GB", "H100-80GB"]
+    assert again.instances(1) == [inst]
+    again.attach(inst.uuid, os.getpid(), memory_used=123)
+    assert again.memory_used(1, inst.gi_id) == 123
+    with pytest.raises(InUse):
+        again.destroy(1, inst.gi_id)
+    with pytest.raises(NotFound):
+        EmulatedNode(tmp_path, "never-made")
+
+
+def _grab(args):
+    directory, start = args
+    try:
+        EmulatedNode(directory, "n1").create(0, "1g.5gb", start)
+        return True
+    except InsufficientResources:
+        return False
+
+
+def test_emulated_node_is_consistent_under_concurrent_processes(tmp_path):
+    EmulatedNode(tmp_path, "n1", ["A100-40GB"])
+    with multiprocessing.get_context("fork").Pool(4) as pool:
+        results = pool.map(_grab, [(tmp_path, s) for s in range(7) for _ in range(3)])
+    assert sum(results) == 7  # each of the seven 1g starts taken exactly once
+    assert sorted(i.start for i in EmulatedNode(tmp_path, "n1").instances(0)) == list(range(7))
