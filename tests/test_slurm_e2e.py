@@ -52,10 +52,12 @@ def submit(bed, *args):
 
 def wait_done(bed, jobs, timeout=120):
     deadline = time.monotonic() + timeout
+    store = Store(bed.root / "state.db")
     while time.monotonic() < deadline:
         out = bed.cluster.run("squeue", "-h", "-o", "%i").stdout.split()
-        if not set(out) & set(jobs):
-            return
+        decisions = [store.decision(j) for j in jobs]
+        if not set(out) & set(jobs) and all(d is None or d.state == "ended" for d in decisions):
+            return  # Slurm is done with them and the controller has seen them end
         time.sleep(0.5)
     raise AssertionError(f"jobs still queued after {timeout}s: {bed.cluster.run('squeue').stdout}")
 

@@ -48,6 +48,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--gap-time-limit", type=float, default=60.0, help="seconds per exact solve")
     q.add_argument("--json", action="store_true")
     q.set_defaults(handler=cmd_bench_planner)
+    c = kinds.add_parser("controller", help="a burst of jobs on a local Slurm placed by mig-batchd (root, slurm-wlm)")
+    c.add_argument("--jobs", type=int, default=1000)
+    c.add_argument("--nodes", type=int, default=3, help="slurmd processes")
+    c.add_argument("--gpus-per-node", type=int, default=48, help="emulated A100-80GB per node")
+    c.add_argument("--policy", default="mfi")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(handler=cmd_bench_controller)
 
 
 def cmd_bench_placement(args: argparse.Namespace) -> int:
@@ -126,4 +133,28 @@ def cmd_bench_planner(args: argparse.Namespace) -> int:
     console.print(table)
     if gaps:
         _print_gaps(gaps, stats, args.gap_batch)
+    return 0
+
+
+def cmd_bench_controller(args: argparse.Namespace) -> int:
+    from mig_batch.bench.controller import bench_controller
+    from mig_batch.slurm.local_cluster import LocalCluster
+
+    why = LocalCluster.available()
+    if why:
+        raise ValueError(f"bench controller needs a local Slurm: {why}")
+    if args.jobs < 1 or args.nodes < 1 or args.gpus_per_node < 1:
+        raise ValueError("--jobs, --nodes and --gpus-per-node must be at least 1")
+    r = bench_controller(args.jobs, args.gpus_per_node, args.nodes, args.policy)
+    data = {**asdict(r), "jobs_per_s": r.jobs_per_s}
+    if args.json:
+        print(json.dumps(data, indent=1))
+        return 0
+    console.print(
+        f"{r.placed}/{r.jobs} jobs placed on {r.gpus} emulated GPUs in {r.place_s:.2f} s "
+        f"({r.jobs_per_s:.1f} jobs/s, Slurm commands included; submission took {r.submit_s:.1f} s); "
+        f"{r.passes} passes, pass time p50 {r.pass_ms_p50:.1f} ms, max {r.pass_ms_max:.1f} ms; "
+        f"placement decision {r.decide_us_mean:.1f} µs per job",
+        highlight=False, soft_wrap=True,
+    )  # fmt: skip
     return 0

@@ -102,15 +102,25 @@ class Controller:
         self._follow(jobs, stats)
         waiting = sorted((j for j in jobs.values() if j.managed and j.held and self._needs_decision(j.job_id)),
                          key=lambda j: (j.submit_time, int(j.job_id.split("_")[0])))  # fmt: skip
+        pinned: list[str] = []
         for job in waiting:
             try:
                 if self._place(job):
-                    stats.placed += 1
+                    pinned.append(job.job_id)
                 else:
                     stats.waiting += 1
             except SlurmError as exc:  # the decision stays recorded; the next pass re-applies it
                 stats.errors.append(str(exc))
                 log.warning("job %s: %s", job.job_id, exc)
+        if pinned:
+            try:
+                self.slurm.release(pinned)
+                for job_id in pinned:
+                    self.store.set_state(job_id, "released")
+                stats.placed += len(pinned)
+            except SlurmError as exc:  # still 'decided': the next pass pins and releases again
+                stats.errors.append(str(exc))
+                log.warning("release: %s", exc)
         stats.seconds = time.perf_counter() - t0
         return stats
 
@@ -156,12 +166,16 @@ class Controller:
         d = Decision(job.job_id, tag.text(), decision.host, decision.gpu_index, decision.model, decision.profile,
                      decision.start, "decided", self.config.policy)  # fmt: skip
         self.store.record_decision(d)  # recorded before Slurm hears of it
-        self._apply(d)
+        self._pin(d)
         return True
 
-    def _apply(self, d: Decision) -> None:
+    def _pin(self, d: Decision) -> None:
         tag = parse_tag(d.request)
-        self.slurm.pin_and_release(d.job, d.node, placed_tag(tag, d.node, d.gpu, d.profile, d.start))
+        self.slurm.pin(d.job, d.node, placed_tag(tag, d.node, d.gpu, d.profile, d.start))
+
+    def _apply(self, d: Decision) -> None:
+        self._pin(d)
+        self.slurm.release([d.job])
         self.store.set_state(d.job, "released")
 
     def reconcile_nodes(self, backends: Iterable[tuple[str, object]]) -> list[str]:

@@ -77,9 +77,13 @@ class SlurmCli:
             for j in data.get("jobs", [])
         ]
 
-    def pin_and_release(self, job: str, node: str, admin_comment: str) -> None:
+    def pin(self, job: str, node: str, admin_comment: str) -> None:
         self._run("scontrol", "update", f"jobid={job}", f"nodelist={node}", f"admincomment={admin_comment}")
-        self._run("scontrol", "release", job)
+
+    def release(self, jobs: Sequence[str]) -> None:
+        """Release held jobs, one scontrol call for many (slurmctld's RPCs are the bottleneck)."""
+        for i in range(0, len(jobs), 200):
+            self._run("scontrol", "release", ",".join(jobs[i : i + 200]))
 
     def requeue_hold(self, job: str) -> None:
         self._run("scontrol", "requeuehold", job)
