@@ -154,7 +154,7 @@ def cmd_bench_controller(args: argparse.Namespace) -> int:
         f"{r.placed}/{r.jobs} jobs placed on {r.gpus} emulated GPUs in {r.place_s:.2f} s "
         f"({r.jobs_per_s:.1f} jobs/s, Slurm commands included; submission took {r.submit_s:.1f} s); "
         f"{r.passes} passes, pass time p50 {r.pass_ms_p50:.1f} ms, max {r.pass_ms_max:.1f} ms; "
-        f"placement decision {r.decide_us_mean:.1f} µs per job",
+        f"placement decision p50 {r.decide_us_p50:.1f} µs per job",
         highlight=False, soft_wrap=True,
     )  # fmt: skip
     return 0
