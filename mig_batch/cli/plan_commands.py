@@ -49,10 +49,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     stem = f"{args.queue.stem}_{args.planner}"
     png = plot_plan(scheme, tasks, plan, args.out / f"{stem}.png", bound)
     result = {**plan.as_dict(tasks), "lower_bound": bound, "p_opt": p_opt(makespan, bound)}
-    json_path = args.out / f"{stem}.json"
-    json_path.write_text(json.dumps(result, indent=1))
+    json_path = _save(args, stem, result)
     if args.json:
-        print(json.dumps(result, indent=1))
         return 0
     table = Table(title=f"{args.planner} plan for {len(tasks)} tasks on {scheme.model.name}")
     for col in ("begin s", "end s", "action", "instance", "task"):
@@ -82,10 +80,8 @@ def _plan_multi(args: argparse.Namespace, scheme: GpuScheme, tasks: list[Task]) 
         plot_plan(scheme, subset, plan, args.out / f"{stem}_gpu{g}.png", lower_bound(scheme, subset))
         per_gpu.append({"gpu_index": g, **plan.as_dict(subset)})
     result = {"gpu": scheme.model.name, "planner": args.planner, "makespan": makespan, "gpus": per_gpu}
-    json_path = args.out / f"{stem}.json"
-    json_path.write_text(json.dumps(result, indent=1))
+    json_path = _save(args, stem, result)
     if args.json:
-        print(json.dumps(result, indent=1))
         return 0
     table = Table(title=f"{args.planner} plan for {len(tasks)} tasks on {args.gpus} x {scheme.model.name}")
     for col in ("GPU", "begin s", "end s", "action", "instance", "task"):
@@ -100,3 +96,12 @@ def _plan_multi(args: argparse.Namespace, scheme: GpuScheme, tasks: list[Task]) 
     console.print(f"makespan {makespan:.3f} s ({ends}); Gantt {args.out}/{stem}_gpu*.png; plan {json_path}",
                   highlight=False, soft_wrap=True)  # fmt: skip
     return 0
+
+
+def _save(args: argparse.Namespace, stem: str, result: dict) -> Path:
+    """Write the plan JSON beside the Gantt charts (and print it with --json); returns its path."""
+    path = args.out / f"{stem}.json"
+    path.write_text(json.dumps(result, indent=1))
+    if args.json:
+        print(json.dumps(result, indent=1))
+    return path

@@ -121,7 +121,8 @@ class NvmlNode(GpuBackend):
                                            self._uuid(handle, info.id)))  # fmt: skip
         return sorted(out, key=lambda i: i.start)
 
-    def _uuid(self, handle, gi_id: int) -> str:
+    def _mig_device(self, handle, gi_id: int):
+        """The MIG device handle of a GPU instance (None without a compute instance)."""
         nv = _nvml()
         for k in range(nv.nvmlDeviceGetMaxMigDeviceCount(handle)):
             try:
@@ -129,8 +130,12 @@ class NvmlNode(GpuBackend):
             except nv.NVMLError:
                 continue
             if nv.nvmlDeviceGetGpuInstanceId(mig) == gi_id:
-                return _text(nv.nvmlDeviceGetUUID(mig))
-        return ""  # a GPU instance without a compute instance has no MIG device
+                return mig
+        return None
+
+    def _uuid(self, handle, gi_id: int) -> str:
+        mig = self._mig_device(handle, gi_id)
+        return _text(_nvml().nvmlDeviceGetUUID(mig)) if mig is not None else ""
 
     def create(self, gpu: int, profile: str, start: int) -> MigInstance:
         nv = _nvml()
@@ -185,13 +190,9 @@ class NvmlNode(GpuBackend):
         nv = _nvml()
         handle = self._handle(gpu)
         with _errors():
-            for k in range(nv.nvmlDeviceGetMaxMigDeviceCount(handle)):
-                try:
-                    mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, k)
-                except nv.NVMLError:
-                    continue
-                if nv.nvmlDeviceGetGpuInstanceId(mig) == gi_id:
-                    return int(nv.nvmlDeviceGetMemoryInfo(mig).used)
+            mig = self._mig_device(handle, gi_id)
+            if mig is not None:
+                return int(nv.nvmlDeviceGetMemoryInfo(mig).used)
         raise NotFound(f"GPU {gpu} has no MIG device for GPU instance {gi_id}")
 
 
