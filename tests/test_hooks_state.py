@@ -99,3 +99,18 @@ def test_config_errors_name_the_setting(tmp_path):
     path.write_text("colour: red\n")
     with pytest.raises(ConfigError, match="unknown setting"):
         load_config(path)
+
+
+def test_controller_reconcile_reports_instances_no_job_owns(site):
+    from mig_batch.controller.daemon import Controller
+    from mig_batch.slurm.commands import SlurmCli
+
+    decide(site, "7", 1, "4g.20gb", 0)
+    prolog(site, env("7"))  # recorded: not a stray
+    EmulatedNode(site.emulated_dir, "n1").create(0, "1g.5gb", 6)  # made behind mig_batch's back
+    store = Store(site.state)
+    controller = Controller(site, store, SlurmCli())
+    problems = controller.reconcile_nodes([("n1", EmulatedNode(site.emulated_dir, "n1"))])
+    assert problems == ["n1 GPU 0: 1g.5gb@6 belongs to no job"]
+    assert store.events(kind="stray-instance")
+    assert controller.view.gpus[1].instances == {"7": ("4g.20gb", 0)}  # view rebuilt from the store

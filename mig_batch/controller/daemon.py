@@ -192,6 +192,11 @@ class Controller:
         return problems
 
     def run(self, stop_after: float | None = None) -> None:
+        if self.config.gpu_backend == "emulated":  # node state readable from here; NVML nodes are remote
+            from mig_batch.config import open_backend
+
+            for problem in self.reconcile_nodes((n, open_backend(self.config, n)) for n in self.config.nodes):
+                log.warning("reconcile: %s", problem)
         deadline = None if stop_after is None else time.monotonic() + stop_after
         while deadline is None or time.monotonic() < deadline:
             try:
