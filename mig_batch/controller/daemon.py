@@ -17,12 +17,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from mig_batch.config import SiteConfig
-from mig_batch.controller.tags import JobTag, parse_tag, placed_tag
-from mig_batch.mig.models import get_model
+from mig_batch.controller.tags import JobTag, parse_tag, placed_tag, profiles_by_model
 from mig_batch.placement.base import Placement, PlacementRequest
 from mig_batch.placement.cluster import Cluster, Gpu, PlacementConflict
 from mig_batch.placement.policies import make_policy
-from mig_batch.request import RequestError, translate
 from mig_batch.slurm.commands import SlurmCli, SlurmError, SlurmJob
 from mig_batch.state import Decision, Store
 
@@ -77,22 +75,8 @@ class Controller:
 
     def profiles_for(self, tag: JobTag) -> dict[str, str] | str:
         key = tag.text()
-        if key not in self._profiles:
-            models = {g.model for g in self.view.gpus}
-            if tag.model:
-                models &= {get_model(tag.model).name}
-            out: dict[str, str] = {}
-            errors = []
-            try:
-                request = tag.request()
-                for name in sorted(models):
-                    try:
-                        out[name] = translate(request, get_model(name)).name
-                    except RequestError as exc:
-                        errors.append(str(exc))
-            except (RequestError, ValueError, KeyError) as exc:
-                errors.append(str(exc))
-            self._profiles[key] = out or ("; ".join(errors) or f"no GPU of model {tag.model} in the inventory")
+        if key not in self._profiles:  # the same request text recurs: translate it once
+            self._profiles[key] = profiles_by_model(tag, {g.model for g in self.view.gpus})
         return self._profiles[key]
 
     def step(self) -> PassStats:

@@ -8,9 +8,11 @@ the state store, never from a field a user can set.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from mig_batch.request import MigRequest, parse_compute, parse_gres
+from mig_batch.mig.models import get_model
+from mig_batch.request import MigRequest, RequestError, parse_compute, parse_gres, translate
 from mig_batch.slurm.commands import MANAGED_PREFIX
 
 
@@ -46,3 +48,23 @@ def parse_tag(text: str) -> JobTag:
 
 def placed_tag(tag: JobTag, node: str, gpu: int, profile: str, start: int) -> str:
     return f"{tag.text()};place={node}/{gpu}/{profile}@{start}"
+
+
+def profiles_by_model(tag: JobTag, models: Iterable[str]) -> dict[str, str] | str:
+    """The profile the tagged request gets on each of ``models`` (restricted to the tag's model),
+    or, when it fits none of them, the reason."""
+    candidates = set(models)
+    errors: list[str] = []
+    out: dict[str, str] = {}
+    try:
+        if tag.model:
+            candidates &= {get_model(tag.model).name}
+        request = tag.request()
+        for name in sorted(candidates):
+            try:
+                out[name] = translate(request, get_model(name)).name
+            except RequestError as exc:
+                errors.append(str(exc))
+    except (RequestError, ValueError, KeyError) as exc:
+        errors.append(str(exc))
+    return out or ("; ".join(errors) or f"no GPU of model {tag.model} here")

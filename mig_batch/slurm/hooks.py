@@ -20,13 +20,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from mig_batch.config import SiteConfig, load_config, open_backend
-from mig_batch.controller.tags import parse_tag
-from mig_batch.gpu.base import GpuBackend, GpuBackendError, InsufficientResources, InUse, NotFound
-from mig_batch.mig.models import get_model
+from mig_batch.controller.tags import parse_tag, profiles_by_model
+from mig_batch.gpu.base import GpuBackend, InsufficientResources, InUse, NotFound
 from mig_batch.placement.base import Placement, PlacementRequest
 from mig_batch.placement.cluster import Cluster, Gpu
 from mig_batch.placement.policies import make_policy
-from mig_batch.request import RequestError, translate
 from mig_batch.state import InstanceRecord, Store
 
 
@@ -54,18 +52,9 @@ def node_view(backend: GpuBackend, node: str) -> Cluster:
 
 
 def place_locally(backend: GpuBackend, node: str, request_text: str, policy: str = "mfi") -> Placement | None:
-    tag = parse_tag(request_text)
-    request = tag.request()
     view = node_view(backend, node)
-    profiles = {}
-    for model in {g.model for g in view.gpus}:
-        if tag.model and get_model(tag.model).name != model:
-            continue
-        try:
-            profiles[model] = translate(request, get_model(model)).name
-        except RequestError:
-            continue
-    if not profiles:
+    profiles = profiles_by_model(parse_tag(request_text), {g.model for g in view.gpus})
+    if isinstance(profiles, str):
         return None
     decision = make_policy(policy).decide(view, PlacementRequest("job", profiles))
     return decision if isinstance(decision, Placement) else None
@@ -129,7 +118,7 @@ def epilog(config: SiteConfig, env: Mapping[str, str], attempts: int = 10) -> No
                     return  # keep the record: the controller reports it as a leak to clean up
                 time.sleep(0.5)  # the job's processes are still exiting
         store.forget_instance(job, node=node, gpu=record.gpu, profile=record.profile, start=record.start)
-    except (GpuBackendError, OSError, Exception) as exc:
+    except Exception as exc:  # never fail the epilog either
         store.event(job, "epilog-error", node=node, error=f"{type(exc).__name__}: {exc}")
     finally:
         store.close()

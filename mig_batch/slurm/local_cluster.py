@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -239,8 +240,6 @@ class MigTestbed:
         }))  # fmt: skip
 
     def start(self) -> MigTestbed:
-        import sys
-
         from mig_batch.config import load_config, open_backend
         from mig_batch.mig.models import get_model
         from mig_batch.slurm.install import install
@@ -268,8 +267,6 @@ class MigTestbed:
         return self
 
     def start_controller(self) -> None:
-        import sys
-
         log = open(self.root / "log" / "mig-batchd.log", "ab")  # noqa: SIM115 - lives as long as the process
         self.controller = subprocess.Popen(
             [sys.executable, "-m", "mig_batch.controller", "--config", str(self.config_path)],
@@ -283,8 +280,6 @@ class MigTestbed:
         self.controller = None
 
     def migsub(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        import sys
-
         proc = subprocess.run([sys.executable, "-m", "mig_batch.cli.migsub", *args], env=self.env(),
                               capture_output=True, text=True, timeout=60, cwd=self.root)  # fmt: skip
         if check and proc.returncode != 0:
