@@ -1,0 +1,1 @@
+"""Scheduler-driven job atomization (SJA): gaps and offers, memory profiles, the negotiation."""

@@ -1,0 +1,131 @@
+"""Gaps: time x capacity windows on each GPU, derived from what holds its slices and until when.
+
+A GPU's slices are held by running instances (until their expected end: start + time limit), by
+decided-but-not-started jobs (until their time limit from now, or unknown) and, from a later time
+on, by a reservation for the first queued job that fits nowhere now (EASY backfill: gaps must not
+delay it). A gap is a placement (profile, start) that is free from ``opens`` to ``closes``; only
+maximal gaps are kept (no other gap on the GPU covers more slices for at least as long), and these
+are what the controller offers (SJA §3.5). The job answering an offer picks the smallest profile
+inside it that covers its memory envelope.
+
+Times are absolute seconds on the caller's clock; ``math.inf`` means "not known to end". Pure code.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from mig_batch.mig.models import Profile, get_model
+from mig_batch.mig.scores import FragVariant
+from mig_batch.mig.tables import tables_for
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Slices (a bit mask of memory slices) held from ``since`` until ``until``."""
+
+    window: int
+    until: float = math.inf
+    since: float = -math.inf
+
+
+@dataclass(frozen=True)
+class GpuTimeline:
+    gid: int
+    host: str
+    index: int
+    model: str
+    holds: tuple[Hold, ...] = ()
+
+
+@dataclass(frozen=True)
+class Gap:
+    gid: int
+    host: str
+    gpu_index: int
+    model: str
+    profile: str  # the largest profile the gap holds at ``start``
+    start: int
+    window: int  # its memory slices
+    opens: float
+    closes: float
+
+    @property
+    def length(self) -> float:
+        return self.closes - self.opens
+
+
+def _held(holds: Sequence[Hold], window: int, t: float) -> bool:
+    return any(h.window & window and h.since <= t < h.until for h in holds)
+
+
+def _free_interval(holds: Sequence[Hold], window: int, now: float, end: float) -> tuple[float, float] | None:
+    """The first interval [opens, closes) within [now, end) in which ``window`` is free."""
+    times = sorted({now, *(h.until for h in holds if now < h.until < end), *(h.since for h in holds
+                                                                            if now < h.since < end)})  # fmt: skip
+    opens = next((t for t in times if not _held(holds, window, t)), None)
+    if opens is None:
+        return None
+    closes = min((h.since for h in holds if h.window & window and h.since > opens), default=end)
+    return (opens, min(closes, end)) if closes > opens else None
+
+
+def gpu_gaps(gpu: GpuTimeline, now: float, horizon: float) -> list[Gap]:
+    """The maximal gaps of one GPU between ``now`` and ``now + horizon``."""
+    model = get_model(gpu.model)
+    end = now + horizon
+    found: dict[tuple[int, float, float], Gap] = {}  # one gap per slice window and interval
+    for profile in sorted(model.base_profiles, key=lambda p: -p.compute_slices):  # 4g.20gb before 3g.20gb
+        for start in profile.starts:
+            window = profile.window(start)
+            interval = _free_interval(gpu.holds, window, now, end)
+            if interval is not None and (window, *interval) not in found:
+                found[(window, *interval)] = Gap(gpu.gid, gpu.host, gpu.index, model.name, profile.name, start,
+                                                 window, *interval)  # fmt: skip
+    gaps = list(found.values())
+    return [g for g in gaps if not any(_dominates(o, g) for o in gaps)]
+
+
+def _dominates(a: Gap, b: Gap) -> bool:
+    covers = a.window & b.window == b.window and a.opens <= b.opens and a.closes >= b.closes
+    return covers and (a.window != b.window or a.opens < b.opens or a.closes > b.closes)
+
+
+def cluster_gaps(gpus: Iterable[GpuTimeline], now: float, horizon: float) -> list[Gap]:
+    """Every GPU's maximal gaps: open-now ones first, then the largest areas."""
+    gaps = [g for gpu in gpus for g in gpu_gaps(gpu, now, horizon)]
+    slices = {g.gid: get_model(g.model) for g in gaps}
+    return sorted(gaps, key=lambda g: (g.opens > now, -g.window.bit_count() * g.length / slices[g.gid].memory_slices,
+                                       g.gid, g.start))  # fmt: skip
+
+
+def earliest_fit(gpus: Iterable[GpuTimeline], profiles: Mapping[str, str], now: float,
+                 horizon: float) -> tuple[GpuTimeline, Profile, int, float] | None:  # fmt: skip
+    """Where and when a job needing ``profiles`` (model -> profile) could start first: the reservation
+    that gaps must respect. Ties go to the lowest GPU id and start."""
+    best = None
+    for gpu in gpus:
+        if gpu.model not in profiles:
+            continue
+        profile = get_model(gpu.model).profile(profiles[gpu.model])
+        for start in profile.starts:
+            interval = _free_interval(gpu.holds, profile.window(start), now, now + horizon)
+            if interval is not None and interval[1] >= now + horizon and (best is None or interval[0] < best[3]):
+                best = (gpu, profile, start, interval[0])  # a gap that stays open: the job can start there
+    return best
+
+
+def fits_in(profile: Profile, gap_window: int) -> list[int]:
+    """Starts at which ``profile`` lies entirely within a gap's slices."""
+    return [s for s in profile.starts if profile.window(s) & gap_window == profile.window(s)]
+
+
+def start_in_gap(gap: Gap, profile_name: str, mask: int) -> int | None:
+    """Where in the gap to put ``profile_name`` on a GPU whose occupancy now is ``mask``: the start
+    with the least fragmentation afterwards (MFI, printed F), lowest start on ties."""
+    tables = tables_for(gap.model)
+    after = dict(tables.frag_after[FragVariant.PRINTED][tables.index(profile_name)][mask])
+    starts = [s for s in fits_in(get_model(gap.model).profile(profile_name), gap.window) if s in after]
+    return min(starts, key=lambda s: (after[s], s)) if starts else None
