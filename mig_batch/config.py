@@ -22,6 +22,19 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class AtomizeConfig:
+    """Subjob chains (SJA): how gaps are offered and granted."""
+
+    grant_policy: str = "efficiency"  # efficiency | fairness | deadline
+    eps: float = 0.05  # admission risk: Pr(subjob peak memory > its instance) <= eps
+    hysteresis: float = 0.25  # shrink below the last subjob's size only when it frees this share
+    offer_horizon_s: float = 3600.0  # how far ahead gaps are derived
+    checkpoint_margin_s: float = 30.0  # the job is told to checkpoint this long before its window closes
+    grace_s: float = 10.0  # after the window: then SIGTERM; Slurm's time limit covers window + grace
+    max_failures: int = 3  # consecutive failed subjobs before a chain is given up
+
+
+@dataclass(frozen=True)
 class SiteConfig:
     state: Path = Path("/var/lib/mig-batch/state.db")
     policy: str = "mfi"
@@ -31,6 +44,7 @@ class SiteConfig:
     job_dir: Path = Path("/run/mig-batch/jobs")
     nodes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     slurm_bin: str = ""
+    atomize: AtomizeConfig = field(default_factory=AtomizeConfig)
     path: str = "<defaults>"
 
 
@@ -81,8 +95,41 @@ def load_config(explicit: str | os.PathLike | None = None) -> SiteConfig:
         job_dir=Path(raw.get("job_dir", SiteConfig.job_dir)),
         nodes=nodes,
         slurm_bin=str(raw.get("slurm_bin") or ""),
+        atomize=_atomize(raw.get("atomize") or {}, path),
         path=str(path),
     )
+
+
+def _atomize(raw: Any, path: Path) -> AtomizeConfig:
+    from mig_batch.atomize.protocol import GRANT_POLICIES
+
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: atomize must be a mapping of settings")
+    known = set(AtomizeConfig.__dataclass_fields__)
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"{path}: unknown atomize setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    values: dict[str, Any] = {}
+    for name, f in AtomizeConfig.__dataclass_fields__.items():
+        if name not in raw:
+            continue
+        kind = type(f.default)
+        try:
+            values[name] = kind(raw[name])
+        except (TypeError, ValueError):
+            raise ConfigError(f"{path}: atomize.{name} must be a {kind.__name__} (got {raw[name]!r})") from None
+    config = AtomizeConfig(**values)
+    if config.grant_policy not in GRANT_POLICIES:
+        raise ConfigError(f"{path}: atomize.grant_policy {config.grant_policy!r} is not one of "
+                          f"{', '.join(GRANT_POLICIES)}")  # fmt: skip
+    if not 0 < config.eps < 1:
+        raise ConfigError(f"{path}: atomize.eps must lie strictly between 0 and 1 (got {config.eps})")
+    if not 0 <= config.hysteresis < 1:
+        raise ConfigError(f"{path}: atomize.hysteresis must lie in [0, 1) (got {config.hysteresis})")
+    for name in ("offer_horizon_s", "checkpoint_margin_s", "grace_s"):
+        if getattr(config, name) < 0 or (name == "offer_horizon_s" and config.offer_horizon_s <= 0):
+            raise ConfigError(f"{path}: atomize.{name} must be a positive number of seconds")
+    return config
 
 
 def open_backend(config: SiteConfig, node: str):

@@ -12,6 +12,9 @@ decisions: job -> request, node, GPU, profile, start and a state:
   ended    -> finished (its slot is free once the epilog destroyed the instance)
 instances: what the prolog created for a job (node, GPU, profile, start, uuid, GI id); the epilog
 deletes the row after destroying the instance.
+chains (schema 2): atomizable jobs (SJA) and their progress; subjobs: each granted run of a chain
+(window, deadline, outcome); offers and replies: every negotiation round that changed something,
+for ``mig-batch offers``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 ACTIVE = ("decided", "released", "running", "requeue")
 
 _SCHEMA = """
@@ -53,6 +56,59 @@ CREATE TABLE IF NOT EXISTS instances (
     uuid TEXT NOT NULL,
     created_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS chains (
+    job TEXT PRIMARY KEY,
+    checkpoint_dir TEXT NOT NULL,
+    declared_mib REAL NOT NULL,
+    min_s REAL NOT NULL,
+    max_s REAL NOT NULL,
+    deadline REAL,
+    submitted REAL NOT NULL,
+    state TEXT NOT NULL,
+    subjobs INTEGER NOT NULL DEFAULT 0,
+    failures INTEGER NOT NULL DEFAULT 0,
+    attained REAL NOT NULL DEFAULT 0,
+    last_mib REAL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS subjobs (
+    job TEXT NOT NULL,
+    run INTEGER NOT NULL,
+    offer INTEGER,
+    profile TEXT NOT NULL,
+    memory_slices INTEGER NOT NULL,
+    memory_mib REAL NOT NULL,
+    window_s REAL NOT NULL,
+    granted_at REAL NOT NULL,
+    started_at REAL,
+    deadline REAL,
+    ended_at REAL,
+    exit_status INTEGER,
+    outcome TEXT,
+    PRIMARY KEY (job, run)
+);
+CREATE TABLE IF NOT EXISTS offers (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    time REAL NOT NULL,
+    node TEXT NOT NULL,
+    gpu INTEGER NOT NULL,
+    model TEXT NOT NULL,
+    profile TEXT NOT NULL,
+    start INTEGER NOT NULL,
+    opens REAL NOT NULL,
+    closes REAL NOT NULL,
+    granted TEXT
+);
+CREATE TABLE IF NOT EXISTS replies (
+    offer INTEGER NOT NULL,
+    job TEXT NOT NULL,
+    interested INTEGER NOT NULL,
+    profile TEXT,
+    duration REAL NOT NULL,
+    bound_mib REAL NOT NULL,
+    basis TEXT NOT NULL,
+    reason TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     time REAL NOT NULL,
@@ -78,6 +134,39 @@ class Decision:
     start: int
     state: str
     policy: str
+
+
+@dataclass(frozen=True)
+class ChainRecord:
+    job: str
+    checkpoint_dir: str
+    declared_mib: float
+    min_s: float
+    max_s: float
+    deadline: float | None
+    submitted: float
+    state: str  # waiting, running, done, failed, cancelled
+    subjobs: int
+    failures: int
+    attained: float  # slice-seconds
+    last_mib: float | None
+
+
+@dataclass(frozen=True)
+class SubjobRecord:
+    job: str
+    run: int
+    offer: int | None
+    profile: str
+    memory_slices: int
+    memory_mib: float
+    window_s: float
+    granted_at: float
+    started_at: float | None
+    deadline: float | None
+    ended_at: float | None
+    exit_status: int | None
+    outcome: str | None
 
 
 @dataclass(frozen=True)
@@ -180,6 +269,118 @@ class Store:
             db.execute("DELETE FROM instances WHERE job=?", (job,))
             self._event(db, job, "instance-destroyed", detail)
 
+    # chains (SJA)
+    def add_chain(self, c: ChainRecord) -> bool:
+        """Register a chain once; False when it is known already."""
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT OR IGNORE INTO chains VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (c.job, c.checkpoint_dir, c.declared_mib, c.min_s, c.max_s, c.deadline, c.submitted, c.state,
+                 c.subjobs, c.failures, c.attained, c.last_mib, time.time()),
+            )  # fmt: skip
+            if cur.rowcount:
+                self._event(db, c.job, "chain-registered", {"checkpoint_dir": c.checkpoint_dir})
+            return bool(cur.rowcount)
+
+    def chain(self, job: str) -> ChainRecord | None:
+        row = self.db.execute(f"SELECT {_CHAIN_COLS} FROM chains WHERE job=?", (job,)).fetchone()
+        return ChainRecord(*row) if row else None
+
+    def chains(self, states: tuple[str, ...] | None = None) -> list[ChainRecord]:
+        if states is None:
+            rows = self.db.execute(f"SELECT {_CHAIN_COLS} FROM chains ORDER BY submitted").fetchall()
+        else:
+            marks = ",".join("?" * len(states))
+            rows = self.db.execute(f"SELECT {_CHAIN_COLS} FROM chains WHERE state IN ({marks}) ORDER BY submitted",
+                                   states).fetchall()  # fmt: skip
+        return [ChainRecord(*r) for r in rows]
+
+    def grant_subjob(self, d: Decision, sub: SubjobRecord) -> None:
+        """Record a grant: the decision and the subjob row in one transaction (before Slurm hears of it)."""
+        now = time.time()
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO decisions VALUES (?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(job) DO UPDATE SET "
+                "request=excluded.request, node=excluded.node, gpu=excluded.gpu, model=excluded.model, "
+                "profile=excluded.profile, start=excluded.start, state=excluded.state, policy=excluded.policy, "
+                "updated_at=excluded.updated_at",
+                (d.job, d.request, d.node, d.gpu, d.model, d.profile, d.start, d.state, d.policy, now, now),
+            )
+            db.execute("INSERT OR REPLACE INTO subjobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                       (sub.job, sub.run, sub.offer, sub.profile, sub.memory_slices, sub.memory_mib, sub.window_s,
+                        now, None, None, None, None, None))  # fmt: skip
+            db.execute("UPDATE offers SET granted=? WHERE id=?", (d.job, sub.offer))
+            db.execute("UPDATE chains SET state='granted', updated_at=? WHERE job=?", (now, d.job))
+            self._event(db, d.job, "decided", {"node": d.node, "gpu": d.gpu, "profile": d.profile, "start": d.start,
+                                               "subjob": sub.run, "window_s": sub.window_s})  # fmt: skip
+
+    def start_subjob(self, job: str, window_margin: float = 0.0) -> SubjobRecord | None:
+        """The prolog's side: the granted, not yet started subjob of ``job`` starts now."""
+        now = time.time()
+        with self._tx() as db:
+            row = db.execute(f"SELECT {_SUBJOB_COLS} FROM subjobs WHERE job=? AND ended_at IS NULL "
+                             "ORDER BY run DESC LIMIT 1", (job,)).fetchone()  # fmt: skip
+            if row is None:
+                return None
+            sub = SubjobRecord(*row)
+            if sub.started_at is None:
+                db.execute("UPDATE subjobs SET started_at=?, deadline=? WHERE job=? AND run=?",
+                           (now, now + sub.window_s, job, sub.run))  # fmt: skip
+                db.execute("UPDATE chains SET state='running', updated_at=? WHERE job=?", (now, job))
+                sub = SubjobRecord(*db.execute(f"SELECT {_SUBJOB_COLS} FROM subjobs WHERE job=? AND run=?",
+                                                (job, sub.run)).fetchone())  # fmt: skip
+            return sub
+
+    def end_subjob(self, job: str, exit_status: int | None, outcome: str, chain_state: str) -> SubjobRecord | None:
+        """Close the chain's open subjob with its outcome; count service, failures and subjobs."""
+        now = time.time()
+        with self._tx() as db:
+            row = db.execute(f"SELECT {_SUBJOB_COLS} FROM subjobs WHERE job=? AND ended_at IS NULL "
+                             "ORDER BY run DESC LIMIT 1", (job,)).fetchone()  # fmt: skip
+            sub = SubjobRecord(*row) if row else None
+            ran = (now - sub.started_at) * sub.memory_slices if sub and sub.started_at else 0.0
+            if sub is not None:
+                db.execute("UPDATE subjobs SET ended_at=?, exit_status=?, outcome=? WHERE job=? AND run=?",
+                           (now, exit_status, outcome, job, sub.run))  # fmt: skip
+            failed, counts = outcome == "failed", sub is not None and outcome != "not-started"
+            db.execute(
+                "UPDATE chains SET state=?, subjobs=subjobs+?, failures=CASE WHEN ? THEN failures+1 ELSE 0 END, "
+                "attained=attained+?, last_mib=COALESCE(?, last_mib), updated_at=? WHERE job=?",
+                (chain_state, 1 if counts else 0, failed, ran, sub.memory_mib if sub else None, now, job),
+            )
+            self._event(db, job, f"subjob-{outcome}", {"run": sub.run if sub else None, "exit_status": exit_status,
+                                                       "chain": chain_state})  # fmt: skip
+            return sub
+
+    def subjobs(self, job: str) -> list[SubjobRecord]:
+        rows = self.db.execute(f"SELECT {_SUBJOB_COLS} FROM subjobs WHERE job=? ORDER BY run", (job,)).fetchall()
+        return [SubjobRecord(*r) for r in rows]
+
+    def record_round(self, offers: list[tuple[tuple, list[tuple]]]) -> list[int]:
+        """Persist offers (node, gpu, model, profile, start, opens, closes) with their replies
+        (job, interested, profile, duration, bound_mib, basis, reason); returns the offer ids."""
+        now, ids = time.time(), []
+        with self._tx() as db:
+            for offer, replies in offers:
+                cur = db.execute("INSERT INTO offers (time, node, gpu, model, profile, start, opens, closes) "
+                                 "VALUES (?,?,?,?,?,?,?,?)", (now, *offer))  # fmt: skip
+                ids.append(int(cur.lastrowid))
+                db.executemany("INSERT INTO replies VALUES (?,?,?,?,?,?,?,?)", [(cur.lastrowid, *r) for r in replies])
+        return ids
+
+    def offers(self, limit: int = 50) -> list[dict[str, Any]]:
+        rows = self.db.execute("SELECT id, time, node, gpu, model, profile, start, opens, closes, granted FROM offers "
+                               "ORDER BY id DESC LIMIT ?", (limit,)).fetchall()  # fmt: skip
+        out = []
+        for oid, t, node, gpu, model, profile, start, opens, closes, granted in rows:
+            replies = self.db.execute("SELECT job, interested, profile, duration, bound_mib, basis, reason "
+                                      "FROM replies WHERE offer=?", (oid,)).fetchall()  # fmt: skip
+            out.append({"id": oid, "time": t, "node": node, "gpu": gpu, "model": model, "profile": profile,
+                        "start": start, "opens": opens, "closes": closes, "granted": granted,
+                        "replies": [dict(zip(("job", "interested", "profile", "duration", "bound_mib", "basis",
+                                              "reason"), r, strict=True)) for r in replies]})  # fmt: skip
+        return out
+
     # events
     def event(self, job: str | None, kind: str, **detail: Any) -> None:
         with self._tx() as db:
@@ -202,3 +403,7 @@ class Store:
 
 _DECISION_COLS = "job, request, node, gpu, model, profile, start, state, policy"
 _INSTANCE_COLS = "job, node, gpu, profile, start, gi_id, uuid"
+_CHAIN_COLS = ("job, checkpoint_dir, declared_mib, min_s, max_s, deadline, submitted, state, subjobs, failures, "
+               "attained, last_mib")  # fmt: skip
+_SUBJOB_COLS = ("job, run, offer, profile, memory_slices, memory_mib, window_s, granted_at, started_at, deadline, "
+                "ended_at, exit_status, outcome")  # fmt: skip

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +28,7 @@ from mig_batch.request import (
     MoldableRequest,
     RequestError,
     parse_compute,
+    parse_duration,
     parse_memory,
     parse_moldable,
     translate_any,
@@ -43,12 +46,21 @@ def _option_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-compute", metavar="SHARE", help="compute share: 0.3, 30%% or 2g")
     p.add_argument("--gpu", metavar="MODEL", help="GPU model the job must run on, e.g. A100-80GB")
     p.add_argument("--moldable", metavar="SIZES", help="sizes with predicted times: 1g=300,2g=160,3g=110")
+    p.add_argument("--atomize", action="store_true", help="run as a chain of checkpointed subjobs in gaps (SJA)")
+    p.add_argument("--checkpoint-dir", metavar="DIR", help="--atomize: where the chain's checkpoints live")
+    p.add_argument("--subjob-min", metavar="DURATION", help="--atomize: shortest useful subjob (default 60s)")
+    p.add_argument("--subjob-max", metavar="DURATION", help="--atomize: longest subjob (default 1h)")
+    p.add_argument("--deadline", metavar="DURATION", help="--atomize: finish within this long (deadline policy)")
+    p.add_argument("--emulate-memory", metavar="FILE", help="--atomize on emulated GPUs: replay seconds,MiB")
     p.add_argument("--dry-run", action="store_true", help="show the translation and the sbatch command only")
     p.add_argument("--json", action="store_true", help="print the dry run as JSON")
     return p
 
 
-DIRECTIVE_OPTIONS = ("mig", "gpu_mem", "gpu_compute", "gpu", "moldable")
+DIRECTIVE_OPTIONS = ("mig", "gpu_mem", "gpu_compute", "gpu", "moldable", "checkpoint_dir", "subjob_min", "subjob_max",
+                     "deadline", "emulate_memory")  # fmt: skip
+ATOMIZE_OPTIONS = DIRECTIVE_OPTIONS[5:]
+SLURM_SIGNAL_MARGIN_S = 60  # Slurm's own USR1 before its time limit: a backstop for the runner's
 
 
 @dataclass
@@ -87,8 +99,11 @@ def read_directives(script: Path) -> tuple[dict[str, str], dict[str, str], list[
             if unknown:
                 raise DirectiveError(
                     f"{where}: unknown option {' '.join(unknown)}; #MIG accepts --mig, --gpu-mem, "
-                    f"--gpu-compute, --gpu, --moldable"
+                    f"--gpu-compute, --gpu, --moldable, --atomize, --checkpoint-dir, --subjob-min, --subjob-max, "
+                    f"--deadline, --emulate-memory"
                 )
+            if namespace.atomize:
+                options["atomize"], sources["atomize"] = "1", where
             for key in DIRECTIVE_OPTIONS:
                 value = getattr(namespace, key)
                 if value is not None:
@@ -135,17 +150,84 @@ def site_models() -> list:
     return [get_model(n) for n in names] or sorted(all_models().values(), key=lambda m: m.name)
 
 
-def sbatch_command(spec: JobSpec) -> list[str]:
+@dataclass(frozen=True)
+class Chain:
+    checkpoint_dir: Path
+    min_s: float
+    max_s: float
+    deadline: float | None
+    emulate_memory: Path | None
+
+
+def chain_of(options: dict[str, str], sources: dict[str, str]) -> Chain | None:
+    """The subjob-chain settings (``--atomize``), checked; None for a monolithic job."""
+    if "atomize" not in options:
+        stray = [k for k in ATOMIZE_OPTIONS if k in options]
+        if stray:
+            raise DirectiveError(f"{sources[stray[0]]}: --{stray[0].replace('_', '-')} needs --atomize")
+        return None
+    if "moldable" in options:
+        raise DirectiveError(f"{sources['atomize']}: --atomize and --moldable exclude each other")
+    if "checkpoint_dir" not in options:
+        raise DirectiveError(f"{sources['atomize']}: --atomize needs --checkpoint-dir DIR (where the chain resumes)")
+
+    def duration(key: str, default: str) -> float:
+        try:
+            return parse_duration(options.get(key, default))
+        except RequestError as exc:
+            raise DirectiveError(f"{sources.get(key, '--' + key.replace('_', '-'))}: {exc}") from None
+
+    low, high = duration("subjob_min", "60s"), duration("subjob_max", "1h")
+    if low > high:
+        raise DirectiveError(f"{sources.get('subjob_min', '--subjob-min')}: the shortest subjob ({low:g} s) is "
+                             f"longer than the longest ({high:g} s)")  # fmt: skip
+    deadline = time.time() + duration("deadline", "1s") if "deadline" in options else None
+    emulate = Path(options["emulate_memory"]).resolve() if "emulate_memory" in options else None
+    if emulate is not None and not emulate.is_file():
+        raise DirectiveError(f"{sources['emulate_memory']}: no such file {emulate}")
+    directory = Path(options["checkpoint_dir"]).expanduser().resolve()
+    if ";" in str(directory) or any(c.isspace() for c in str(directory)):
+        raise DirectiveError(f"{sources['checkpoint_dir']}: the checkpoint directory may not contain ';' or spaces")
+    return Chain(directory, low, high, deadline, emulate)
+
+
+def script_command(script: Path) -> list[str]:
+    """How to run ``script`` the way sbatch would: directly when executable, else by its #! line."""
+    if os.access(script, os.X_OK):
+        return [str(script)]
+    first = script.read_text(errors="replace").split("\n", 1)[0]
+    interpreter = shlex.split(first[2:]) if first.startswith("#!") else ["/bin/sh"]
+    return [*interpreter, str(script)]
+
+
+def chain_script(spec: JobSpec, chain: Chain, sbatch_lines: list[str]) -> str:
+    """The batch script of every subjob: the user's #SBATCH lines, then the runner around the script."""
+    runner = [sys.executable, "-m", "mig_batch.subjob.runner"]
+    if chain.emulate_memory is not None:
+        runner += ["--emulate-memory", str(chain.emulate_memory)]
+    command = [*runner, "--", *script_command(spec.script.resolve()), *spec.script_args]
+    return "\n".join(["#!/bin/bash", *sbatch_lines, "#SBATCH --requeue", "#SBATCH --open-mode=append",
+                      f"export MIG_BATCH_CHECKPOINT_DIR={shlex.quote(str(chain.checkpoint_dir))}",
+                      "exec " + shlex.join(command), ""])  # fmt: skip
+
+
+def sbatch_command(spec: JobSpec, chain: Chain | None = None) -> list[str]:
     cmd = ["sbatch", "--parsable", f"--gres={gres_of(spec.options)}"]
     comment = []
     if "gpu_compute" in spec.options:
         comment.append(f"compute={spec.options['gpu_compute']}")
     if "moldable" in spec.options:
         comment.append(f"moldable={spec.options['moldable']}")
+    if chain is not None:
+        comment += ["atomize=1", f"ckpt={chain.checkpoint_dir}", f"smin={chain.min_s:g}", f"smax={chain.max_s:g}"]
+        if chain.deadline is not None:
+            comment.append(f"deadline={chain.deadline:.0f}")
     if comment:
         cmd.append("--comment=mig-batch:" + ";".join(comment))
     if "gpu" in spec.options:
         cmd.append(f"--constraint={get_model(spec.options['gpu']).name}")
+    if chain is not None:  # the script comes on stdin: the runner around the user's script
+        return [*cmd, f"--signal=B:USR1@{SLURM_SIGNAL_MARGIN_S}"]
     return [*cmd, str(spec.script), *spec.script_args]
 
 
@@ -177,29 +259,39 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"no MIG profile of {', '.join(m.name for m in models)} satisfies {request.describe()}; "
                     f"the largest is {largest.largest_profile.name} on {largest.name}"
                 )
+        if args.atomize:
+            options["atomize"], sources["atomize"] = "1", "--atomize"
+        chain = chain_of(options, sources)
         spec = JobSpec(args.script, args.script_args, options, sources)
-        command = sbatch_command(spec)
+        command = sbatch_command(spec, chain)
+        stdin = chain_script(spec, chain, sbatch_lines) if chain is not None else None
     except (DirectiveError, RequestError, UnknownModelError) as exc:
         return fail(str(exc))
 
     if args.dry_run:
         if args.json:
-            json.dump({"options": options, "profiles": per_model, "sbatch": command}, sys.stdout, indent=2)
+            json.dump({"options": options, "profiles": per_model, "sbatch": command, "script": stdin}, sys.stdout,
+                      indent=2)  # fmt: skip
             sys.stdout.write("\n")
         else:
             for name, chosen in per_model.items():
                 console.print(f"{name}: {chosen if chosen else '[red]no profile fits[/]'}", highlight=False)
             console.print("sbatch command: " + shlex.join(command), highlight=False, soft_wrap=True)
+            if stdin is not None:
+                console.print("subjob script (on sbatch's stdin):\n" + stdin, highlight=False, markup=False,
+                              soft_wrap=True)  # fmt: skip
         return 0
-    return submit(command)
+    if chain is not None:
+        chain.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    return submit(command, stdin)
 
 
-def submit(command: list[str]) -> int:
+def submit(command: list[str], stdin: str | None = None) -> int:
     """Hand the job to the batch system found on PATH; print its id."""
     if shutil.which(command[0]) is None:
         return fail(f"no batch system found: {command[0]} is not on PATH (HTCondor support comes later); "
                     "--dry-run shows the translation")  # fmt: skip
-    proc = subprocess.run(command, capture_output=True, text=True)
+    proc = subprocess.run(command, capture_output=True, text=True, input=stdin)
     if proc.returncode != 0:
         return fail(proc.stderr.strip() or f"{command[0]} failed with exit code {proc.returncode}", proc.returncode)
     job = proc.stdout.strip().split(";")[0]

@@ -12,12 +12,15 @@ instance records are compared with the nodes' real instances (emulated backend: 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from mig_batch.config import SiteConfig
+from mig_batch.controller.chains import ChainDriver
 from mig_batch.controller.tags import JobTag, parse_tag, placed_tag, profiles_by_model
+from mig_batch.mig.models import get_model
 from mig_batch.placement.base import Placement, PlacementRequest
 from mig_batch.placement.cluster import Cluster, Gpu, PlacementConflict
 from mig_batch.placement.policies import make_policy
@@ -54,6 +57,7 @@ class Controller:
         self.view = build_view(config.nodes)
         self.gid = {(g.host, g.index): g.gid for g in self.view.gpus}
         self._profiles: dict[str, dict[str, str] | str] = {}  # tag text -> model -> profile, or the error
+        self.chains = ChainDriver(config, store, self.view)
         for d in store.decisions():
             self._occupy(d)
 
@@ -87,15 +91,30 @@ class Controller:
         waiting = sorted((j for j in jobs.values() if j.managed and j.held and self._needs_decision(j.job_id)),
                          key=lambda j: (j.submit_time, int(j.job_id.split("_")[0])))  # fmt: skip
         pinned: list[str] = []
+        chains: list[tuple[SlurmJob, JobTag]] = []
+        blocked: dict[str, str] | None = None  # the first job that fits nowhere: gaps must not delay it
         for job in waiting:
             try:
-                if self._place(job):
+                tag = parse_tag(job.admin_comment)
+            except ValueError as exc:
+                self.store.event(job.job_id, "bad-tag", error=str(exc))
+                continue
+            if tag.atomize is not None:
+                chains.append((job, tag))
+                continue
+            try:
+                if self._place(job, tag):
                     pinned.append(job.job_id)
                 else:
                     stats.waiting += 1
+                    profiles = self.profiles_for(tag)
+                    if blocked is None and isinstance(profiles, dict):
+                        blocked = profiles
             except SlurmError as exc:  # the decision stays recorded; the next pass re-applies it
                 stats.errors.append(str(exc))
                 log.warning("job %s: %s", job.job_id, exc)
+        if chains:
+            pinned += self._offer(chains, jobs, blocked, stats)
         if pinned:
             try:
                 self.slurm.release(pinned)
@@ -123,7 +142,11 @@ class Controller:
                     self.store.set_state(d.job, "requeued")
                 elif job is None or job.finished:
                     self._free(d.job)
-                    self.store.set_state(d.job, "ended", slurm_state=job.state if job else "gone")
+                    if parse_tag(d.request).atomize is not None and self.chains.ended(d, job):
+                        self.slurm.requeue_hold(d.job)  # the chain goes on: its next subjob waits for a grant
+                        self.store.set_state(d.job, "requeued", slurm_state=job.state if job else "gone")
+                    else:
+                        self.store.set_state(d.job, "ended", slurm_state=job.state if job else "gone")
                     stats.ended += 1
                 elif d.state == "decided" and job.held:
                     self._apply(d)
@@ -133,12 +156,36 @@ class Controller:
                 stats.errors.append(str(exc))
                 log.warning("job %s: %s", d.job, exc)
 
-    def _place(self, job: SlurmJob) -> bool:
-        try:
-            tag = parse_tag(job.admin_comment)
-        except ValueError as exc:
-            self.store.event(job.job_id, "bad-tag", error=str(exc))
-            return False
+    def _offer(self, waiting: list[tuple[SlurmJob, JobTag]], jobs: dict[str, SlurmJob],
+               blocked: dict[str, str] | None, stats: PassStats) -> list[str]:  # fmt: skip
+        """Offer gaps to the waiting chains; pin the granted subjobs (the caller releases them)."""
+        candidates = []
+        for job, tag in waiting:
+            record = self.store.chain(job.job_id)
+            if record is None:
+                record = self.chains.register(job, tag, self._declared_mib(tag))
+            if record.state in ("waiting", "granted"):
+                candidates.append((job, tag, record))
+        pinned = []
+        for d, _ in self.chains.offer(candidates, jobs, blocked):
+            try:
+                self._pin(d)
+                pinned.append(d.job)
+            except SlurmError as exc:  # recorded as decided: the next pass pins it again
+                stats.errors.append(str(exc))
+        return pinned
+
+    def _declared_mib(self, tag: JobTag) -> float:
+        """The chain's own peak estimate: its memory request, or the smallest profile it asked for."""
+        request = tag.request()
+        if request.memory_mib:
+            return float(request.memory_mib)
+        profiles = self.profiles_for(tag)
+        if isinstance(profiles, str):
+            return math.inf
+        return float(min(get_model(m).profile(p).memory_mib for m, p in profiles.items()))
+
+    def _place(self, job: SlurmJob, tag: JobTag) -> bool:
         profiles = self.profiles_for(tag)
         if isinstance(profiles, str):
             self.store.event(job.job_id, "unplaceable", error=profiles)
@@ -155,7 +202,11 @@ class Controller:
 
     def _pin(self, d: Decision) -> None:
         tag = parse_tag(d.request)
-        self.slurm.pin(d.job, d.node, placed_tag(tag, d.node, d.gpu, d.profile, d.start))
+        limit = None
+        if tag.atomize is not None:  # a subjob: Slurm's limit backs up the runner's deadline
+            subjobs = self.store.subjobs(d.job)
+            limit = self.chains.time_limit_min(subjobs[-1].window_s) if subjobs else None
+        self.slurm.pin(d.job, d.node, placed_tag(tag, d.node, d.gpu, d.profile, d.start), limit)
 
     def _apply(self, d: Decision) -> None:
         self._pin(d)

@@ -1,7 +1,8 @@
 """The managed-job tag job_submit.lua writes into AdminComment (operator-only) and its parser.
 
-``mig-batch:v1;req=<spec>[;compute=<share>][;model=<GPU model>][;place=<node>/<gpu>/<profile>@<start>]``
-where ``spec`` is what followed ``mig:`` in ``--gres`` (3g.40gb, 20480M, 20G, 3g). ``place`` is
+``mig-batch:v1;req=<spec>[;compute=<share>][;model=<GPU model>][;atomize=1;ckpt=<dir>;smin=<s>;smax=<s>
+[;deadline=<epoch>]][;place=<node>/<gpu>/<profile>@<start>]`` where ``spec`` is what followed ``mig:``
+in ``--gres`` (3g.40gb, 20480M, 20G, 3g); the atomize fields mark a subjob chain (migsub --atomize). ``place`` is
 written by the controller for people reading ``scontrol show job``; hooks read the placement from
 the state store, never from a field a user can set.
 """
@@ -17,10 +18,19 @@ from mig_batch.slurm.commands import MANAGED_PREFIX
 
 
 @dataclass(frozen=True)
+class Atomize:
+    checkpoint_dir: str
+    min_s: float
+    max_s: float
+    deadline: float | None = None
+
+
+@dataclass(frozen=True)
 class JobTag:
     spec: str
     compute: str | None = None
     model: str | None = None
+    atomize: Atomize | None = None
 
     def request(self) -> MigRequest:
         base = parse_gres(f"mig:{self.spec}")
@@ -34,6 +44,11 @@ class JobTag:
             parts.append(f"compute={self.compute}")
         if self.model:
             parts.append(f"model={self.model}")
+        if self.atomize:
+            a = self.atomize
+            parts += ["atomize=1", f"ckpt={a.checkpoint_dir}", f"smin={a.min_s:g}", f"smax={a.max_s:g}"]
+            if a.deadline is not None:
+                parts.append(f"deadline={a.deadline:.0f}")
         return ";".join(parts)
 
 
@@ -43,7 +58,14 @@ def parse_tag(text: str) -> JobTag:
     fields = dict(part.split("=", 1) for part in text[len(MANAGED_PREFIX) :].split(";") if "=" in part)
     if "req" not in fields:
         raise ValueError(f"mig_batch tag without req=: {text!r}")
-    return JobTag(fields["req"], fields.get("compute") or None, fields.get("model") or None)
+    atomize = None
+    if fields.get("atomize") == "1":
+        try:
+            atomize = Atomize(fields["ckpt"], float(fields["smin"]), float(fields["smax"]),
+                              float(fields["deadline"]) if fields.get("deadline") else None)  # fmt: skip
+        except (KeyError, ValueError):
+            raise ValueError(f"mig_batch tag with atomize=1 needs ckpt=, smin= and smax=: {text!r}") from None
+    return JobTag(fields["req"], fields.get("compute") or None, fields.get("model") or None, atomize)
 
 
 def placed_tag(tag: JobTag, node: str, gpu: int, profile: str, start: int) -> str:

@@ -111,6 +111,11 @@ class EmulatedNode(GpuBackend):
             raw = next((r for r in self._gpu(state, gpu)["instances"] if r["gi_id"] == gi_id), None)
             if raw is None:
                 raise NotFound(f"{self.node} GPU {gpu} has no GPU instance {gi_id}")
+            replay = raw.get("replay")
+            if replay:  # the value in force now, on the replayed trajectory's clock
+                elapsed = time.time() - replay["t0"]
+                in_force = [mib for t, mib in replay["points"] if t <= elapsed]
+                return int((in_force[-1] if in_force else replay["points"][0][1]) * 2**20)
             return int(raw["memory_used"])
 
     # emulation controls (no NVML counterpart)
@@ -121,6 +126,18 @@ class EmulatedNode(GpuBackend):
                     if raw["uuid"] == uuid:
                         raw["pids"].append(pid)
                         raw["memory_used"] = memory_used
+                        return
+        raise NotFound(f"no instance {uuid} on {self.node}")
+
+    def replay(self, uuid: str, points: Sequence[tuple[float, float]]) -> None:
+        """From now on, the instance's memory in use follows ``points`` ((seconds, MiB), held between)."""
+        if not points:
+            raise ValueError("a memory replay needs at least one (seconds, MiB) point")
+        with self._state() as state:
+            for g in state["gpus"]:
+                for raw in g["instances"]:
+                    if raw["uuid"] == uuid:
+                        raw["replay"] = {"t0": time.time(), "points": sorted([float(t), float(m)] for t, m in points)}
                         return
         raise NotFound(f"no instance {uuid} on {self.node}")
 

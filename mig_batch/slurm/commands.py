@@ -32,6 +32,13 @@ class SlurmJob:
     nodes: str
     priority: int
     submit_time: int
+    end_time: int = 0  # running: start + time limit (epoch s); 0 when unknown
+    exit_code: int = 0  # the wait status squeue reports: exit status << 8 | signal
+
+    @property
+    def exit_status(self) -> int:
+        """The batch script's exit status, 128 + N when signal N ended it."""
+        return 128 + (self.exit_code & 0x7F) if self.exit_code & 0x7F else self.exit_code >> 8
 
     @property
     def managed(self) -> bool:
@@ -73,12 +80,17 @@ class SlurmCli:
                 nodes=str(j.get("nodes") or ""),
                 priority=int(j.get("priority") or 0),
                 submit_time=int(j.get("submit_time") or 0),
+                end_time=int(j.get("end_time") or 0),
+                exit_code=int(j.get("exit_code") or 0),
             )
             for j in data.get("jobs", [])
         ]
 
-    def pin(self, job: str, node: str, admin_comment: str) -> None:
-        self._run("scontrol", "update", f"jobid={job}", f"nodelist={node}", f"admincomment={admin_comment}")
+    def pin(self, job: str, node: str, admin_comment: str, time_limit_min: int | None = None) -> None:
+        """Pin a job to ``node``; a subjob (``time_limit_min``) also gets its limit and may start at once
+        (Slurm delays a requeued job's start by about two minutes otherwise)."""
+        subjob = [f"timelimit={time_limit_min}", "starttime=now"] if time_limit_min is not None else []
+        self._run("scontrol", "update", f"jobid={job}", f"nodelist={node}", f"admincomment={admin_comment}", *subjob)
 
     def release(self, jobs: Sequence[str]) -> None:
         """Release held jobs, one scontrol call for many (slurmctld's RPCs are the bottleneck)."""
@@ -86,7 +98,9 @@ class SlurmCli:
             self._run("scontrol", "release", ",".join(jobs[i : i + 200]))
 
     def requeue_hold(self, job: str) -> None:
+        """Back to pending, held by an operator (the user cannot release it around the controller)."""
         self._run("scontrol", "requeuehold", job)
+        self._run("scontrol", "hold", job)
 
     def submit(self, argv: Sequence[str]) -> str:
         """``sbatch --parsable`` with ``argv``; returns the job id."""

@@ -26,6 +26,7 @@ from mig_batch.placement.base import Placement, PlacementRequest
 from mig_batch.placement.cluster import Cluster, Gpu
 from mig_batch.placement.policies import make_policy
 from mig_batch.state import InstanceRecord, Store
+from mig_batch.subjob import ENV_DEADLINE, ENV_MARGIN
 
 
 def _job_file(config: SiteConfig, job: str) -> Path:
@@ -60,6 +61,16 @@ def place_locally(backend: GpuBackend, node: str, request_text: str, policy: str
     return decision if isinstance(decision, Placement) else None
 
 
+def _subjob_exports(config: SiteConfig, store: Store, job: str) -> list[str]:
+    """A chain's subjob starts now: its deadline (the granted window from now) for the runner."""
+    sub = store.start_subjob(job)
+    if sub is None or sub.deadline is None:
+        return []
+    margin = min(config.atomize.checkpoint_margin_s, sub.window_s / 4)  # short windows still do work
+    return [f"export {ENV_DEADLINE}={sub.deadline:.3f}", f"export {ENV_MARGIN}={margin:.3f}",
+            f"export MIG_BATCH_SUBJOB={sub.run}"]  # fmt: skip
+
+
 def prolog(config: SiteConfig, env: Mapping[str, str]) -> None:
     job, node = env.get("SLURM_JOB_ID", ""), env.get("SLURMD_NODENAME", "")
     store = Store(config.state)
@@ -70,7 +81,8 @@ def prolog(config: SiteConfig, env: Mapping[str, str]) -> None:
         backend = open_backend(config, node)
         existing = store.instance(job)
         if existing is not None and existing.node == node and backend.find(existing.uuid) is not None:
-            _write_job_file(config, job, [f"export CUDA_VISIBLE_DEVICES={existing.uuid}"])
+            _write_job_file(config, job, [f"export CUDA_VISIBLE_DEVICES={existing.uuid}",
+                                          *_subjob_exports(config, store, job)])  # fmt: skip
             return  # the prolog ran before for this job (e.g. a requeue on the same node)
         gpu, profile, start = decision.gpu, decision.profile, decision.start
         try:
@@ -88,7 +100,8 @@ def prolog(config: SiteConfig, env: Mapping[str, str]) -> None:
                         placed=f"{local.gpu_index}/{local.profile}@{local.start}", reason=str(exc))  # fmt: skip
         store.record_instance(InstanceRecord(job, node, inst.gpu, inst.profile, inst.start, inst.gi_id, inst.uuid))
         where = f"{node}/{inst.gpu}/{inst.profile}@{inst.start}"
-        _write_job_file(config, job, [f"export CUDA_VISIBLE_DEVICES={inst.uuid}", f"export MIG_BATCH_INSTANCE={where}"])
+        _write_job_file(config, job, [f"export CUDA_VISIBLE_DEVICES={inst.uuid}", f"export MIG_BATCH_INSTANCE={where}",
+                                      *_subjob_exports(config, store, job)])  # fmt: skip
     except Exception as exc:  # never fail the prolog: that would drain the node
         store.event(job, "prolog-error", node=node, error=f"{type(exc).__name__}: {exc}")
         with contextlib.suppress(Exception):

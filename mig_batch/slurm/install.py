@@ -10,7 +10,7 @@ from mig_batch.mig.models import GpuModel
 ROOT = Path(__file__).resolve().parents[2]
 LUA_TEMPLATE = ROOT / "plugins" / "slurm" / "job_submit.lua.in"
 WRAPPERS = ROOT / "wrappers"
-SHIMS = ("mig-batch-prolog", "mig-batch-epilog", "mig-batch-taskprolog")
+SHIMS = ("mig-batch-prolog", "mig-batch-epilog", "mig-batch-taskprolog", "mig-batch-subjob")
 
 
 def profile_table(models: Iterable[GpuModel]) -> str:

@@ -1,0 +1,151 @@
+"""Subjob chains in the controller (SJA on Slurm): offer gaps, grant subjobs, continue or end chains.
+
+A chain is one Slurm job (``migsub --atomize``) that runs several times: each run is a subjob.
+  held chain job  -> gaps from the live view are offered; replies and the grant are recorded
+  grant           -> decision + subjob row (window), then pin (node, admin comment, time limit) and release
+  subjob ends 75  -> checkpointed, more to do: requeue-hold, the chain waits for the next grant
+  subjob ends 0   -> the chain is done
+  subjob ends 76  -> the node's prolog did not run for that start (slurmd caches requeued job ids):
+                     start it again, not counted as a failure
+  other endings   -> a failed subjob: requeue-hold (it resumes from the last checkpoint) until
+                     ``max_failures`` in a row; a cancelled job ends its chain
+The decisions themselves come from :mod:`mig_batch.atomize` (pure code, shared with the simulator).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+
+from mig_batch.atomize.gaps import GpuTimeline, Hold, cluster_gaps, earliest_fit, start_in_gap
+from mig_batch.atomize.profiles import MemoryProfile
+from mig_batch.atomize.protocol import Chain, negotiate
+from mig_batch.atomize.samples import read_profile
+from mig_batch.config import SiteConfig
+from mig_batch.controller.tags import JobTag
+from mig_batch.mig.models import get_model
+from mig_batch.placement.cluster import Cluster
+from mig_batch.slurm.commands import SlurmJob
+from mig_batch.state import ChainRecord, Decision, Store, SubjobRecord
+from mig_batch.subjob import EXIT_CONTINUE, EXIT_DONE, EXIT_NOT_PREPARED
+
+RUNNING = ("RUNNING", "COMPLETING")
+
+
+class ChainDriver:
+    def __init__(self, config: SiteConfig, store: Store, view: Cluster):
+        self.config, self.store, self.view = config, store, view
+        self._history: dict[str, tuple[int, MemoryProfile]] = {}  # job -> (subjobs seen, profile)
+        self._last_round: object = None
+
+    def register(self, job: SlurmJob, tag: JobTag, declared_mib: float) -> ChainRecord:
+        a = tag.atomize
+        assert a is not None
+        self.store.add_chain(ChainRecord(job.job_id, a.checkpoint_dir, declared_mib, a.min_s, a.max_s, a.deadline,
+                                         float(job.submit_time), "waiting", 0, 0, 0.0, None))  # fmt: skip
+        record = self.store.chain(job.job_id)
+        assert record is not None
+        return record
+
+    def history(self, record: ChainRecord) -> MemoryProfile:
+        seen = self._history.get(record.job)
+        if seen is None or seen[0] != record.subjobs:  # new samples only after a subjob ended
+            try:
+                profile = read_profile(record.checkpoint_dir)
+            except OSError:
+                profile = MemoryProfile(())
+            seen = self._history[record.job] = (record.subjobs, profile)
+        return seen[1]
+
+    def timelines(self, jobs: Mapping[str, SlurmJob], now: float,
+                  blocked: Mapping[str, str] | None) -> list[GpuTimeline]:  # fmt: skip
+        """Every GPU's holds: instances until their job's expected end, and a reservation for the
+        first queued job that fits nowhere now (``blocked``: model -> profile)."""
+        out = []
+        for gpu in self.view.gpus:
+            model = get_model(gpu.model)
+            holds = []
+            for job_id, (profile, start) in gpu.instances.items():
+                job = jobs.get(job_id)
+                until = float(job.end_time) if job and job.state in RUNNING and job.end_time > 0 else math.inf
+                holds.append(Hold(model.profile(profile).window(start), until=max(until, now)))
+            out.append(GpuTimeline(gpu.gid, gpu.host, gpu.index, gpu.model, tuple(holds)))
+        horizon = self.config.atomize.offer_horizon_s
+        if blocked:
+            where = earliest_fit(out, blocked, now, horizon)
+            if where is not None:
+                gpu, profile, start, at = where
+                out[gpu.gid] = GpuTimeline(gpu.gid, gpu.host, gpu.index, gpu.model,
+                                           (*gpu.holds, Hold(profile.window(start), since=at)))  # fmt: skip
+        return out
+
+    def offer(self, waiting: list[tuple[SlurmJob, JobTag, ChainRecord]], jobs: Mapping[str, SlurmJob],
+              blocked: Mapping[str, str] | None) -> list[tuple[Decision, SubjobRecord]]:  # fmt: skip
+        """One negotiation round over the gaps open now; the grants, recorded, for the caller to pin."""
+        cfg = self.config.atomize
+        now = time.time()
+        gaps = cluster_gaps(self.timelines(jobs, now, blocked), now, cfg.offer_horizon_s)
+        chains = [Chain(job.job_id, rec.declared_mib, self.history(rec), rec.min_s, rec.max_s, rec.submitted,
+                        last_mib=rec.last_mib, attained=rec.attained, deadline=rec.deadline)
+                  for job, _, rec in waiting]  # fmt: skip
+        round_ = negotiate([g for g in gaps if g.opens <= now], chains, now, cfg.eps, cfg.grant_policy, cfg.hysteresis)
+        answered = [(gap, replies, chosen) for gap, replies, chosen in round_.offers if replies]
+        digest = [(g.gid, g.window, [(r.job, r.interested, r.profile, r.reason) for r in rs]) for g, rs, _ in answered]
+        if not round_.grants() and digest == self._last_round:
+            return []  # the same offers and answers as last pass: nothing new to record
+        self._last_round = digest
+        ids = self.store.record_round([
+            ((g.host, g.gpu_index, g.model, g.profile, g.start, g.opens, g.closes),
+             [(r.job, int(r.interested), r.profile, r.duration, r.bound_mib, r.basis, r.reason) for r in replies])
+            for g, replies, _ in answered
+        ])  # fmt: skip
+        tags = {job.job_id: (tag, rec) for job, tag, rec in waiting}
+        grants = []
+        for offer_id, (gap, _, chosen) in zip(ids, answered, strict=True):
+            if chosen is None:
+                continue
+            gpu = self.view.gpus[gap.gid]
+            start = start_in_gap(gap, chosen.profile, gpu.mask)
+            if start is None:
+                continue
+            tag, rec = tags[chosen.job]
+            profile = get_model(gap.model).profile(chosen.profile)
+            self.view.allocate(gap.gid, chosen.job, profile.name, start)
+            d = Decision(chosen.job, tag.text(), gap.host, gap.gpu_index, gap.model, profile.name, start, "decided",
+                         f"sja-{cfg.grant_policy}")  # fmt: skip
+            sub = SubjobRecord(chosen.job, rec.subjobs, offer_id, profile.name, profile.memory_slices,
+                               float(profile.memory_mib), chosen.duration, now, *(None,) * 5)  # fmt: skip
+            self.store.grant_subjob(d, sub)  # recorded before Slurm hears of it
+            grants.append((d, sub))
+        return grants
+
+    def time_limit_min(self, window_s: float) -> int:
+        """Slurm's limit (whole minutes) for a subjob: the window plus the grace, rounded up; the
+        runner enforces the window itself to the second."""
+        return max(1, math.ceil((window_s + self.config.atomize.grace_s + 30) / 60))
+
+    def ended(self, d: Decision, job: SlurmJob | None) -> bool:
+        """A chain's subjob ended: record it; True when the chain goes on (the caller requeues)."""
+        record = self.store.chain(d.job)
+        if record is None:
+            return False
+        if job is None:
+            self.store.end_subjob(d.job, None, "lost", "failed")  # purged from Slurm before we saw it end
+            return False
+        status = job.exit_status
+        if job.state == "CANCELLED":
+            self.store.end_subjob(d.job, status, "cancelled", "cancelled")
+            return False
+        if status == EXIT_DONE and job.state == "COMPLETED":
+            self.store.end_subjob(d.job, status, "done", "done")
+            return False
+        if status == EXIT_CONTINUE:
+            self.store.end_subjob(d.job, status, "continue", "waiting")
+            return True
+        if status == EXIT_NOT_PREPARED:  # not the job's fault: start it again, no failure counted
+            self.store.end_subjob(d.job, status, "not-started", "waiting")
+            return True
+        gives_up = record.failures + 1 >= self.config.atomize.max_failures
+        self.store.end_subjob(d.job, status, "failed", "failed" if gives_up else "waiting")
+        return not gives_up
