@@ -33,6 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--config", help="site config")
     s.add_argument("--json", action="store_true")
     s.set_defaults(handler=cmd_status)
+    o = sub.add_parser("offers", help="subjob chains (SJA): recent gap offers, every chain's reply, the grants")
+    o.add_argument("--config", help="site config")
+    o.add_argument("--last", type=int, default=20, help="how many offers (newest first)")
+    o.add_argument("--json", action="store_true")
+    o.set_defaults(handler=cmd_offers)
 
 
 def _models(config: SiteConfig | None, every: bool):
@@ -88,6 +93,43 @@ def cmd_status(args: argparse.Namespace) -> int:
             gpus.append({"node": node, "gpu": index, "model": model.name, "slices": model.memory_slices, "jobs": jobs})
     emit(gpus, args.json, _render_status)
     return 0
+
+
+def cmd_offers(args: argparse.Namespace) -> int:
+    if args.last <= 0:
+        raise ValueError(f"--last must be a positive number of offers (got {args.last})")
+    config = load_config(args.config)
+    store = Store(config.state)
+    try:
+        data = {"chains": [vars(c) for c in store.chains()], "offers": store.offers(args.last)}
+    finally:
+        store.close()
+    emit(data, args.json, _render_offers)
+    return 0
+
+
+def _render_offers(data: dict) -> None:
+    chains = Table(title="subjob chains")
+    for column in ("job", "state", "subjobs", "failures", "service (slice-s)", "last size (MiB)", "checkpoints"):
+        chains.add_column(column)
+    for c in data["chains"]:
+        chains.add_row(c["job"], c["state"], str(c["subjobs"]), str(c["failures"]), f"{c['attained']:.0f}",
+                       f"{c['last_mib']:.0f}" if c["last_mib"] else "-", c["checkpoint_dir"])  # fmt: skip
+    console.print(chains)
+    offers = Table(title="offers (newest first)")
+    for column in ("id", "gap", "window (s)", "replies", "granted"):
+        offers.add_column(column)
+    for o in data["offers"]:
+        replies = "; ".join(_reply_text(r) for r in o["replies"]) or "-"
+        offers.add_row(str(o["id"]), f"{o['node']}/{o['gpu']} {o['profile']}@{o['start']}",
+                       f"{o['closes'] - o['opens']:.0f}", replies, o["granted"] or "-")  # fmt: skip
+    console.print(offers)
+
+
+def _reply_text(r: dict) -> str:
+    if r["interested"]:
+        return f"{r['job']}: {r['profile']} for {r['duration']:.0f} s ({r['basis']} {r['bound_mib']:.0f} MiB)"
+    return f"{r['job']}: declines ({r['reason']})"
 
 
 def _render_status(gpus: list[dict]) -> None:
