@@ -58,8 +58,10 @@ def memory_bound(chain: Chain, duration: float, eps: float) -> tuple[float, str]
 
 
 def answer(chain: Chain, gap: Gap, eps: float, hysteresis: float = 0.25) -> Reply:
-    duration = min(gap.length, chain.max_subjob_s, chain.remaining_s if chain.remaining_s is not None else math.inf)
-    if duration < chain.min_subjob_s:
+    offered = min(gap.length, chain.max_subjob_s)
+    needed = chain.remaining_s if chain.remaining_s is not None else math.inf
+    duration = min(offered, needed)
+    if offered < chain.min_subjob_s and offered < needed:  # a short last piece is fine, a short gap is not
         return Reply(chain.job, False, f"the gap's {duration:.0f} s is shorter than the job's minimum subjob "
                                        f"({chain.min_subjob_s:.0f} s)")  # fmt: skip
     bound, basis = memory_bound(chain, duration, eps)

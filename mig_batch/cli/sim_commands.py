@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -63,6 +64,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="worker processes")
     p.add_argument("--json", action="store_true", help="print all numbers as JSON instead of tables")
     p.set_defaults(handler=cmd_simulate_placement)
+    a = kinds.add_parser("atomize", help="subjob chains (SJA) against FIFO+backfill and moldable placement")
+    a.add_argument("--gpus", type=int, default=8, help="A100-80GB GPUs in the cluster (default 8)")
+    a.add_argument("--hours", type=float, default=24.0, help="hours of arrivals (default 24)")
+    a.add_argument("--seeds", type=int, default=3, help="workloads (seeds 1..N, default 3)")
+    a.add_argument("--grant-policy", default="efficiency", help="SJA grant policy: efficiency, fairness, deadline")
+    a.add_argument("--eps", type=float, default=0.05, help="admission risk (default 0.05)")
+    a.add_argument("--out", type=Path, default=Path("out/atomize"), help="folder for atomize.json and the plot")
+    a.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    a.set_defaults(handler=cmd_simulate_atomize)
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -238,3 +248,43 @@ def render_trace(result: dict) -> None:
                 style="bold green" if s["accepted"] == best else "",
             )
         console.print(table)
+
+
+ATOMIZE_COLUMNS = (
+    ("mean_wait_h", "mean wait (h)"), ("p95_wait_h", "p95 wait (h)"), ("training_mean_jct_h", "training JCT (h)"),
+    ("memory_util", "GPU memory used"), ("allocated_util", "GPU memory allocated"), ("rejected", "rejected"),
+    ("unfinished", "unfinished"), ("interruptions", "interruptions"), ("wasted_h", "wasted work (h)"),
+    ("overhead_h", "checkpoint overhead (h)"), ("subjobs", "subjobs"), ("makespan_h", "makespan (h)"),
+)  # fmt: skip
+
+
+def cmd_simulate_atomize(args: argparse.Namespace) -> int:
+    from mig_batch.atomize.protocol import GRANT_POLICIES
+    from mig_batch.sim.atomize import AtomizeSetup, run_atomize
+    from mig_batch.sim.plots import plot_atomize
+
+    if args.grant_policy not in GRANT_POLICIES:
+        raise ValueError(f"--grant-policy {args.grant_policy!r} is not one of {', '.join(GRANT_POLICIES)}")
+    if args.gpus <= 0 or args.hours <= 0 or args.seeds <= 0:
+        raise ValueError("--gpus, --hours and --seeds must be positive")
+    setup = AtomizeSetup(gpus=args.gpus, hours=args.hours, grant_policy=args.grant_policy, eps=args.eps)
+    with console.status("simulating FIFO+backfill, moldable and SJA ..."):
+        result = run_atomize(setup, list(range(1, args.seeds + 1)))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "atomize.json").write_text(json.dumps(result, indent=2))
+    plot = plot_atomize(result, args.out / "atomize.png")
+    if args.json:
+        json.dump(result["mean"], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    table = Table(title=f"SJA vs baselines: {setup.gpus} x {setup.model}, {setup.hours:g} h of arrivals, "
+                        f"{args.seeds} seeds (means), grant policy {setup.grant_policy}")  # fmt: skip
+    table.add_column("metric")
+    for scheduler in result["mean"]:
+        table.add_column(scheduler, justify="right")
+    for key, label in ATOMIZE_COLUMNS:
+        table.add_row(label, *(f"{m[key]:.3f}" if isinstance(m[key], float) and m[key] % 1 else f"{m[key]:g}"
+                               for m in result["mean"].values()))  # fmt: skip
+    console.print(table)
+    console.print(f"numbers: {args.out / 'atomize.json'}; plot: {plot}", highlight=False)
+    return 0

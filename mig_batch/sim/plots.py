@@ -87,3 +87,20 @@ def plot_trace(result: dict[str, Any], gpus: str, path: Path) -> Path:
     axes[0].legend(fontsize=8)
     fig.suptitle(f"Alibaba 2023 trace, {gpus} x {result['setup']['model']}", fontsize=11)
     return _save(fig, path)
+
+
+def plot_atomize(result: dict[str, Any], path: Path) -> Path:
+    """Bars per scheduler for the SJA comparison (means over seeds)."""
+    panels = (("mean_wait_h", "mean wait (h)"), ("p95_wait_h", "p95 wait (h)"),
+              ("training_mean_jct_h", "training job completion (h)"), ("memory_util", "GPU memory in use"),
+              ("wasted_h", "wasted work (h)"))  # fmt: skip
+    mean = result["mean"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.2))
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        ax.bar(list(mean), [m[key] for m in mean.values()], color=["#999999", "#6699cc", "#cc6633"][: len(mean)])
+        ax.set_title(label, fontsize=9)
+        ax.tick_params(axis="x", labelsize=8, rotation=20)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
