@@ -164,7 +164,7 @@ def test_gaps_are_free_maximal_and_placeable(raw):
     gaps = gpu_gaps(gpu, 0.0, 1000.0)
     for g in gaps:
         assert 0 <= g.opens < g.closes <= 1000.0
-        probe = np.linspace(g.opens, g.closes, 50, endpoint=False)
+        probe = [t for t in np.linspace(g.opens, g.closes, 50, endpoint=False) if t < g.closes]  # no rounding up
         for t in probe:  # free for the whole interval
             assert not any(h.window & g.window and h.since <= t < h.until for h in hs)
         assert model.profile(g.profile).window(g.start) == g.window

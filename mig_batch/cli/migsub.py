@@ -33,6 +33,7 @@ from mig_batch.request import (
     parse_moldable,
     translate_any,
 )
+from mig_batch.subjob import SLURM_SIGNAL_MARGIN_S
 
 
 class DirectiveError(ValueError):
@@ -60,7 +61,6 @@ def _option_parser() -> argparse.ArgumentParser:
 DIRECTIVE_OPTIONS = ("mig", "gpu_mem", "gpu_compute", "gpu", "moldable", "checkpoint_dir", "subjob_min", "subjob_max",
                      "deadline", "emulate_memory")  # fmt: skip
 ATOMIZE_OPTIONS = DIRECTIVE_OPTIONS[5:]
-SLURM_SIGNAL_MARGIN_S = 60  # Slurm's own USR1 before its time limit: a backstop for the runner's
 
 
 @dataclass
@@ -208,6 +208,7 @@ def chain_script(spec: JobSpec, chain: Chain, sbatch_lines: list[str]) -> str:
     command = [*runner, "--", *script_command(spec.script.resolve()), *spec.script_args]
     return "\n".join(["#!/bin/bash", *sbatch_lines, "#SBATCH --requeue", "#SBATCH --open-mode=append",
                       f"export MIG_BATCH_CHECKPOINT_DIR={shlex.quote(str(chain.checkpoint_dir))}",
+                      "trap '' USR1  # until the runner forwards it",
                       "exec " + shlex.join(command), ""])  # fmt: skip
 
 

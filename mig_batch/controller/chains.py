@@ -28,7 +28,7 @@ from mig_batch.mig.models import get_model
 from mig_batch.placement.cluster import Cluster
 from mig_batch.slurm.commands import SlurmJob
 from mig_batch.state import ChainRecord, Decision, Store, SubjobRecord
-from mig_batch.subjob import EXIT_CONTINUE, EXIT_DONE, EXIT_NOT_PREPARED
+from mig_batch.subjob import EXIT_CONTINUE, EXIT_DONE, EXIT_NOT_PREPARED, SLURM_SIGNAL_MARGIN_S
 
 RUNNING = ("RUNNING", "COMPLETING")
 
@@ -121,9 +121,10 @@ class ChainDriver:
         return grants
 
     def time_limit_min(self, window_s: float) -> int:
-        """Slurm's limit (whole minutes) for a subjob: the window plus the grace, rounded up; the
-        runner enforces the window itself to the second."""
-        return max(1, math.ceil((window_s + self.config.atomize.grace_s + 30) / 60))
+        """Slurm's limit (whole minutes) for a subjob: the runner enforces the window to the second and
+        stops the job at window + grace; Slurm's USR1 (``SLURM_SIGNAL_MARGIN_S`` before its limit) and
+        the limit itself come later still, as backstops."""
+        return math.ceil((window_s + self.config.atomize.grace_s + SLURM_SIGNAL_MARGIN_S + 30) / 60)
 
     def ended(self, d: Decision, job: SlurmJob | None) -> bool:
         """A chain's subjob ended: record it; True when the chain goes on (the caller requeues)."""

@@ -34,6 +34,7 @@ EXIT_NOT_PREPARED = 76  # the runner found no instance/deadline: the node's prol
 ENV_CHECKPOINT_DIR = "MIG_BATCH_CHECKPOINT_DIR"
 ENV_DEADLINE = "MIG_BATCH_DEADLINE"  # epoch seconds at which the subjob's window closes
 ENV_MARGIN = "MIG_BATCH_CHECKPOINT_MARGIN"  # seconds before the deadline to checkpoint
+SLURM_SIGNAL_MARGIN_S = 60  # migsub's --signal=B:USR1@60: Slurm's own warning, a backstop after the runner's
 KEEP = 2  # checkpoints kept: the newest and the one before it
 _NAME = re.compile(r"^ckpt-(\d+)$")
 
