@@ -212,16 +212,20 @@ class Store:
         self.db.execute("COMMIT")
 
     # decisions
+    @staticmethod
+    def _upsert_decision(db: sqlite3.Connection, d: Decision, now: float) -> None:
+        db.execute(
+            "INSERT INTO decisions VALUES (?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(job) DO UPDATE SET "
+            "request=excluded.request, node=excluded.node, gpu=excluded.gpu, model=excluded.model, "
+            "profile=excluded.profile, start=excluded.start, state=excluded.state, policy=excluded.policy, "
+            "updated_at=excluded.updated_at",
+            (d.job, d.request, d.node, d.gpu, d.model, d.profile, d.start, d.state, d.policy, now, now),
+        )
+
     def record_decision(self, d: Decision) -> None:
         now = time.time()
         with self._tx() as db:
-            db.execute(
-                "INSERT INTO decisions VALUES (?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(job) DO UPDATE SET "
-                "request=excluded.request, node=excluded.node, gpu=excluded.gpu, model=excluded.model, "
-                "profile=excluded.profile, start=excluded.start, state=excluded.state, policy=excluded.policy, "
-                "updated_at=excluded.updated_at",
-                (d.job, d.request, d.node, d.gpu, d.model, d.profile, d.start, d.state, d.policy, now, now),
-            )
+            self._upsert_decision(db, d, now)
             self._event(db, d.job, "decided", {"node": d.node, "gpu": d.gpu, "profile": d.profile, "start": d.start})
 
     def set_state(self, job: str, state: str, **detail: Any) -> None:
@@ -299,13 +303,7 @@ class Store:
         """Record a grant: the decision and the subjob row in one transaction (before Slurm hears of it)."""
         now = time.time()
         with self._tx() as db:
-            db.execute(
-                "INSERT INTO decisions VALUES (?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(job) DO UPDATE SET "
-                "request=excluded.request, node=excluded.node, gpu=excluded.gpu, model=excluded.model, "
-                "profile=excluded.profile, start=excluded.start, state=excluded.state, policy=excluded.policy, "
-                "updated_at=excluded.updated_at",
-                (d.job, d.request, d.node, d.gpu, d.model, d.profile, d.start, d.state, d.policy, now, now),
-            )
+            self._upsert_decision(db, d, now)
             db.execute("INSERT OR REPLACE INTO subjobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                        (sub.job, sub.run, sub.offer, sub.profile, sub.memory_slices, sub.memory_mib, sub.window_s,
                         now, None, None, None, None, None))  # fmt: skip
