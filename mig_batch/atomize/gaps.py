@@ -14,12 +14,13 @@ Times are absolute seconds on the caller's clock; ``math.inf`` means "not known 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from mig_batch.mig.models import Profile, get_model
 from mig_batch.mig.scores import FragVariant
 from mig_batch.mig.tables import tables_for
+from mig_batch.placement.cluster import Cluster
 
 
 @dataclass(frozen=True)
@@ -129,3 +130,29 @@ def start_in_gap(gap: Gap, profile_name: str, mask: int) -> int | None:
     after = dict(tables.frag_after[FragVariant.PRINTED][tables.index(profile_name)][mask])
     starts = [s for s in fits_in(get_model(gap.model).profile(profile_name), gap.window) if s in after]
     return min(starts, key=lambda s: (after[s], s)) if starts else None
+
+
+def cluster_timelines(cluster: Cluster, until: Callable[[str], float]) -> list[GpuTimeline]:
+    """The placement view as timelines: each instance holds its slices until ``until(job)``."""
+    out = []
+    for gpu in cluster.gpus:
+        model = get_model(gpu.model)
+        holds = tuple(Hold(model.profile(p).window(s), until=until(job)) for job, (p, s) in gpu.instances.items())
+        out.append(GpuTimeline(gpu.gid, gpu.host, gpu.index, gpu.model, holds))
+    return out
+
+
+def reservation(timelines: Sequence[GpuTimeline], profiles: Mapping[str, str], now: float,
+                horizon: float) -> tuple[int, Hold] | None:  # fmt: skip
+    """EASY backfill's reservation for a job that fits nowhere now: (GPU id, the slices it will hold
+    from its earliest start on)."""
+    where = earliest_fit(timelines, profiles, now, horizon)
+    if where is None:
+        return None
+    gpu, profile, start, at = where
+    return gpu.gid, Hold(profile.window(start), since=at)
+
+
+def with_hold(timelines: Sequence[GpuTimeline], gid: int, hold: Hold) -> list[GpuTimeline]:
+    return [GpuTimeline(t.gid, t.host, t.index, t.model, (*t.holds, hold)) if t.gid == gid else t
+            for t in timelines]  # fmt: skip

@@ -18,7 +18,14 @@ import math
 import time
 from collections.abc import Mapping
 
-from mig_batch.atomize.gaps import GpuTimeline, Hold, cluster_gaps, earliest_fit, start_in_gap
+from mig_batch.atomize.gaps import (
+    GpuTimeline,
+    cluster_gaps,
+    cluster_timelines,
+    reservation,
+    start_in_gap,
+    with_hold,
+)
 from mig_batch.atomize.profiles import MemoryProfile
 from mig_batch.atomize.protocol import Chain, negotiate
 from mig_batch.atomize.samples import read_profile
@@ -62,23 +69,14 @@ class ChainDriver:
                   blocked: Mapping[str, str] | None) -> list[GpuTimeline]:  # fmt: skip
         """Every GPU's holds: instances until their job's expected end, and a reservation for the
         first queued job that fits nowhere now (``blocked``: model -> profile)."""
-        out = []
-        for gpu in self.view.gpus:
-            model = get_model(gpu.model)
-            holds = []
-            for job_id, (profile, start) in gpu.instances.items():
-                job = jobs.get(job_id)
-                until = float(job.end_time) if job and job.state in RUNNING and job.end_time > 0 else math.inf
-                holds.append(Hold(model.profile(profile).window(start), until=max(until, now)))
-            out.append(GpuTimeline(gpu.gid, gpu.host, gpu.index, gpu.model, tuple(holds)))
-        horizon = self.config.atomize.offer_horizon_s
-        if blocked:
-            where = earliest_fit(out, blocked, now, horizon)
-            if where is not None:
-                gpu, profile, start, at = where
-                out[gpu.gid] = GpuTimeline(gpu.gid, gpu.host, gpu.index, gpu.model,
-                                           (*gpu.holds, Hold(profile.window(start), since=at)))  # fmt: skip
-        return out
+
+        def until(job_id: str) -> float:
+            job = jobs.get(job_id)
+            return max(float(job.end_time), now) if job and job.state in RUNNING and job.end_time > 0 else math.inf
+
+        out = cluster_timelines(self.view, until)
+        reserved = reservation(out, blocked, now, self.config.atomize.offer_horizon_s) if blocked else None
+        return with_hold(out, *reserved) if reserved else out
 
     def offer(self, waiting: list[tuple[SlurmJob, JobTag, ChainRecord]], jobs: Mapping[str, SlurmJob],
               blocked: Mapping[str, str] | None) -> list[tuple[Decision, SubjobRecord]]:  # fmt: skip

@@ -119,27 +119,26 @@ class EmulatedNode(GpuBackend):
             return int(raw["memory_used"])
 
     # emulation controls (no NVML counterpart)
+    def _by_uuid(self, state: dict[str, Any], uuid: str) -> dict[str, Any]:
+        for g in state["gpus"]:
+            for raw in g["instances"]:
+                if raw["uuid"] == uuid:
+                    return raw
+        raise NotFound(f"no instance {uuid} on {self.node}")
+
     def attach(self, uuid: str, pid: int, memory_used: int = 0) -> None:
         with self._state() as state:
-            for g in state["gpus"]:
-                for raw in g["instances"]:
-                    if raw["uuid"] == uuid:
-                        raw["pids"].append(pid)
-                        raw["memory_used"] = memory_used
-                        return
-        raise NotFound(f"no instance {uuid} on {self.node}")
+            raw = self._by_uuid(state, uuid)
+            raw["pids"].append(pid)
+            raw["memory_used"] = memory_used
 
     def replay(self, uuid: str, points: Sequence[tuple[float, float]]) -> None:
         """From now on, the instance's memory in use follows ``points`` ((seconds, MiB), held between)."""
         if not points:
             raise ValueError("a memory replay needs at least one (seconds, MiB) point")
         with self._state() as state:
-            for g in state["gpus"]:
-                for raw in g["instances"]:
-                    if raw["uuid"] == uuid:
-                        raw["replay"] = {"t0": time.time(), "points": sorted([float(t), float(m)] for t, m in points)}
-                        return
-        raise NotFound(f"no instance {uuid} on {self.node}")
+            timeline = sorted([float(t), float(m)] for t, m in points)
+            self._by_uuid(state, uuid)["replay"] = {"t0": time.time(), "points": timeline}
 
 
 def _instance(gpu: int, raw: dict[str, Any]) -> MigInstance:

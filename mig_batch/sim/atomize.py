@@ -30,7 +30,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mig_batch.atomize.gaps import GpuTimeline, Hold, cluster_gaps, earliest_fit, start_in_gap
+from mig_batch.atomize.gaps import (
+    GpuTimeline,
+    Hold,
+    cluster_gaps,
+    cluster_timelines,
+    reservation,
+    start_in_gap,
+    with_hold,
+)
 from mig_batch.atomize.profiles import MemoryProfile, Trajectory, min_history
 from mig_batch.atomize.protocol import Chain, negotiate
 from mig_batch.mig.models import get_model
@@ -242,14 +250,9 @@ class Simulation:
             self.chains[job.name] = job
 
     # FIFO with EASY backfill over time limits, MFI placement
-    def _timelines(self, reserve: tuple[int, int, float] | None = None) -> list[GpuTimeline]:
-        out = []
-        for gpu in self.cluster.gpus:
-            holds = [Hold(self.model.profile(p).window(s), until=self.ends[j]) for j, (p, s) in gpu.instances.items()]
-            if reserve is not None and reserve[0] == gpu.gid:
-                holds.append(Hold(reserve[1], since=reserve[2]))
-            out.append(GpuTimeline(gpu.gid, gpu.host, gpu.index, gpu.model, tuple(holds)))
-        return out
+    def _timelines(self, reserve: tuple[int, Hold] | None = None) -> list[GpuTimeline]:
+        out = cluster_timelines(self.cluster, self.ends.__getitem__)
+        return with_hold(out, *reserve) if reserve else out
 
     def _options(self, job: Job) -> list[tuple[str, float]]:
         if job.kind == "training" and self.scheduler == "moldable":
@@ -259,7 +262,7 @@ class Simulation:
         return [(job.profile, job.work_s)]
 
     def _schedule(self) -> None:
-        reserve: tuple[int, int, float] | None = None
+        reserve: tuple[int, Hold] | None = None
         for job in list(self.queue):
             placed = False
             for profile, run_s in self._options(job):
@@ -268,7 +271,8 @@ class Simulation:
                     continue
                 limit = run_s * (job.limit_s / job.work_s)
                 window = self.model.profile(profile).window(decision.start)
-                if reserve and reserve[0] == decision.gid and window & reserve[1] and self.now + limit > reserve[2]:
+                if reserve and reserve[0] == decision.gid and window & reserve[1].window and \
+                        self.now + limit > reserve[1].since:
                     continue  # would delay the reserved head job
                 used = self._true_use(job, profile)
                 self._start(job, job.name, decision.gid, profile, decision.start, run_s, limit, used, None)
@@ -277,10 +281,8 @@ class Simulation:
                 break
             if not placed and reserve is None:
                 profile = self._options(job)[-1][0] if job.kind == "training" else job.profile
-                where = earliest_fit(self._timelines(), {self.model.name: profile}, self.now, 10 * self.setup.horizon_s)
-                if where is not None:
-                    gpu, p, start, at = where
-                    reserve = (gpu.gid, p.window(start), at)
+                needs = {self.model.name: profile}
+                reserve = reservation(self._timelines(), needs, self.now, 10 * self.setup.horizon_s)
         if self.scheduler == "sja":
             self._offer(reserve)
 
@@ -289,7 +291,7 @@ class Simulation:
             return float(self.model.profile(profile).memory_mib)
         return self.apps[job.app].base_mib
 
-    def _offer(self, reserve: tuple[int, int, float] | None) -> None:
+    def _offer(self, reserve: tuple[int, Hold] | None) -> None:
         s = self.setup
         for _ in range(4 * s.gpus):
             if not self.chains:
