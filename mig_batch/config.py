@@ -35,6 +35,14 @@ class AtomizeConfig:
 
 
 @dataclass(frozen=True)
+class MoldableConfig:
+    """Moldable jobs (migsub --moldable): how the size is chosen (mig_batch.placement.moldable)."""
+
+    min_gain: float = 0.1  # wait, or take a larger profile, only to finish at least this share sooner
+    max_reservations: int = 16  # waiting moldable jobs per pass that look ahead and hold a reservation
+
+
+@dataclass(frozen=True)
 class SiteConfig:
     state: Path = Path("/var/lib/mig-batch/state.db")
     policy: str = "mfi"
@@ -45,6 +53,7 @@ class SiteConfig:
     nodes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     slurm_bin: str = ""
     atomize: AtomizeConfig = field(default_factory=AtomizeConfig)
+    moldable: MoldableConfig = field(default_factory=MoldableConfig)
     path: str = "<defaults>"
 
 
@@ -96,29 +105,44 @@ def load_config(explicit: str | os.PathLike | None = None) -> SiteConfig:
         nodes=nodes,
         slurm_bin=str(raw.get("slurm_bin") or ""),
         atomize=_atomize(raw.get("atomize") or {}, path),
+        moldable=_moldable(raw.get("moldable") or {}, path),
         path=str(path),
     )
+
+
+def _section(raw: Any, path: Path, name: str, cls: type) -> Any:
+    """A settings section as ``cls``: known keys only, each converted to its default's type."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: {name} must be a mapping of settings")
+    known = set(cls.__dataclass_fields__)
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"{path}: unknown {name} setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    values: dict[str, Any] = {}
+    for key, f in cls.__dataclass_fields__.items():
+        if key not in raw:
+            continue
+        kind = type(f.default)
+        try:
+            values[key] = kind(raw[key])
+        except (TypeError, ValueError):
+            raise ConfigError(f"{path}: {name}.{key} must be a {kind.__name__} (got {raw[key]!r})") from None
+    return cls(**values)
+
+
+def _moldable(raw: Any, path: Path) -> MoldableConfig:
+    config = _section(raw, path, "moldable", MoldableConfig)
+    if not 0 <= config.min_gain < 1:
+        raise ConfigError(f"{path}: moldable.min_gain must lie in [0, 1) (got {config.min_gain})")
+    if config.max_reservations < 0:
+        raise ConfigError(f"{path}: moldable.max_reservations must be 0 or more (got {config.max_reservations})")
+    return config
 
 
 def _atomize(raw: Any, path: Path) -> AtomizeConfig:
     from mig_batch.atomize.protocol import GRANT_POLICIES
 
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: atomize must be a mapping of settings")
-    known = set(AtomizeConfig.__dataclass_fields__)
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ConfigError(f"{path}: unknown atomize setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    values: dict[str, Any] = {}
-    for name, f in AtomizeConfig.__dataclass_fields__.items():
-        if name not in raw:
-            continue
-        kind = type(f.default)
-        try:
-            values[name] = kind(raw[name])
-        except (TypeError, ValueError):
-            raise ConfigError(f"{path}: atomize.{name} must be a {kind.__name__} (got {raw[name]!r})") from None
-    config = AtomizeConfig(**values)
+    config = _section(raw, path, "atomize", AtomizeConfig)
     if config.grant_policy not in GRANT_POLICIES:
         raise ConfigError(f"{path}: atomize.grant_policy {config.grant_policy!r} is not one of "
                           f"{', '.join(GRANT_POLICIES)}")  # fmt: skip

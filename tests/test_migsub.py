@@ -37,6 +37,12 @@ def test_moldable(tmp_path, capsys):
     job = script(tmp_path, "#MIG --moldable 1g=300,3g=110 --gpu-mem 8G\n")
     out = dry_run(capsys, "--gpu", "A100-40GB", str(job))
     assert out["profiles"]["A100-40GB"] == {"1g.10gb": 300.0, "3g.20gb": 110.0}
+    assert "--gres=mig:8192M" in out["sbatch"]  # the memory floor
+    assert "--comment=mig-batch:moldable=1g:300,3g:110" in out["sbatch"]  # seconds, as job_submit.lua reads them
+    job = script(tmp_path, "#MIG --moldable 3g.40gb=2m,2g=5m,7g=1m30s\n")
+    out = dry_run(capsys, str(job))
+    assert "--gres=mig:2g" in out["sbatch"]  # no memory floor: its smallest size
+    assert "--comment=mig-batch:moldable=3g.40gb:120,2g:300,7g:90" in out["sbatch"]
 
 
 def test_errors_name_directive_and_line(tmp_path, capsys):

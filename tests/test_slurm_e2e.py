@@ -174,6 +174,33 @@ def test_mfi_places_what_first_fit_leaves_pending(bed):
     assert_no_overlap_and_no_leak(bed)
 
 
+def test_moldable_jobs_get_the_size_that_finishes_first(bed):
+    # alone on the A100-40GB: 3g is within 10% of 7g's time, so the smaller size starts now
+    now = submit(bed, job_script(bed, "mold-now", "#MIG --moldable 1g=600,3g=20,7g=19 --gpu A100-40GB", seconds=1))
+    wait_done(bed, [now])
+    # a rigid 1g runs 4 s (limit 1 min): 7g after it finishes far sooner than 1g now, so the job waits
+    rigid = submit(bed, job_script(bed, "mold-rigid", "#SBATCH --time=1\n#MIG --mig 1g.5gb --gpu A100-40GB", seconds=4))
+    time.sleep(1.5)
+    later = submit(bed, job_script(bed, "mold-later", "#MIG --moldable 1g=600,7g=30 --gpu A100-40GB", seconds=1))
+    time.sleep(1.5)
+    waited = bed.cluster.run("squeue", "-h", "-j", later, "-o", "%T").stdout.strip()
+    wait_done(bed, [rigid, later])
+    store = Store(bed.root / "state.db")
+    assert (store.decision(now).profile, store.decision(now).policy) == ("3g.20gb", "moldable-mfi")
+    assert waited == "PENDING" and store.decision(later).profile == "7g.40gb"
+    cvd, begin, _ = job_runs(bed, [later])[later]
+    assert cvd.startswith("MIG-") and begin >= job_runs(bed, [rigid])[rigid][2]  # after the rigid job
+    # malformed sizes are refused at submission, naming the entry
+    proc = bed.cluster.run("sbatch", "--gres=mig:1g", "--comment=mig-batch:moldable=1g:abc", "--wrap", "true",
+                           check=False)  # fmt: skip
+    assert proc.returncode != 0 and "cannot read '1g:abc'" in proc.stderr
+    proc = bed.cluster.run("sbatch", "--gres=mig:1g", "--comment=mig-batch:moldable=1g:60,9g.90gb:5", "--wrap",
+                           "true", check=False)  # fmt: skip
+    assert proc.returncode != 0 and "no GPU of this site has MIG profile 9g.90gb" in proc.stderr
+    assert_no_overlap_and_no_leak(bed)
+    never_drained(bed)
+
+
 def test_controller_sigkill_and_slurmd_restart_lose_nothing(bed):
     script = job_script(bed, "burst", "", seconds=1.5)
     jobs = [bed.cluster.run("sbatch", "--parsable", "--gres=mig:18G", str(script)).stdout.strip() for _ in range(40)]

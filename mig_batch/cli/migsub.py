@@ -137,7 +137,15 @@ def gres_of(options: dict[str, str]) -> str:
         return f"mig:{options['mig'].lower()}"
     if "gpu_mem" in options:
         return f"mig:{parse_memory(options['gpu_mem'])}M"
-    return f"mig:{parse_compute(options['gpu_compute']).slices}g" if "gpu_compute" in options else "mig:any"
+    if "gpu_compute" in options:
+        return f"mig:{parse_compute(options['gpu_compute']).slices}g"
+    sizes = parse_moldable(options["moldable"]).times  # moldable, no memory floor: its smallest size
+    return f"mig:{min(sizes, key=lambda size: (int(size.split('g')[0]), size))}"
+
+
+def moldable_field(text: str) -> str:
+    """The moldable sizes as job_submit.lua reads them: ``size:seconds`` pairs, comma-separated."""
+    return ",".join(f"{size}:{seconds:g}" for size, seconds in parse_moldable(text).times.items())
 
 
 def site_models() -> list:
@@ -218,7 +226,7 @@ def sbatch_command(spec: JobSpec, chain: Chain | None = None) -> list[str]:
     if "gpu_compute" in spec.options:
         comment.append(f"compute={spec.options['gpu_compute']}")
     if "moldable" in spec.options:
-        comment.append(f"moldable={spec.options['moldable']}")
+        comment.append(f"moldable={moldable_field(spec.options['moldable'])}")
     if chain is not None:
         comment += ["atomize=1", f"ckpt={chain.checkpoint_dir}", f"smin={chain.min_s:g}", f"smax={chain.max_s:g}"]
         if chain.deadline is not None:

@@ -15,17 +15,8 @@ The decisions themselves come from :mod:`mig_batch.atomize` (pure code, shared w
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Mapping
 
-from mig_batch.atomize.gaps import (
-    GpuTimeline,
-    cluster_gaps,
-    cluster_timelines,
-    reservation,
-    start_in_gap,
-    with_hold,
-)
+from mig_batch.atomize.gaps import GpuTimeline, cluster_gaps, start_in_gap
 from mig_batch.atomize.profiles import MemoryProfile
 from mig_batch.atomize.protocol import Chain, negotiate
 from mig_batch.atomize.samples import read_profile
@@ -36,8 +27,6 @@ from mig_batch.placement.cluster import Cluster
 from mig_batch.slurm.commands import SlurmJob
 from mig_batch.state import ChainRecord, Decision, Store, SubjobRecord
 from mig_batch.subjob import EXIT_CONTINUE, EXIT_DONE, EXIT_NOT_PREPARED, SLURM_SIGNAL_MARGIN_S
-
-RUNNING = ("RUNNING", "COMPLETING")
 
 
 class ChainDriver:
@@ -65,25 +54,12 @@ class ChainDriver:
             seen = self._history[record.job] = (record.subjobs, profile)
         return seen[1]
 
-    def timelines(self, jobs: Mapping[str, SlurmJob], now: float,
-                  blocked: Mapping[str, str] | None) -> list[GpuTimeline]:  # fmt: skip
-        """Every GPU's holds: instances until their job's expected end, and a reservation for the
-        first queued job that fits nowhere now (``blocked``: model -> profile)."""
-
-        def until(job_id: str) -> float:
-            job = jobs.get(job_id)
-            return max(float(job.end_time), now) if job and job.state in RUNNING and job.end_time > 0 else math.inf
-
-        out = cluster_timelines(self.view, until)
-        reserved = reservation(out, blocked, now, self.config.atomize.offer_horizon_s) if blocked else None
-        return with_hold(out, *reserved) if reserved else out
-
-    def offer(self, waiting: list[tuple[SlurmJob, JobTag, ChainRecord]], jobs: Mapping[str, SlurmJob],
-              blocked: Mapping[str, str] | None) -> list[tuple[Decision, SubjobRecord]]:  # fmt: skip
-        """One negotiation round over the gaps open now; the grants, recorded, for the caller to pin."""
+    def offer(self, waiting: list[tuple[SlurmJob, JobTag, ChainRecord]], timelines: list[GpuTimeline],
+              now: float) -> list[tuple[Decision, SubjobRecord]]:  # fmt: skip
+        """One negotiation round over the gaps open now in ``timelines`` (every GPU's holds, the
+        reservations included); the grants, recorded, for the caller to pin."""
         cfg = self.config.atomize
-        now = time.time()
-        gaps = cluster_gaps(self.timelines(jobs, now, blocked), now, cfg.offer_horizon_s)
+        gaps = cluster_gaps(timelines, now, cfg.offer_horizon_s)
         chains = [Chain(job.job_id, rec.declared_mib, self.history(rec), rec.min_s, rec.max_s, rec.submitted,
                         last_mib=rec.last_mib, attained=rec.attained, deadline=rec.deadline)
                   for job, _, rec in waiting]  # fmt: skip

@@ -14,20 +14,23 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from mig_batch.atomize.gaps import GpuTimeline, cluster_timelines, reservation, with_hold
 from mig_batch.config import SiteConfig
 from mig_batch.controller.chains import ChainDriver
-from mig_batch.controller.tags import JobTag, parse_tag, placed_tag, profiles_by_model
+from mig_batch.controller.tags import JobTag, moldable_times, parse_tag, placed_tag, profiles_by_model
 from mig_batch.mig.models import get_model
 from mig_batch.placement.base import Placement, PlacementRequest
 from mig_batch.placement.cluster import Cluster, Gpu, PlacementConflict
+from mig_batch.placement.moldable import MoldableJob, MoldablePlanner, expected_end
 from mig_batch.placement.policies import make_policy
 from mig_batch.slurm.commands import SlurmCli, SlurmError, SlurmJob
 from mig_batch.state import Decision, Store
 
 log = logging.getLogger("mig-batchd")
+RUNNING = ("RUNNING", "COMPLETING")
 
 
 @dataclass
@@ -57,6 +60,8 @@ class Controller:
         self.view = build_view(config.nodes)
         self.gid = {(g.host, g.index): g.gid for g in self.view.gpus}
         self._profiles: dict[str, dict[str, str] | str] = {}  # tag text -> model -> profile, or the error
+        self._moldable: dict[str, dict[str, dict[str, float]] | str] = {}  # tag text -> model -> options
+        self._predicted: dict[str, float | None] = {}  # job -> predicted seconds of its moldable instance
         self.chains = ChainDriver(config, store, self.view)
         for d in store.decisions():
             self._occupy(d)
@@ -92,6 +97,7 @@ class Controller:
                          key=lambda j: (j.submit_time, int(j.job_id.split("_")[0])))  # fmt: skip
         pinned: list[str] = []
         chains: list[tuple[SlurmJob, JobTag]] = []
+        moldable: list[tuple[SlurmJob, JobTag]] = []
         blocked: dict[str, str] | None = None  # the first job that fits nowhere: gaps must not delay it
         for job in waiting:
             try:
@@ -101,6 +107,9 @@ class Controller:
                 continue
             if tag.atomize is not None:
                 chains.append((job, tag))
+                continue
+            if tag.moldable is not None:
+                moldable.append((job, tag))
                 continue
             try:
                 if self._place(job, tag):
@@ -113,8 +122,14 @@ class Controller:
             except SlurmError as exc:  # the decision stays recorded; the next pass re-applies it
                 stats.errors.append(str(exc))
                 log.warning("job %s: %s", job.job_id, exc)
-        if chains:
-            pinned += self._offer(chains, jobs, blocked, stats)
+        if moldable or chains:
+            now = time.time()
+            timelines = self.timelines(jobs, now, blocked)
+            if moldable:
+                pinned += self._place_moldable(moldable, timelines, now, stats)
+                timelines = self.timelines(jobs, now, blocked)  # with the moldable starts
+            if chains:
+                pinned += self._offer(chains, timelines, now, stats)
         if pinned:
             try:
                 self.slurm.release(pinned)
@@ -156,8 +171,78 @@ class Controller:
                 stats.errors.append(str(exc))
                 log.warning("job %s: %s", d.job, exc)
 
-    def _offer(self, waiting: list[tuple[SlurmJob, JobTag]], jobs: dict[str, SlurmJob],
-               blocked: dict[str, str] | None, stats: PassStats) -> list[str]:  # fmt: skip
+    def _until(self, jobs: Mapping[str, SlurmJob], now: float) -> Callable[[str], float]:
+        """When each placed job is expected to free its instance: a moldable job's predicted end
+        (less credit once overdue), else the end of Slurm's time limit (from now, before it starts)."""
+
+        def until(job_id: str) -> float:
+            job, seconds = jobs.get(job_id), self._predicted_s(job_id)
+            running = job is not None and job.state in RUNNING
+            if running and job.end_time > 0:
+                limit = max(float(job.end_time), now)
+            else:
+                limit = now + job.time_limit_s if job is not None else math.inf
+            if seconds is None:
+                return limit
+            started = float(job.start_time) if running and job.start_time > 0 else now
+            return min(limit, expected_end(started + seconds, now))
+
+        return until
+
+    def _predicted_s(self, job_id: str) -> float | None:
+        if job_id not in self._predicted:
+            d = self.store.decision(job_id)
+            tag = parse_tag(d.request) if d is not None else None
+            request = tag.moldable_request() if tag is not None else None
+            self._predicted[job_id] = request.candidates(get_model(d.model)).get(d.profile) if request else None
+        return self._predicted[job_id]
+
+    def timelines(self, jobs: Mapping[str, SlurmJob], now: float,
+                  blocked: Mapping[str, str] | None) -> list[GpuTimeline]:  # fmt: skip
+        """Every GPU's holds: instances until their job's expected end, and a reservation for the
+        first queued job that fits nowhere now (``blocked``: model -> profile)."""
+        out = cluster_timelines(self.view, self._until(jobs, now))
+        reserved = reservation(out, blocked, now, self.config.atomize.offer_horizon_s) if blocked else None
+        return with_hold(out, *reserved) if reserved else out
+
+    def _place_moldable(self, waiting: list[tuple[SlurmJob, JobTag]], timelines: list[GpuTimeline], now: float,
+                        stats: PassStats) -> list[str]:  # fmt: skip
+        """The size with the earliest predicted finish for each waiting moldable job, in queue order;
+        start the ones whose best start is now (the caller releases them)."""
+        cfg = self.config.moldable
+        planner = MoldablePlanner(self.view, timelines, now, self.policy, cfg.min_gain, cfg.max_reservations)
+        pinned = []
+        for job, tag in waiting:
+            times = self._moldable_times(tag)
+            if isinstance(times, str):
+                self.store.event(job.job_id, "unplaceable", error=times)
+                continue
+            choice = planner.decide(MoldableJob(job.job_id, times))
+            log.debug("moldable job %s: %s", job.job_id, choice)
+            if choice.placement is None:
+                stats.waiting += 1
+                continue
+            p = choice.placement
+            self.view.allocate(p.gid, job.job_id, p.profile, p.start)
+            self._predicted[job.job_id] = choice.seconds
+            d = Decision(job.job_id, tag.text(), p.host, p.gpu_index, p.model, p.profile, p.start, "decided",
+                         f"moldable-{self.config.policy}")  # fmt: skip
+            self.store.record_decision(d)  # recorded before Slurm hears of it
+            try:
+                self._pin(d)
+                pinned.append(job.job_id)
+            except SlurmError as exc:  # recorded as decided: the next pass pins it again
+                stats.errors.append(str(exc))
+        return pinned
+
+    def _moldable_times(self, tag: JobTag) -> dict[str, dict[str, float]] | str:
+        key = tag.text()
+        if key not in self._moldable:  # the same request text recurs: translate it once
+            self._moldable[key] = moldable_times(tag, {g.model for g in self.view.gpus})
+        return self._moldable[key]
+
+    def _offer(self, waiting: list[tuple[SlurmJob, JobTag]], timelines: list[GpuTimeline], now: float,
+               stats: PassStats) -> list[str]:  # fmt: skip
         """Offer gaps to the waiting chains; pin the granted subjobs (the caller releases them)."""
         candidates = []
         for job, tag in waiting:
@@ -167,7 +252,7 @@ class Controller:
             if record.state in ("waiting", "granted"):
                 candidates.append((job, tag, record))
         pinned = []
-        for d, _ in self.chains.offer(candidates, jobs, blocked):
+        for d, _ in self.chains.offer(candidates, timelines, now):
             try:
                 self._pin(d)
                 pinned.append(d.job)

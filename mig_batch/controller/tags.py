@@ -1,8 +1,10 @@
 """The managed-job tag job_submit.lua writes into AdminComment (operator-only) and its parser.
 
-``mig-batch:v1;req=<spec>[;compute=<share>][;model=<GPU model>][;atomize=1;ckpt=<dir>;smin=<s>;smax=<s>
-[;deadline=<epoch>]][;place=<node>/<gpu>/<profile>@<start>]`` where ``spec`` is what followed ``mig:``
-in ``--gres`` (3g.40gb, 20480M, 20G, 3g); the atomize fields mark a subjob chain (migsub --atomize). ``place`` is
+``mig-batch:v1;req=<spec>[;compute=<share>][;moldable=<size>:<s>,...][;model=<GPU model>][;atomize=1;ckpt=<dir>;
+smin=<s>;smax=<s>[;deadline=<epoch>]][;place=<node>/<gpu>/<profile>@<start>]`` where ``spec`` is what followed
+``mig:`` in ``--gres`` (3g.40gb, 20480M, 20G, 3g); ``moldable`` lists sizes with predicted seconds (migsub
+--moldable; ``spec`` is then its memory floor or smallest size); the atomize fields mark a subjob chain
+(migsub --atomize). ``place`` is
 written by the controller for people reading ``scontrol show job``; hooks read the placement from
 the state store, never from a field a user can set.
 """
@@ -13,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from mig_batch.mig.models import get_model
-from mig_batch.request import MigRequest, RequestError, parse_compute, parse_gres, translate
+from mig_batch.request import MigRequest, MoldableRequest, RequestError, parse_compute, parse_gres, translate
 from mig_batch.slurm.commands import MANAGED_PREFIX
 
 
@@ -31,6 +33,13 @@ class JobTag:
     compute: str | None = None
     model: str | None = None
     atomize: Atomize | None = None
+    moldable: str | None = None  # "1g:300,3g.40gb:110": sizes with predicted seconds
+
+    def moldable_request(self) -> MoldableRequest | None:
+        if not self.moldable:
+            return None
+        times = {size: float(seconds) for size, _, seconds in (e.partition(":") for e in self.moldable.split(","))}
+        return MoldableRequest(times, self.request().memory_mib)
 
     def request(self) -> MigRequest:
         base = parse_gres(f"mig:{self.spec}")
@@ -42,6 +51,8 @@ class JobTag:
         parts = [f"{MANAGED_PREFIX}v1", f"req={self.spec}"]
         if self.compute:
             parts.append(f"compute={self.compute}")
+        if self.moldable:
+            parts.append(f"moldable={self.moldable}")
         if self.model:
             parts.append(f"model={self.model}")
         if self.atomize:
@@ -65,16 +76,40 @@ def parse_tag(text: str) -> JobTag:
                               float(fields["deadline"]) if fields.get("deadline") else None)  # fmt: skip
         except (KeyError, ValueError):
             raise ValueError(f"mig_batch tag with atomize=1 needs ckpt=, smin= and smax=: {text!r}") from None
-    return JobTag(fields["req"], fields.get("compute") or None, fields.get("model") or None, atomize)
+    return JobTag(fields["req"], fields.get("compute") or None, fields.get("model") or None, atomize,
+                  fields.get("moldable") or None)  # fmt: skip
 
 
 def placed_tag(tag: JobTag, node: str, gpu: int, profile: str, start: int) -> str:
     return f"{tag.text()};place={node}/{gpu}/{profile}@{start}"
 
 
+def moldable_times(tag: JobTag, models: Iterable[str]) -> dict[str, dict[str, float]] | str:
+    """A moldable tag's options on each of ``models``: profile -> predicted seconds, or the reason
+    it fits none of them."""
+    out: dict[str, dict[str, float]] = {}
+    errors: list[str] = []
+    try:
+        request = tag.moldable_request()
+        assert request is not None, "not a moldable tag"
+        for name in sorted(set(models) & ({get_model(tag.model).name} if tag.model else set(models))):
+            try:
+                out[name] = request.candidates(get_model(name))
+            except RequestError as exc:
+                errors.append(str(exc))
+    except (RequestError, ValueError, KeyError) as exc:
+        errors.append(str(exc))
+    return out or ("; ".join(errors) or f"no GPU of model {tag.model} here")
+
+
 def profiles_by_model(tag: JobTag, models: Iterable[str]) -> dict[str, str] | str:
     """The profile the tagged request gets on each of ``models`` (restricted to the tag's model),
-    or, when it fits none of them, the reason."""
+    or, when it fits none of them, the reason. A moldable request gets its fastest size."""
+    if tag.moldable:
+        times = moldable_times(tag, models)
+        if isinstance(times, str):
+            return times
+        return {m: min(options, key=lambda p: (options[p], p)) for m, options in times.items()}
     candidates = set(models)
     errors: list[str] = []
     out: dict[str, str] = {}

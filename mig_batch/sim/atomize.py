@@ -13,6 +13,8 @@ Schedulers (all place with MFI, all queue rigid jobs FIFO with EASY backfill on 
 * ``moldable``: a training job may take any profile covering its declared memory, faster on more
   compute slices (time ~ work x (3 / slices)^0.6), and takes the one that finishes first among those
   free when its turn comes;
+* ``moldable-eft``: the same sizes, chosen by :mod:`mig_batch.placement.moldable` (the controller's
+  code): the earliest predicted finish, waiting with a reservation for a faster slot when that pays;
 * ``sja``: training jobs are chains: at every event the free gaps are offered
   (:mod:`mig_batch.atomize`, the controller's code), chains answer with the smallest profile covering
   the risk-bounded bound of their application's history (the declared memory until it has
@@ -44,9 +46,10 @@ from mig_batch.atomize.protocol import Chain, negotiate
 from mig_batch.mig.models import get_model
 from mig_batch.placement.base import Placement, PlacementRequest
 from mig_batch.placement.cluster import Cluster
+from mig_batch.placement.moldable import MoldableJob, MoldablePlanner
 from mig_batch.placement.policies import make_policy
 
-SCHEDULERS = ("fifo-backfill", "moldable", "sja")
+SCHEDULERS = ("fifo-backfill", "moldable", "moldable-eft", "sja")
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class AtomizeSetup:
     grant_policy: str = "efficiency"
     hysteresis: float = 0.25
     horizon_s: float = 24 * 3600.0
+    moldable_min_gain: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -255,7 +259,7 @@ class Simulation:
         return with_hold(out, *reserve) if reserve else out
 
     def _options(self, job: Job) -> list[tuple[str, float]]:
-        if job.kind == "training" and self.scheduler == "moldable":
+        if job.kind == "training" and self.scheduler.startswith("moldable"):
             covering = [p for p in self.model.base_profiles if p.memory_mib >= job.declared_mib]
             return sorted(((p.name, moldable_time(job.work_s, p.compute_slices)) for p in covering),
                           key=lambda o: o[1])  # fmt: skip
@@ -263,7 +267,21 @@ class Simulation:
 
     def _schedule(self) -> None:
         reserve: tuple[int, Hold] | None = None
+        planner: MoldablePlanner | None = None  # moldable-eft: one pass over the queue
         for job in list(self.queue):
+            if job.kind == "training" and self.scheduler == "moldable-eft":
+                planner = planner or MoldablePlanner(self.cluster, self._timelines(reserve), self.now, self.policy,
+                                                     self.setup.moldable_min_gain)
+                choice = planner.decide(MoldableJob(job.name, {self.model.name: dict(self._options(job))}))
+                if choice.placement is not None:
+                    p = choice.placement
+                    self._start(job, job.name, p.gid, p.profile, p.start, choice.seconds, job.limit_s / job.work_s
+                                * choice.seconds, self._true_use(job, p.profile), None)  # fmt: skip
+                    self.queue.remove(job)
+                elif choice.reserved is not None and reserve is None:  # rigid jobs must not delay it either
+                    gid, start = choice.reserved
+                    reserve = gid, Hold(self.model.profile(choice.profile).window(start), since=choice.starts)
+                continue
             placed = False
             for profile, run_s in self._options(job):
                 decision = self.policy.decide(self.cluster, PlacementRequest.single(job.name, self.model.name, profile))
@@ -274,8 +292,12 @@ class Simulation:
                 if reserve and reserve[0] == decision.gid and window & reserve[1].window and \
                         self.now + limit > reserve[1].since:
                     continue  # would delay the reserved head job
+                if planner is not None and not planner.clear(decision.gid, window, self.now, self.now + limit):
+                    continue  # would delay a moldable job's reservation
                 used = self._true_use(job, profile)
                 self._start(job, job.name, decision.gid, profile, decision.start, run_s, limit, used, None)
+                if planner is not None:
+                    planner.hold(decision.gid, Hold(window, until=self.now + limit))
                 self.queue.remove(job)
                 placed = True
                 break
@@ -283,6 +305,8 @@ class Simulation:
                 profile = self._options(job)[-1][0] if job.kind == "training" else job.profile
                 needs = {self.model.name: profile}
                 reserve = reservation(self._timelines(), needs, self.now, 10 * self.setup.horizon_s)
+                if reserve is not None and planner is not None:
+                    planner.hold(*reserve)
         if self.scheduler == "sja":
             self._offer(reserve)
 

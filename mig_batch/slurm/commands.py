@@ -7,6 +7,7 @@ and raises SlurmError with the command and Slurm's message.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 from collections.abc import Sequence
@@ -33,6 +34,8 @@ class SlurmJob:
     priority: int
     submit_time: int
     end_time: int = 0  # running: start + time limit (epoch s); 0 when unknown
+    start_time: int = 0  # running: when it started (epoch s); 0 when unknown
+    time_limit_s: float = math.inf  # Slurm's time limit; inf when unlimited or unknown
     exit_code: int = 0  # the wait status squeue reports: exit status << 8 | signal
 
     @property
@@ -81,6 +84,8 @@ class SlurmCli:
                 priority=int(j.get("priority") or 0),
                 submit_time=int(j.get("submit_time") or 0),
                 end_time=int(j.get("end_time") or 0),
+                start_time=int(j.get("start_time") or 0),
+                time_limit_s=_minutes(j.get("time_limit")),
                 exit_code=int(j.get("exit_code") or 0),
             )
             for j in data.get("jobs", [])
@@ -106,3 +111,12 @@ class SlurmCli:
         """``sbatch --parsable`` with ``argv``; returns the job id."""
         out = self._run("sbatch", "--parsable", *argv).strip()
         return out.split(";")[0]
+
+
+def _minutes(value: object) -> float:
+    """squeue's time limit (whole minutes) in seconds; its INFINITE and NO_VAL markers, or none: inf."""
+    try:
+        minutes = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return math.inf
+    return minutes * 60.0 if 0 < minutes < 0xFFFFFFFE else math.inf

@@ -25,7 +25,7 @@ from mig_batch.gpu.base import GpuBackend, InsufficientResources, InUse, NotFoun
 from mig_batch.placement.base import Placement, PlacementRequest
 from mig_batch.placement.cluster import Cluster, Gpu
 from mig_batch.placement.policies import make_policy
-from mig_batch.state import InstanceRecord, Store
+from mig_batch.state import Decision, InstanceRecord, Store
 from mig_batch.subjob import ENV_DEADLINE, ENV_MARGIN
 
 
@@ -52,10 +52,16 @@ def node_view(backend: GpuBackend, node: str) -> Cluster:
     return view
 
 
-def place_locally(backend: GpuBackend, node: str, request_text: str, policy: str = "mfi") -> Placement | None:
+def place_locally(backend: GpuBackend, node: str, decision: Decision, policy: str = "mfi") -> Placement | None:
+    """Where on this node the job fits by ``policy``: the decided profile on GPUs of the decided model
+    (a moldable job keeps its chosen size), the request's translation on the others."""
     view = node_view(backend, node)
-    profiles = profiles_by_model(parse_tag(request_text), {g.model for g in view.gpus})
-    if isinstance(profiles, str):
+    models = {g.model for g in view.gpus}
+    profiles = profiles_by_model(parse_tag(decision.request), models)
+    profiles = {} if isinstance(profiles, str) else profiles
+    if decision.model in models:
+        profiles[decision.model] = decision.profile
+    if not profiles:
         return None
     decision = make_policy(policy).decide(view, PlacementRequest("job", profiles))
     return decision if isinstance(decision, Placement) else None
@@ -90,7 +96,7 @@ def prolog(config: SiteConfig, env: Mapping[str, str]) -> None:
                 raise InsufficientResources(f"decided for {decision.node}, running on {node}")
             inst = backend.create(gpu, profile, start)
         except InsufficientResources as exc:
-            local = place_locally(backend, node, decision.request, config.policy)
+            local = place_locally(backend, node, decision, config.policy)
             if local is None:
                 store.set_state(job, "requeue", node=node, reason=f"decided spot taken ({exc}); nothing fits on {node}")
                 _write_job_file(config, job, ["export CUDA_VISIBLE_DEVICES=NoDevFiles"])

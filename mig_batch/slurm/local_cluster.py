@@ -269,7 +269,7 @@ class MigTestbed:
     def start_controller(self) -> None:
         log = open(self.root / "log" / "mig-batchd.log", "ab")  # noqa: SIM115 - lives as long as the process
         self.controller = subprocess.Popen(
-            [sys.executable, "-m", "mig_batch.controller", "--config", str(self.config_path)],
+            [sys.executable, "-m", "mig_batch.controller", "--config", str(self.config_path), "--log-level", "debug"],
             env=self.env(), stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
 
