@@ -48,6 +48,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--gap-time-limit", type=float, default=60.0, help="seconds per exact solve")
     q.add_argument("--json", action="store_true")
     q.set_defaults(handler=cmd_bench_planner)
+    m = kinds.add_parser("moldable", help="one controller pass over waiting moldable jobs against cluster size")
+    m.add_argument("--sizes", default="100,1000,10000", help="cluster sizes in GPUs")
+    m.add_argument("--jobs", type=int, default=200, help="waiting moldable jobs in the pass")
+    m.add_argument("--load", type=float, default=0.9, help="share of memory slices preloaded")
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(handler=cmd_bench_moldable)
     c = kinds.add_parser("controller", help="a burst of jobs on a local Slurm placed by mig-batchd (root, slurm-wlm)")
     c.add_argument("--jobs", type=int, default=1000)
     c.add_argument("--nodes", type=int, default=3, help="slurmd processes")
@@ -78,6 +84,27 @@ def cmd_bench_placement(args: argparse.Namespace) -> int:
             f"{r.p99_us:.2f}",
             f"{r.placed}/{r.decisions}",
         )
+    console.print(table)
+    return 0
+
+
+def cmd_bench_moldable(args: argparse.Namespace) -> int:
+    from mig_batch.bench.moldable import bench_moldable
+
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    if not sizes or min(sizes) < 1 or not 0 <= args.load < 1 or args.jobs < 1:
+        raise ValueError("--sizes must be positive integers, --load in [0, 1), --jobs at least 1")
+    rows = bench_moldable(sizes, args.jobs, load=args.load)
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+        return 0
+    table = Table(title=f"one pass over {args.jobs} waiting moldable jobs, A100-80GB clusters preloaded to "
+                        f"{args.load:.0%}")  # fmt: skip
+    for col in ("GPUs", "setup ms", "p50 µs", "p99 µs", "pass ms", "started", "reserved", "waiting"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(f"{r.gpus:,}", f"{r.setup_ms:.1f}", f"{r.p50_us:.0f}", f"{r.p99_us:.0f}", f"{r.pass_ms:.0f}",
+                      str(r.started), str(r.reserved), str(r.waiting))  # fmt: skip
     console.print(table)
     return 0
 
