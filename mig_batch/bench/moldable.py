@@ -59,6 +59,7 @@ def bench_moldable(sizes: Sequence[int], jobs: int = 200, model: str = "A100-80G
                 started += 1
             reserved += choice.reserved is not None
         us = sorted(t * 1e6 for t in times)
-        rows.append(MoldableBenchRow(n, jobs, setup * 1e3, statistics.median(us), us[int(0.99 * (len(us) - 1))],
-                                     (setup + sum(times)) * 1e3, started, reserved, jobs - started - reserved))  # fmt: skip
+        p99 = us[int(0.99 * (len(us) - 1))]
+        rows.append(MoldableBenchRow(n, jobs, setup * 1e3, statistics.median(us), p99, (setup + sum(times)) * 1e3,
+                                     started, reserved, jobs - started - reserved))  # fmt: skip
     return rows

@@ -95,7 +95,7 @@ class Controller:
         self._follow(jobs, stats)
         waiting = sorted((j for j in jobs.values() if j.managed and j.held and self._needs_decision(j.job_id)),
                          key=lambda j: (j.submit_time, int(j.job_id.split("_")[0])))  # fmt: skip
-        pinned: list[str] = []
+        decided: list[Decision] = []
         chains: list[tuple[SlurmJob, JobTag]] = []
         moldable: list[tuple[SlurmJob, JobTag]] = []
         blocked: dict[str, str] | None = None  # the first job that fits nowhere: gaps must not delay it
@@ -111,25 +111,30 @@ class Controller:
             if tag.moldable is not None:
                 moldable.append((job, tag))
                 continue
-            try:
-                if self._place(job, tag):
-                    pinned.append(job.job_id)
-                else:
-                    stats.waiting += 1
-                    profiles = self.profiles_for(tag)
-                    if blocked is None and isinstance(profiles, dict):
-                        blocked = profiles
-            except SlurmError as exc:  # the decision stays recorded; the next pass re-applies it
-                stats.errors.append(str(exc))
-                log.warning("job %s: %s", job.job_id, exc)
+            d = self._place(job, tag)
+            if d is not None:
+                decided.append(d)
+            else:
+                stats.waiting += 1
+                profiles = self.profiles_for(tag)
+                if blocked is None and isinstance(profiles, dict):
+                    blocked = profiles
         if moldable or chains:
             now = time.time()
             timelines = self.timelines(jobs, now, blocked)
             if moldable:
-                pinned += self._place_moldable(moldable, timelines, now, stats)
+                decided += self._place_moldable(moldable, timelines, now, stats)
                 timelines = self.timelines(jobs, now, blocked)  # with the moldable starts
             if chains:
-                pinned += self._offer(chains, timelines, now, stats)
+                decided += self._offer(chains, timelines, now)
+        pinned = []
+        for d in decided:  # every decision is recorded already: pin failures are re-applied next pass
+            try:
+                self._pin(d)
+                pinned.append(d.job)
+            except SlurmError as exc:
+                stats.errors.append(str(exc))
+                log.warning("job %s: %s", d.job, exc)
         if pinned:
             try:
                 self.slurm.release(pinned)
@@ -206,12 +211,12 @@ class Controller:
         return with_hold(out, *reserved) if reserved else out
 
     def _place_moldable(self, waiting: list[tuple[SlurmJob, JobTag]], timelines: list[GpuTimeline], now: float,
-                        stats: PassStats) -> list[str]:  # fmt: skip
+                        stats: PassStats) -> list[Decision]:  # fmt: skip
         """The size with the earliest predicted finish for each waiting moldable job, in queue order;
-        start the ones whose best start is now (the caller releases them)."""
+        the ones whose best start is now are decided (the caller pins and releases them)."""
         cfg = self.config.moldable
         planner = MoldablePlanner(self.view, timelines, now, self.policy, cfg.min_gain, cfg.max_reservations)
-        pinned = []
+        decided = []
         for job, tag in waiting:
             times = self._moldable_times(tag)
             if isinstance(times, str):
@@ -222,18 +227,9 @@ class Controller:
             if choice.placement is None:
                 stats.waiting += 1
                 continue
-            p = choice.placement
-            self.view.allocate(p.gid, job.job_id, p.profile, p.start)
             self._predicted[job.job_id] = choice.seconds
-            d = Decision(job.job_id, tag.text(), p.host, p.gpu_index, p.model, p.profile, p.start, "decided",
-                         f"moldable-{self.config.policy}")  # fmt: skip
-            self.store.record_decision(d)  # recorded before Slurm hears of it
-            try:
-                self._pin(d)
-                pinned.append(job.job_id)
-            except SlurmError as exc:  # recorded as decided: the next pass pins it again
-                stats.errors.append(str(exc))
-        return pinned
+            decided.append(self._decide(job, tag, choice.placement, f"moldable-{self.config.policy}"))
+        return decided
 
     def _moldable_times(self, tag: JobTag) -> dict[str, dict[str, float]] | str:
         key = tag.text()
@@ -241,9 +237,9 @@ class Controller:
             self._moldable[key] = moldable_times(tag, {g.model for g in self.view.gpus})
         return self._moldable[key]
 
-    def _offer(self, waiting: list[tuple[SlurmJob, JobTag]], timelines: list[GpuTimeline], now: float,
-               stats: PassStats) -> list[str]:  # fmt: skip
-        """Offer gaps to the waiting chains; pin the granted subjobs (the caller releases them)."""
+    def _offer(self, waiting: list[tuple[SlurmJob, JobTag]], timelines: list[GpuTimeline],
+               now: float) -> list[Decision]:  # fmt: skip
+        """Offer gaps to the waiting chains; the granted subjobs, recorded (the caller pins and releases)."""
         candidates = []
         for job, tag in waiting:
             record = self.store.chain(job.job_id)
@@ -251,14 +247,7 @@ class Controller:
                 record = self.chains.register(job, tag, self._declared_mib(tag))
             if record.state in ("waiting", "granted"):
                 candidates.append((job, tag, record))
-        pinned = []
-        for d, _ in self.chains.offer(candidates, timelines, now):
-            try:
-                self._pin(d)
-                pinned.append(d.job)
-            except SlurmError as exc:  # recorded as decided: the next pass pins it again
-                stats.errors.append(str(exc))
-        return pinned
+        return [d for d, _ in self.chains.offer(candidates, timelines, now)]
 
     def _declared_mib(self, tag: JobTag) -> float:
         """The chain's own peak estimate: its memory request, or the smallest profile it asked for."""
@@ -270,20 +259,20 @@ class Controller:
             return math.inf
         return float(min(get_model(m).profile(p).memory_mib for m, p in profiles.items()))
 
-    def _place(self, job: SlurmJob, tag: JobTag) -> bool:
+    def _place(self, job: SlurmJob, tag: JobTag) -> Decision | None:
         profiles = self.profiles_for(tag)
         if isinstance(profiles, str):
             self.store.event(job.job_id, "unplaceable", error=profiles)
-            return False
+            return None
         decision = self.policy.decide(self.view, PlacementRequest(job.job_id, profiles))
-        if not isinstance(decision, Placement):
-            return False
-        self.view.allocate(decision.gid, job.job_id, decision.profile, decision.start)
-        d = Decision(job.job_id, tag.text(), decision.host, decision.gpu_index, decision.model, decision.profile,
-                     decision.start, "decided", self.config.policy)  # fmt: skip
-        self.store.record_decision(d)  # recorded before Slurm hears of it
-        self._pin(d)
-        return True
+        return self._decide(job, tag, decision, self.config.policy) if isinstance(decision, Placement) else None
+
+    def _decide(self, job: SlurmJob, tag: JobTag, p: Placement, policy: str) -> Decision:
+        """Take the placement in the view and record it, before Slurm hears of it."""
+        self.view.allocate(p.gid, job.job_id, p.profile, p.start)
+        d = Decision(job.job_id, tag.text(), p.host, p.gpu_index, p.model, p.profile, p.start, "decided", policy)
+        self.store.record_decision(d)
+        return d
 
     def _pin(self, d: Decision) -> None:
         tag = parse_tag(d.request)

@@ -37,7 +37,6 @@ from mig_batch.mig.tables import tables_for
 from mig_batch.placement.base import Placement, PlacementRequest, Policy, placement_on
 from mig_batch.placement.cluster import Cluster
 
-
 _INSTANT = 1e-3  # seconds: "about to end" for an instance whose expected end has passed
 
 
