@@ -79,6 +79,7 @@ class Controller:
             self.store.event(d.job, "view-conflict", error=str(exc))
 
     def _free(self, job: str) -> None:
+        self._predicted.pop(job, None)  # a requeued job may get another size next time
         if job in self.view.job_gpu:
             self.view.release(job)
 
@@ -123,8 +124,10 @@ class Controller:
             now = time.time()
             timelines = self.timelines(jobs, now, blocked)
             if moldable:
-                decided += self._place_moldable(moldable, timelines, now, stats)
-                timelines = self.timelines(jobs, now, blocked)  # with the moldable starts
+                started = self._place_moldable(moldable, timelines, now, stats)
+                if started and chains:
+                    timelines = self.timelines(jobs, now, blocked)  # with the moldable starts
+                decided += started
             if chains:
                 decided += self._offer(chains, timelines, now)
         pinned = []

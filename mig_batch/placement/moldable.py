@@ -163,7 +163,8 @@ class MoldablePlanner:
         if self.clear(decision.gid, profile.window(decision.start), self.now, end):
             return decision
         # the policy's choice meets a reservation: the least fragmenting free place that stays clear
-        after = tables_for(option.model).frag_after[FragVariant.PRINTED][tables_for(option.model).index(option.profile)]
+        tables = tables_for(option.model)
+        after = tables.frag_after[FragVariant.PRINTED][tables.index(option.profile)]
         best = min(((frag, int(gid), start) for gid in self._rows[option.model][0]
                     for start, frag in after[self.cluster.gpus[gid].mask]
                     if self.clear(int(gid), profile.window(start), self.now, end)), default=None)  # fmt: skip
