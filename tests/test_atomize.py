@@ -150,6 +150,16 @@ def test_reservation_closes_gaps_on_its_slices():
     assert max(g.window.bit_count() for g in gaps) == 4
 
 
+def test_a_placement_busy_in_between_has_a_later_gap():
+    # slices 0-3 free now, reserved for a moldable job from 100 to 400, free again after
+    gpu = GpuTimeline(0, "n", 0, "A100-40GB", (Hold(0b11110000), Hold(0b1111, since=100.0, until=400.0)))
+    spans = sorted((g.opens, g.closes) for g in gpu_gaps(gpu, 0.0, 3600) if g.window == 0b1111)
+    assert spans == [(0.0, 100.0), (400.0, 3600.0)]
+    # the reservation's end is where a queued 4g could start for good
+    where = earliest_fit([gpu], {"A100-40GB": "4g.20gb"}, 0.0, 3600)
+    assert where is not None and where[3] == 400.0
+
+
 holds = st.lists(st.tuples(st.integers(0, 7), st.integers(1, 8), st.floats(0, 500), st.floats(0, 500)),
                  max_size=5)  # fmt: skip
 
@@ -178,3 +188,18 @@ def test_gaps_are_free_maximal_and_placeable(raw):
         for b in gaps:
             if a is not b:  # no gap covers another's slices for at least as long
                 assert not (a.window & b.window == b.window and a.opens <= b.opens and a.closes >= b.closes)
+
+
+@settings(max_examples=150, deadline=None)
+@given(holds, st.floats(0, 999))
+def test_every_free_placement_and_time_lies_in_a_gap(raw, t):
+    model = get_model("A100-80GB")
+    hs = tuple(Hold(((1 << size) - 1) << start & model.full_mask, until=a + b, since=a if a < 250 else -math.inf)
+               for start, size, a, b in raw)  # fmt: skip
+    gaps = gpu_gaps(GpuTimeline(0, "n", 0, model.name, hs), 0.0, 1000.0)
+    for profile in model.base_profiles:
+        for start in profile.starts:
+            window = profile.window(start)
+            if any(h.window & window and h.since <= t < h.until for h in hs):
+                continue  # held at t
+            assert any(g.window & window == window and g.opens <= t < g.closes for g in gaps), (profile.name, start)

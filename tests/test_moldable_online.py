@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mig_batch.atomize.gaps import Hold, cluster_timelines
+from mig_batch.atomize.gaps import Hold, cluster_gaps, cluster_timelines, with_hold
 from mig_batch.mig.models import get_model
 from mig_batch.placement.cluster import Cluster
 from mig_batch.placement.moldable import MoldableJob, MoldablePlanner, expected_end
@@ -51,6 +51,20 @@ def test_waits_for_a_faster_slot_and_later_jobs_only_backfill_around_it():
     cluster.allocate(short.placement.gid, "short", short.profile, short.placement.start)
     long = p.decide(job("long", **{"1g_10gb": 100}))  # would delay "big": queued behind it
     assert long.placement is None and long.starts == NOW + 250
+
+
+def test_gaps_offered_after_a_reservation_stay_clear_of_it():
+    cluster = Cluster.homogeneous(MODEL, 1)
+    cluster.allocate(0, "small", "1g.10gb", 0)
+    timelines = cluster_timelines(cluster, {"small": NOW + 50}.__getitem__)
+    p = MoldablePlanner(cluster, timelines, NOW, make_policy("mfi"))
+    p.decide(job("big", **{"1g_10gb": 1000, "7g_80gb": 200}))
+    [(gid, hold)] = p.reserved
+    assert (gid, hold.since, hold.until) == (0, NOW + 50, NOW + 250)
+    gaps = cluster_gaps(with_hold(timelines, gid, hold), NOW, 3600)
+    assert gaps and all(not (g.window & hold.window) or g.closes <= hold.since or g.opens >= hold.until
+                        for g in gaps)  # fmt: skip
+    assert any(g.window == A100.full_mask and g.opens == hold.until for g in gaps)  # the GPU again after it
 
 
 def test_no_wait_when_the_later_start_gains_too_little():

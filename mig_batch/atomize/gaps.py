@@ -2,11 +2,13 @@
 
 A GPU's slices are held by running instances (until their expected end: start + time limit), by
 decided-but-not-started jobs (until their time limit from now, or unknown) and, from a later time
-on, by a reservation for the first queued job that fits nowhere now (EASY backfill: gaps must not
-delay it). A gap is a placement (profile, start) that is free from ``opens`` to ``closes``; only
-maximal gaps are kept (no other gap on the GPU covers more slices for at least as long), and these
-are what the controller offers (SJA §3.5). The job answering an offer picks the smallest profile
-inside it that covers its memory envelope.
+on, by reservations: the first queued job that fits nowhere now (EASY backfill) and moldable jobs
+waiting for a faster slot; gaps must not delay them. A gap is a placement (profile, start) that is
+free from ``opens`` to ``closes``: every such interval up to the horizon, so a placement busy in
+between (a reservation that ends) has a later gap too. Only maximal gaps are kept (no other gap on
+the GPU covers more slices for at least as long), and these are what the controller offers (SJA
+§3.5). The job answering an offer picks the smallest profile inside it that covers its memory
+envelope.
 
 Times are absolute seconds on the caller's clock; ``math.inf`` means "not known to end". Pure code.
 """
@@ -62,15 +64,19 @@ def _held(holds: Sequence[Hold], window: int, t: float) -> bool:
     return any(h.window & window and h.since <= t < h.until for h in holds)
 
 
-def _free_interval(holds: Sequence[Hold], window: int, now: float, end: float) -> tuple[float, float] | None:
-    """The first interval [opens, closes) within [now, end) in which ``window`` is free."""
-    times = sorted({now, *(h.until for h in holds if now < h.until < end), *(h.since for h in holds
-                                                                            if now < h.since < end)})  # fmt: skip
-    opens = next((t for t in times if not _held(holds, window, t)), None)
-    if opens is None:
-        return None
-    closes = min((h.since for h in holds if h.window & window and h.since > opens), default=end)
-    return (opens, min(closes, end)) if closes > opens else None
+def _free_intervals(holds: Sequence[Hold], window: int, now: float, end: float) -> list[tuple[float, float]]:
+    """Every maximal interval [opens, closes) within [now, end) in which ``window`` is free."""
+    mine = [h for h in holds if h.window & window]
+    times = sorted({now, *(t for h in mine for t in (h.since, h.until) if now < t < end)})
+    out: list[tuple[float, float]] = []
+    for t, nxt in zip(times, [*times[1:], end], strict=True):
+        if _held(mine, window, t):
+            continue
+        if out and out[-1][1] == t:
+            out[-1] = (out[-1][0], nxt)  # free on both sides of a boundary: one interval
+        else:
+            out.append((t, nxt))
+    return out
 
 
 def gpu_gaps(gpu: GpuTimeline, now: float, horizon: float) -> list[Gap]:
@@ -81,10 +87,10 @@ def gpu_gaps(gpu: GpuTimeline, now: float, horizon: float) -> list[Gap]:
     for profile in sorted(model.base_profiles, key=lambda p: -p.compute_slices):  # 4g.20gb before 3g.20gb
         for start in profile.starts:
             window = profile.window(start)
-            interval = _free_interval(gpu.holds, window, now, end)
-            if interval is not None and (window, *interval) not in found:
-                found[(window, *interval)] = Gap(gpu.gid, gpu.host, gpu.index, model.name, profile.name, start,
-                                                 window, *interval)  # fmt: skip
+            for interval in _free_intervals(gpu.holds, window, now, end):
+                if (window, *interval) not in found:
+                    found[(window, *interval)] = Gap(gpu.gid, gpu.host, gpu.index, model.name, profile.name,
+                                                     start, window, *interval)  # fmt: skip
     gaps = list(found.values())
     return [g for g in gaps if not any(_dominates(o, g) for o in gaps)]
 
@@ -112,9 +118,10 @@ def earliest_fit(gpus: Iterable[GpuTimeline], profiles: Mapping[str, str], now: 
             continue
         profile = get_model(gpu.model).profile(profiles[gpu.model])
         for start in profile.starts:
-            interval = _free_interval(gpu.holds, profile.window(start), now, now + horizon)
-            if interval is not None and interval[1] >= now + horizon and (best is None or interval[0] < best[3]):
-                best = (gpu, profile, start, interval[0])  # a gap that stays open: the job can start there
+            intervals = _free_intervals(gpu.holds, profile.window(start), now, now + horizon)
+            last = intervals[-1] if intervals else None  # only the last can stay open to the horizon
+            if last is not None and last[1] >= now + horizon and (best is None or last[0] < best[3]):
+                best = (gpu, profile, start, last[0])
     return best
 
 

@@ -117,12 +117,14 @@ def _render_offers(data: dict) -> None:
                        f"{c['last_mib']:.0f}" if c["last_mib"] else "-", c["checkpoint_dir"])  # fmt: skip
     console.print(chains)
     offers = Table(title="offers (newest first)")
-    for column in ("id", "gap", "window (s)", "replies", "granted"):
+    for column in ("id", "gap", "opens", "window (s)", "replies", "granted"):
         offers.add_column(column)
     for o in data["offers"]:
-        replies = "; ".join(_reply_text(r) for r in o["replies"]) or "-"
+        later = o["opens"] - o["time"]
+        replies = "; ".join(_reply_text(r) for r in o["replies"]) or ("published (opens later)" if later > 0 else "-")
         offers.add_row(str(o["id"]), f"{o['node']}/{o['gpu']} {o['profile']}@{o['start']}",
-                       f"{o['closes'] - o['opens']:.0f}", replies, o["granted"] or "-")  # fmt: skip
+                       f"in {later:.0f} s" if later > 0 else "now", f"{o['closes'] - o['opens']:.0f}", replies,
+                       o["granted"] or "-")  # fmt: skip
     console.print(offers)
 
 

@@ -56,27 +56,29 @@ class ChainDriver:
 
     def offer(self, waiting: list[tuple[SlurmJob, JobTag, ChainRecord]], timelines: list[GpuTimeline],
               now: float) -> list[tuple[Decision, SubjobRecord]]:  # fmt: skip
-        """One negotiation round over the gaps open now in ``timelines`` (every GPU's holds, the
-        reservations included); the grants, recorded, for the caller to pin."""
+        """One negotiation round: the gaps open now in ``timelines`` (every GPU's holds, the
+        reservations included) are offered and may be granted; later ones are published only. The
+        grants, recorded, for the caller to pin."""
         cfg = self.config.atomize
         gaps = cluster_gaps(timelines, now, cfg.offer_horizon_s)
         chains = [Chain(job.job_id, rec.declared_mib, self.history(rec), rec.min_s, rec.max_s, rec.submitted,
                         last_mib=rec.last_mib, attained=rec.attained, deadline=rec.deadline)
                   for job, _, rec in waiting]  # fmt: skip
-        round_ = negotiate([g for g in gaps if g.opens <= now], chains, now, cfg.eps, cfg.grant_policy, cfg.hysteresis)
-        answered = [(gap, replies, chosen) for gap, replies, chosen in round_.offers if replies]
-        digest = [(g.gid, g.window, [(r.job, r.interested, r.profile, r.reason) for r in rs]) for g, rs, _ in answered]
+        round_ = negotiate(gaps, chains, now, cfg.eps, cfg.grant_policy, cfg.hysteresis)
+        published = [(gap, replies, chosen) for gap, replies, chosen in round_.offers if replies or gap.opens > now]
+        digest = [(g.gid, g.window, g.opens > now, [(r.job, r.interested, r.profile, r.reason) for r in rs])
+                  for g, rs, _ in published]  # fmt: skip
         if not round_.grants() and digest == self._last_round:
             return []  # the same offers and answers as last pass: nothing new to record
         self._last_round = digest
         ids = self.store.record_round([
             ((g.host, g.gpu_index, g.model, g.profile, g.start, g.opens, g.closes),
              [(r.job, int(r.interested), r.profile, r.duration, r.bound_mib, r.basis, r.reason) for r in replies])
-            for g, replies, _ in answered
+            for g, replies, _ in published
         ])  # fmt: skip
         tags = {job.job_id: (tag, rec) for job, tag, rec in waiting}
         grants = []
-        for offer_id, (gap, _, chosen) in zip(ids, answered, strict=True):
+        for offer_id, (gap, _, chosen) in zip(ids, published, strict=True):
             if chosen is None:
                 continue
             gpu = self.view.gpus[gap.gid]

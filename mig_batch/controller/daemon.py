@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from mig_batch.atomize.gaps import GpuTimeline, cluster_timelines, reservation, with_hold
+from mig_batch.atomize.gaps import GpuTimeline, Hold, cluster_timelines, reservation, with_hold
 from mig_batch.config import SiteConfig
 from mig_batch.controller.chains import ChainDriver
 from mig_batch.controller.tags import JobTag, moldable_times, parse_tag, placed_tag, profiles_by_model
@@ -124,9 +124,11 @@ class Controller:
             now = time.time()
             timelines = self.timelines(jobs, now, blocked)
             if moldable:
-                started = self._place_moldable(moldable, timelines, now, stats)
+                started, reserved = self._place_moldable(moldable, timelines, now, stats)
                 if started and chains:
                     timelines = self.timelines(jobs, now, blocked)  # with the moldable starts
+                for gid, hold in reserved if chains else ():  # subjobs must not delay a waiting moldable job
+                    timelines = with_hold(timelines, gid, hold)
                 decided += started
             if chains:
                 decided += self._offer(chains, timelines, now)
@@ -214,9 +216,10 @@ class Controller:
         return with_hold(out, *reserved) if reserved else out
 
     def _place_moldable(self, waiting: list[tuple[SlurmJob, JobTag]], timelines: list[GpuTimeline], now: float,
-                        stats: PassStats) -> list[Decision]:  # fmt: skip
+                        stats: PassStats) -> tuple[list[Decision], list[tuple[int, Hold]]]:  # fmt: skip
         """The size with the earliest predicted finish for each waiting moldable job, in queue order;
-        the ones whose best start is now are decided (the caller pins and releases them)."""
+        the ones whose best start is now are decided (the caller pins and releases them), the others
+        may hold a reservation (returned with the decisions)."""
         cfg = self.config.moldable
         planner = MoldablePlanner(self.view, timelines, now, self.policy, cfg.min_gain, cfg.max_reservations)
         decided = []
@@ -232,7 +235,7 @@ class Controller:
                 continue
             self._predicted[job.job_id] = choice.seconds
             decided.append(self._decide(job, tag, choice.placement, f"moldable-{self.config.policy}"))
-        return decided
+        return decided, planner.reserved
 
     def _moldable_times(self, tag: JobTag) -> dict[str, dict[str, float]] | str:
         key = tag.text()

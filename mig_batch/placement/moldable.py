@@ -94,6 +94,7 @@ class MoldablePlanner:
         self._rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # model -> (GPU ids, free-at per slice)
         self._row_of: dict[int, int] = {}
         self._later: dict[int, list[Hold]] = {}  # GPU id -> holds that begin after now
+        self.reserved: list[tuple[int, Hold]] = []  # this pass's reservations, for the gaps offered after it
         by_model: dict[str, list[GpuTimeline]] = {}
         for t in timelines:
             by_model.setdefault(t.model, []).append(t)
@@ -128,7 +129,9 @@ class MoldablePlanner:
             if later is not None:
                 gid, option, start, opens = later
                 window = get_model(option.model).profile(option.profile).window(start)
-                self.hold(gid, Hold(window, until=opens + option.seconds, since=opens))
+                reserved = Hold(window, until=opens + option.seconds, since=opens)
+                self.hold(gid, reserved)
+                self.reserved.append((gid, reserved))
                 self.reservations_left -= 1
                 return MoldableChoice(job.job, option.profile, option.seconds, opens, reserved=(gid, start))
         if now_choice is None:
