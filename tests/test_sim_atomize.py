@@ -1,8 +1,14 @@
 """simulate atomize: the SJA simulator against its baselines on small seeded workloads."""
 
+import itertools
+import random
+
 import pytest
 
-from mig_batch.sim.atomize import SCHEDULERS, AtomizeSetup, Simulation, generate, run_atomize
+from mig_batch.mig.models import get_model
+from mig_batch.sim.atomize import SCHEDULERS, Simulation, run_atomize
+from mig_batch.sim.atomize_workloads import AtomizeSetup, from_trace, generate, offered_load
+from mig_batch.sim.traces import TracePod
 
 SMALL = AtomizeSetup(gpus=3, hours=6, rigid_per_hour=6, training_per_hour=1.5, min_subjob_s=300,
                      max_subjob_s=1800)  # fmt: skip
@@ -41,3 +47,54 @@ def test_run_atomize_reports_means_per_scheduler():
     result = run_atomize(SMALL, [1, 2])
     assert set(result["mean"]) == set(SCHEDULERS)
     assert all(len(runs) == 2 for runs in result["runs"].values())
+
+
+def synthetic_pods(n: int, seed: int) -> list[TracePod]:
+    """Trace-shaped pods: LS and BE, whole and shared GPUs, run times from seconds to hours."""
+    rng = random.Random(seed)
+    pods, t = [], 0
+    for i in range(n):
+        t += rng.randint(0, 600)
+        run = rng.choice([30, 300, 900, 3600, 4 * 3600])
+        pods.append(TracePod(f"p{i:03d}", 1, rng.choice([250, 500, 1000]), t, t + run, rng.choice(["LS", "BE"])))
+    return pods
+
+
+def test_trace_windows_keep_order_and_sizes_and_hit_the_offered_load():
+    pods = synthetic_pods(200, 1)
+    setup = AtomizeSetup(gpus=4, trace_jobs=80, load=0.7, min_subjob_s=600)
+    jobs, apps = from_trace(pods, setup, 3)
+    by_name = {p.name: p for p in pods}
+    assert len(jobs) == 80
+    names = [j.name for j in jobs]
+    assert names == sorted(names)  # consecutive pods, in arrival order
+    assert offered_load(jobs, setup) == pytest.approx(0.7)
+    model = get_model(setup.model)
+    for j in jobs:
+        pod = by_name[j.name]
+        assert j.work_s == max(60, pod.deletion - pod.creation)
+        trains = pod.qos == "BE" and j.work_s >= setup.min_subjob_s
+        assert (j.kind == "training") == trains
+        if trains:  # declares its profile's memory, really uses less
+            assert j.declared_mib == model.profile(j.profile).memory_mib
+            assert 0.4 * j.declared_mib <= apps[j.app].base_mib <= 0.77 * j.declared_mib
+    gaps = [b.submit - a.submit for a, b in itertools.pairwise(jobs)]
+    raw = [by_name[b.name].creation - by_name[a.name].creation for a, b in itertools.pairwise(jobs)]
+    ratios = {round(g / r, 9) for g, r in zip(gaps, raw, strict=True) if r}
+    assert len(ratios) == 1  # one time scale for the whole window
+    assert len({from_trace(pods, setup, seed)[0][0].name for seed in range(1, 6)}) > 1  # seeds pick other windows
+
+
+def test_a_trace_window_runs_under_every_scheduler():
+    pods = synthetic_pods(120, 2)
+    setup = AtomizeSetup(gpus=3, trace_jobs=60, load=0.9, min_subjob_s=300, max_subjob_s=1800)
+    result = run_atomize(setup, [1], pods=pods)
+    assert result["workload"] == "alibaba-2023" and result["workloads"][0]["jobs"] == 60
+    for scheduler, (run,) in result["runs"].items():
+        assert run["finished"] == 60 and run["unfinished"] == 0, scheduler
+    assert result["mean"]["sja"]["subjobs"] > result["workloads"][0]["training"]
+
+
+def test_a_trace_with_nothing_to_map_is_refused():
+    with pytest.raises(ValueError, match="no pod that maps"):
+        from_trace([TracePod("multi", 2, 1000, 0, 10)], AtomizeSetup(), 1)

@@ -137,3 +137,21 @@ def test_real_trace_maps_as_grmu_reports():
     counts = Counter(a.profile for a in arrivals)
     assert counts.most_common(1)[0][0] == "7g.40gb"  # GRMU Fig. 5: 7g.40gb dominates
     assert sum(read_nodes(TRACE_DIR / "openb_node_list_gpu_node.csv")[i].gpus for i in range(1213)) == 6212
+
+
+def test_cli_atomize_on_trace_windows(tmp_path, capsys):
+    qos = ("LS", "BE")
+    rows = [f"p{i:03d},1000,1024,1,{(i * 263) % 1000 + 1},,{qos[i % 2]},Running,{i * 300},"
+            f"{i * 300 + 600 + i * 97 % 9000}" for i in range(150)]  # fmt: skip
+    trace = write_trace(tmp_path, rows, ["n0,64000,1,2,T4"])
+    out = tmp_path / "out"
+    code = main(["simulate", "atomize", "--workload", "alibaba", "--trace-dir", str(trace), "--gpus", "2",
+                 "--trace-jobs", "40", "--seeds", "2", "--load", "0.9", "--out", str(out), "--json"])  # fmt: skip
+    assert code == 0
+    mean = json.loads(capsys.readouterr().out)
+    assert set(mean) == {"fifo-backfill", "moldable", "moldable-eft", "sja"}
+    saved = json.loads((out / "atomize.json").read_text())
+    assert saved["workload"] == "alibaba-2023"
+    assert [w["offered_load"] for w in saved["workloads"]] == pytest.approx([0.9, 0.9])
+    assert all(m["finished"] == 40 for m in mean.values())
+    assert (out / "atomize.png").stat().st_size > 0

@@ -21,8 +21,11 @@ from mig_batch.sim.experiments import (
     run_mfi_experiment,
 )
 from mig_batch.sim.plots import plot_load_sweep, plot_snapshot, plot_trace
-from mig_batch.sim.trace_experiment import TRACE_POLICIES, TraceSetup, run_trace_experiment
+from mig_batch.sim.trace_experiment import POD_FILE, TRACE_POLICIES, TraceSetup, run_trace_experiment
+from mig_batch.sim.traces import read_pods
 from mig_batch.sim.workloads import MFI_DISTRIBUTIONS
+
+DEFAULT_TRACE_DIR = "../shared/data/alibaba-gpu-2023"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--trace-dir",
         type=Path,
-        default=Path(os.environ.get("MIG_BATCH_TRACE_DIR", "../shared/data/alibaba-gpu-2023")),
+        default=Path(os.environ.get("MIG_BATCH_TRACE_DIR", DEFAULT_TRACE_DIR)),
         help="grmu: folder with openb_pod_list_default.csv and openb_node_list_gpu_node.csv "
         "(default $MIG_BATCH_TRACE_DIR or ../shared/data/alibaba-gpu-2023)",
     )
@@ -66,7 +69,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=cmd_simulate_placement)
     a = kinds.add_parser("atomize", help="subjob chains (SJA) against FIFO+backfill and moldable placement")
     a.add_argument("--gpus", type=int, default=8, help="A100-80GB GPUs in the cluster (default 8)")
-    a.add_argument("--hours", type=float, default=24.0, help="hours of arrivals (default 24)")
+    a.add_argument("--workload", choices=("synthetic", "alibaba"), default="synthetic",
+                   help="synthetic arrivals, or windows of the Alibaba 2023 trace (default synthetic)")  # fmt: skip
+    a.add_argument("--hours", type=float, default=24.0, help="synthetic: hours of arrivals (default 24)")
+    a.add_argument("--trace-dir", type=Path, default=Path(os.environ.get("MIG_BATCH_TRACE_DIR", DEFAULT_TRACE_DIR)),
+                   help=f"alibaba: folder with {POD_FILE} (default: $MIG_BATCH_TRACE_DIR, ../shared)")  # fmt: skip
+    a.add_argument("--trace-jobs", type=int, default=300, help="alibaba: consecutive pods per seed (default 300)")
+    a.add_argument("--load", type=float, default=1.0,
+                   help="alibaba: arrivals rescaled to this offered load of the cluster (default 1.0)")  # fmt: skip
     a.add_argument("--seeds", type=int, default=3, help="workloads (seeds 1..N, default 3)")
     a.add_argument("--grant-policy", default="efficiency", help="SJA grant policy: efficiency, fairness, deadline")
     a.add_argument("--eps", type=float, default=0.05, help="admission risk (default 0.05)")
@@ -265,11 +275,15 @@ def cmd_simulate_atomize(args: argparse.Namespace) -> int:
 
     if args.grant_policy not in GRANT_POLICIES:
         raise ValueError(f"--grant-policy {args.grant_policy!r} is not one of {', '.join(GRANT_POLICIES)}")
-    if args.gpus <= 0 or args.hours <= 0 or args.seeds <= 0:
-        raise ValueError("--gpus, --hours and --seeds must be positive")
-    setup = AtomizeSetup(gpus=args.gpus, hours=args.hours, grant_policy=args.grant_policy, eps=args.eps)
+    if min(args.gpus, args.hours, args.seeds, args.trace_jobs, args.load) <= 0:
+        raise ValueError("--gpus, --hours, --seeds, --trace-jobs and --load must be positive")
+    setup = AtomizeSetup(gpus=args.gpus, hours=args.hours, grant_policy=args.grant_policy, eps=args.eps,
+                         trace_jobs=args.trace_jobs, load=args.load)  # fmt: skip
+    pods = None
+    if args.workload == "alibaba":
+        pods = read_pods(args.trace_dir / POD_FILE)  # TraceError names the file and what is wrong
     with console.status("simulating FIFO+backfill, moldable and SJA ..."):
-        result = run_atomize(setup, list(range(1, args.seeds + 1)))
+        result = run_atomize(setup, list(range(1, args.seeds + 1)), pods=pods)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "atomize.json").write_text(json.dumps(result, indent=2))
     plot = plot_atomize(result, args.out / "atomize.png")
@@ -277,8 +291,10 @@ def cmd_simulate_atomize(args: argparse.Namespace) -> int:
         json.dump(result["mean"], sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    table = Table(title=f"SJA vs baselines: {setup.gpus} x {setup.model}, {setup.hours:g} h of arrivals, "
-                        f"{args.seeds} seeds (means), grant policy {setup.grant_policy}")  # fmt: skip
+    loads = ", ".join(f"{w['offered_load']:.2f}" for w in result["workloads"])
+    arrivals = f"{setup.hours:g} h of arrivals" if pods is None else f"Alibaba 2023 windows of {setup.trace_jobs} pods"
+    table = Table(title=f"SJA vs baselines: {setup.gpus} x {setup.model}, {arrivals}, {args.seeds} seeds (means; "
+                        f"offered load {loads}), grant policy {setup.grant_policy}")  # fmt: skip
     table.add_column("metric")
     for scheduler in result["mean"]:
         table.add_column(scheduler, justify="right")

@@ -1,6 +1,7 @@
 """``simulate atomize``: SJA against monolithic FIFO+backfill and moldable placement (SJA §5.1).
 
-One cluster of MIG GPUs, one seeded workload of two kinds of jobs:
+One cluster of MIG GPUs, one seeded workload (:mod:`mig_batch.sim.atomize_workloads`: synthetic, or
+a window of the Alibaba 2023 trace) of two kinds of jobs:
 * **rigid** jobs (inference, batch): a profile, a run time, a time limit (the run time x U[1, 2]);
 * **training** jobs: checkpointable work (seconds), a *declared* peak memory (what a user asks for,
   usually far above the real use) and a true memory behaviour (a base level, noise and an early spike
@@ -28,6 +29,7 @@ Pure code (no I/O): the CLI prints, plots and writes JSON.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,85 +50,18 @@ from mig_batch.placement.base import Placement, PlacementRequest
 from mig_batch.placement.cluster import Cluster
 from mig_batch.placement.moldable import MoldableJob, MoldablePlanner
 from mig_batch.placement.policies import make_policy
+from mig_batch.sim.atomize_workloads import (
+    AtomizeSetup,
+    Job,
+    from_trace,
+    generate,
+    moldable_time,
+    offered_load,
+    subjob_memory,
+)
+from mig_batch.sim.traces import TracePod
 
 SCHEDULERS = ("fifo-backfill", "moldable", "moldable-eft", "sja")
-
-
-@dataclass(frozen=True)
-class AtomizeSetup:
-    gpus: int = 8
-    model: str = "A100-80GB"
-    hours: float = 24.0
-    rigid_per_hour: float = 10.0
-    training_per_hour: float = 1.5
-    applications: int = 4
-    checkpoint_s: float = 60.0
-    min_subjob_s: float = 600.0
-    max_subjob_s: float = 3 * 3600.0
-    eps: float = 0.05
-    grant_policy: str = "efficiency"
-    hysteresis: float = 0.25
-    horizon_s: float = 24 * 3600.0
-    moldable_min_gain: float = 0.1
-
-
-@dataclass(frozen=True)
-class App:
-    base_mib: float
-    sd_mib: float
-    spike_mib: float
-
-
-@dataclass
-class Job:
-    name: str
-    kind: str  # rigid | training
-    submit: float
-    work_s: float  # run time (rigid) or work left (training)
-    profile: str = ""  # rigid: its profile; training: smallest covering the declared memory
-    limit_s: float = 0.0
-    declared_mib: float = 0.0
-    app: int = -1
-    first_start: float | None = None
-    end: float | None = None
-    done_s: float = 0.0  # training: useful work done
-
-
-def generate(setup: AtomizeSetup, seed: int) -> tuple[list[Job], list[App]]:
-    rng = np.random.default_rng(seed)
-    model = get_model(setup.model)
-    apps = [App(float(rng.uniform(8_000, 30_000)), float(rng.uniform(300, 1500)), float(rng.uniform(1000, 6000)))
-            for _ in range(setup.applications)]  # fmt: skip
-    rigid_profiles = [p.name for p in model.base_profiles]
-    weights = np.array([1.0 / p.memory_slices for p in model.base_profiles])
-    jobs: list[Job] = []
-    end = setup.hours * 3600
-    t = 0.0
-    while (t := t + rng.exponential(3600 / setup.rigid_per_hour)) < end:
-        run = float(rng.uniform(600, 3 * 3600))
-        jobs.append(Job(f"r{len(jobs)}", "rigid", t, run, str(rng.choice(rigid_profiles, p=weights / weights.sum())),
-                        run * float(rng.uniform(1, 2))))  # fmt: skip
-    t = 0.0
-    while (t := t + rng.exponential(3600 / setup.training_per_hour)) < end:
-        app = int(rng.integers(setup.applications))
-        declared = min(apps[app].base_mib * float(rng.uniform(1.3, 2.5)), model.largest_profile.memory_mib)
-        work = float(rng.uniform(2, 10) * 3600)
-        profile = min((p for p in model.base_profiles if p.memory_mib >= declared), key=lambda p: p.memory_mib)
-        jobs.append(Job(f"t{len(jobs)}", "training", t, work, profile.name, work * 1.2, declared, app))
-    jobs.sort(key=lambda j: j.submit)
-    return jobs, apps
-
-
-def subjob_memory(app: App, duration: float, rng: np.random.Generator) -> Trajectory:
-    times = np.linspace(0.0, duration, 40)
-    mib = app.base_mib + rng.normal(0, app.sd_mib) + rng.normal(0, app.sd_mib / 4, len(times))
-    if rng.random() < 0.3:
-        mib[int(rng.integers(0, 4))] += rng.exponential(app.spike_mib)
-    return Trajectory(tuple(times), tuple(mib))
-
-
-def moldable_time(work: float, slices: int) -> float:
-    return work * (3 / slices) ** 0.6
 
 
 @dataclass
@@ -160,12 +95,12 @@ class Metrics:
 
 
 class Simulation:
-    def __init__(self, setup: AtomizeSetup, scheduler: str, seed: int):
+    def __init__(self, setup: AtomizeSetup, scheduler: str, seed: int, pods: Sequence[TracePod] | None = None):
         if scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler {scheduler!r} is not one of {', '.join(SCHEDULERS)}")
         self.setup, self.scheduler = setup, scheduler
         self.model = get_model(setup.model)
-        self.jobs, self.apps = generate(setup, seed)
+        self.jobs, self.apps = from_trace(pods, setup, seed) if pods is not None else generate(setup, seed)
         self.rng = np.random.default_rng(seed + 1000)
         self.cluster = Cluster.homogeneous(self.model.name, setup.gpus)
         self.policy = make_policy("mfi")
@@ -346,13 +281,19 @@ class Simulation:
                             self.apps[job.app].base_mib, (useful, seen, bool(over)))  # fmt: skip
 
 
-def run_atomize(setup: AtomizeSetup, seeds: list[int], schedulers: tuple[str, ...] = SCHEDULERS) -> dict:
+def run_atomize(setup: AtomizeSetup, seeds: list[int], schedulers: tuple[str, ...] = SCHEDULERS,
+                pods: Sequence[TracePod] | None = None) -> dict:  # fmt: skip
+    """Every scheduler on every seed's workload (``pods``: a trace window per seed, else synthetic)."""
     capacity = setup.gpus * get_model(setup.model).largest_profile.memory_mib
     results: dict[str, list[dict[str, float]]] = {s: [] for s in schedulers}
+    workloads = []
     for seed in seeds:
+        jobs = from_trace(pods, setup, seed)[0] if pods is not None else generate(setup, seed)[0]
+        workloads.append({"seed": seed, "jobs": len(jobs), "training": sum(j.kind == "training" for j in jobs),
+                          "offered_load": offered_load(jobs, setup), "span_h": jobs[-1].submit / 3600 if jobs else 0})
         for scheduler in schedulers:
-            results[scheduler].append(Simulation(setup, scheduler, seed).run().summary(capacity))
+            results[scheduler].append(Simulation(setup, scheduler, seed, pods).run().summary(capacity))
     mean = {s: {k: float(np.mean([r[k] for r in rs])) for k in rs[0]} for s, rs in results.items()}
-    return {"setup": vars(setup) | {"min_history": min_history(setup.eps)}, "seeds": seeds, "runs": results,
-            "mean": mean}  # fmt: skip
-
+    return {"setup": vars(setup) | {"min_history": min_history(setup.eps)}, "seeds": seeds,
+            "workload": "alibaba-2023" if pods is not None else "synthetic", "workloads": workloads,
+            "runs": results, "mean": mean}  # fmt: skip

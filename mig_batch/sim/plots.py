@@ -97,9 +97,12 @@ def plot_atomize(result: dict[str, Any], path: Path) -> Path:
     mean = result["mean"]
     fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.2))
     for ax, (key, label) in zip(axes, panels, strict=True):
-        ax.bar(list(mean), [m[key] for m in mean.values()], color=["#999999", "#6699cc", "#cc6633"][: len(mean)])
+        colors = ["#999999", "#6699cc", "#336699", "#cc6633"]
+        ax.bar(list(mean), [m[key] for m in mean.values()], color=colors[: len(mean)])
         ax.set_title(label, fontsize=9)
         ax.tick_params(axis="x", labelsize=8, rotation=20)
+    fig.suptitle(f"{result.get('workload', 'synthetic')} workload, {result['setup']['gpus']} x "
+                 f"{result['setup']['model']}, seeds {result['seeds']}", fontsize=10)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -34,6 +34,7 @@ class TracePod:
     gpu_milli: int
     creation: int  # seconds from trace start
     deletion: int
+    qos: str = ""  # LS (latency-sensitive), BE (best-effort batch), ...; "" when the file has no column
 
     @property
     def gpu_demand(self) -> float:
@@ -76,6 +77,7 @@ def read_pods(path: Path) -> list[TracePod]:
                 fields["gpu_milli"],
                 fields["creation_time"],
                 fields["deletion_time"],
+                row.get("qos") or "",
             )
         )
     return pods
