@@ -13,7 +13,8 @@ decisions: job -> request, node, GPU, profile, start and a state:
 instances: what the prolog created for a job (node, GPU, profile, start, uuid, GI id); the epilog
 deletes the row after destroying the instance.
 chains (schema 2): atomizable jobs (SJA) and their progress; subjobs: each granted run of a chain
-(window, deadline, outcome); offers and replies: every negotiation round that changed something,
+(window, deadline, outcome); chain_jobs (schema 3): the Slurm jobs of a chain, one per subjob, the
+first one naming the chain; offers and replies: every negotiation round that changed something,
 for ``mig-batch offers``.
 """
 
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 ACTIVE = ("decided", "released", "running", "requeue")
 
 _SCHEMA = """
@@ -70,6 +71,10 @@ CREATE TABLE IF NOT EXISTS chains (
     attained REAL NOT NULL DEFAULT 0,
     last_mib REAL,
     updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS chain_jobs (
+    job TEXT PRIMARY KEY,
+    chain TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS subjobs (
     job TEXT NOT NULL,
@@ -283,11 +288,29 @@ class Store:
                  c.subjobs, c.failures, c.attained, c.last_mib, time.time()),
             )  # fmt: skip
             if cur.rowcount:
+                db.execute("INSERT OR IGNORE INTO chain_jobs VALUES (?,?)", (c.job, c.job))
                 self._event(db, c.job, "chain-registered", {"checkpoint_dir": c.checkpoint_dir})
             return bool(cur.rowcount)
 
+    def link_job(self, job: str, chain: str) -> None:
+        """A later Slurm job of ``chain`` (one job per subjob): it runs the chain's next subjobs."""
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO chain_jobs VALUES (?,?)", (job, chain))
+            self._event(db, chain, "chain-job", {"job": job})
+
+    def chain_jobs(self, chain: str) -> list[str]:
+        return [r[0] for r in self.db.execute("SELECT job FROM chain_jobs WHERE chain=? ORDER BY rowid", (chain,))]
+
+    @staticmethod
+    def _chain_of(db: sqlite3.Connection, job: str) -> str:
+        """The chain a Slurm job runs subjobs of (the chain is named by its first job)."""
+        row = db.execute("SELECT chain FROM chain_jobs WHERE job=?", (job,)).fetchone()
+        return row[0] if row else job
+
     def chain(self, job: str) -> ChainRecord | None:
-        row = self.db.execute(f"SELECT {_CHAIN_COLS} FROM chains WHERE job=?", (job,)).fetchone()
+        """The chain of ``job``: its first Slurm job or any later one linked to it."""
+        row = self.db.execute(f"SELECT {_CHAIN_COLS} FROM chains WHERE job=?", (self._chain_of(self.db, job),)
+                              ).fetchone()  # fmt: skip
         return ChainRecord(*row) if row else None
 
     def chains(self, states: tuple[str, ...] | None = None) -> list[ChainRecord]:
@@ -303,12 +326,13 @@ class Store:
         """Record a grant: the decision and the subjob row in one transaction (before Slurm hears of it)."""
         now = time.time()
         with self._tx() as db:
+            chain = self._chain_of(db, sub.job)
             self._upsert_decision(db, d, now)
             db.execute("INSERT OR REPLACE INTO subjobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                       (sub.job, sub.run, sub.offer, sub.profile, sub.memory_slices, sub.memory_mib, sub.window_s,
+                       (chain, sub.run, sub.offer, sub.profile, sub.memory_slices, sub.memory_mib, sub.window_s,
                         now, None, None, None, None, None))  # fmt: skip
             db.execute("UPDATE offers SET granted=? WHERE id=?", (d.job, sub.offer))
-            db.execute("UPDATE chains SET state='granted', updated_at=? WHERE job=?", (now, d.job))
+            db.execute("UPDATE chains SET state='granted', updated_at=? WHERE job=?", (now, chain))
             self._event(db, d.job, "decided", {"node": d.node, "gpu": d.gpu, "profile": d.profile, "start": d.start,
                                                "subjob": sub.run, "window_s": sub.window_s})  # fmt: skip
 
@@ -316,6 +340,7 @@ class Store:
         """The prolog's side: the granted, not yet started subjob of ``job`` starts now."""
         now = time.time()
         with self._tx() as db:
+            job = self._chain_of(db, job)
             row = db.execute(f"SELECT {_SUBJOB_COLS} FROM subjobs WHERE job=? AND ended_at IS NULL "
                              "ORDER BY run DESC LIMIT 1", (job,)).fetchone()  # fmt: skip
             if row is None:
@@ -333,6 +358,7 @@ class Store:
         """Close the chain's open subjob with its outcome; count service, failures and subjobs."""
         now = time.time()
         with self._tx() as db:
+            job = self._chain_of(db, job)
             row = db.execute(f"SELECT {_SUBJOB_COLS} FROM subjobs WHERE job=? AND ended_at IS NULL "
                              "ORDER BY run DESC LIMIT 1", (job,)).fetchone()  # fmt: skip
             sub = SubjobRecord(*row) if row else None
@@ -351,7 +377,8 @@ class Store:
             return sub
 
     def subjobs(self, job: str) -> list[SubjobRecord]:
-        rows = self.db.execute(f"SELECT {_SUBJOB_COLS} FROM subjobs WHERE job=? ORDER BY run", (job,)).fetchall()
+        rows = self.db.execute(f"SELECT {_SUBJOB_COLS} FROM subjobs WHERE job=? ORDER BY run",
+                               (self._chain_of(self.db, job),)).fetchall()  # fmt: skip
         return [SubjobRecord(*r) for r in rows]
 
     def record_round(self, offers: list[tuple[tuple, list[tuple]]]) -> list[int]:

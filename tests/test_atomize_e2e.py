@@ -96,8 +96,11 @@ def test_chain_resumes_bit_exactly_and_a_killed_subjob_loses_only_its_work(bed, 
         assert s.started_at is not None and s.deadline == pytest.approx(s.started_at + s.window_s)
         assert s.window_s <= 7.0 + 1e-6 and s.profile
     assert not store.instances(), store.instances()
-    granted = [o for o in store.offers(10_000) if o["granted"] == job]
-    assert len(granted) >= len(subjobs)  # a start the prolog missed is granted again under the same run
+    jobs = store.chain_jobs(job)  # one Slurm job per subjob: no job id is requeued, no Prolog is skipped
+    assert jobs[0] == job and len(set(jobs)) == len(subjobs), (jobs, outcomes)
+    assert "not-started" not in outcomes, context
+    granted = [o for o in store.offers(10_000) if o["granted"] in jobs]
+    assert len(granted) == len(subjobs)
     samples = list((ckpt / ".mig-batch" / "memory").glob("*.csv"))
     # memory sampled through the backend, replaying memory.csv
     assert samples and any("5100" in p.read_text() for p in samples), [p.read_text() for p in samples]

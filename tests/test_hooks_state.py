@@ -114,3 +114,35 @@ def test_controller_reconcile_reports_instances_no_job_owns(site):
     assert problems == ["n1 GPU 0: 1g.5gb@6 belongs to no job"]
     assert store.events(kind="stray-instance")
     assert controller.view.gpus[1].instances == {"7": ("4g.20gb", 0)}  # view rebuilt from the store
+
+
+def test_a_chain_runs_its_subjobs_as_linked_slurm_jobs(site):
+    from mig_batch.controller.tags import parse_tag
+    from mig_batch.state import ChainRecord, SubjobRecord
+
+    store = Store(site.state)
+    store.add_chain(ChainRecord("10", "/ckpt", 1000.0, 60, 600, None, 0.0, "waiting", 0, 0, 0.0, None))
+    later = "mig-batch:v1;req=1g.5gb;atomize=1;ckpt=/ckpt;smin=60;smax=600;chain=10"
+    assert parse_tag(later).atomize.chain == "10" and parse_tag(later).text() == later
+    store.link_job("11", "10")
+    assert store.chain("11").job == "10" and store.chain_jobs("10") == ["10", "11"]
+    d = Decision("11", later, "n1", 0, "A100-40GB", "1g.5gb", 6, "decided", "sja-efficiency")
+    store.grant_subjob(d, SubjobRecord("11", 0, None, "1g.5gb", 1, 4864.0, 300.0, 0.0, *(None,) * 5))
+    assert store.chain("10").state == "granted"  # the chain's row, not a new one
+    started = store.start_subjob("11")  # the prolog of job 11
+    assert started is not None and started.job == "10" and started.deadline == pytest.approx(started.started_at + 300)
+    store.end_subjob("11", 75, "continue", "waiting")
+    assert [s.outcome for s in store.subjobs("10")] == ["continue"] == [s.outcome for s in store.subjobs("11")]
+    assert store.chain("10").subjobs == 1 and store.chain("999") is None
+
+
+def test_a_schema_2_store_gains_chain_links(tmp_path):
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE chains (job TEXT PRIMARY KEY)")
+    db.execute("PRAGMA user_version=2")
+    db.commit()
+    db.close()
+    store = Store(path)
+    assert store.chain_jobs("1") == []
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 3

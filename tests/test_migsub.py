@@ -1,8 +1,10 @@
 """migsub: #MIG directives, command-line precedence, errors that name the line, the sbatch command."""
 
 import json
+import os
 
 from mig_batch.cli.migsub import main
+from mig_batch.subjob import next_job_spec
 
 
 def script(tmp_path, body):
@@ -73,3 +75,41 @@ def test_impossible_everywhere_names_largest_profile(tmp_path, capsys):
 def test_missing_script(tmp_path, capsys):
     assert main(["--dry-run", str(tmp_path / "nope.sh")]) == 2
     assert "cannot read job script" in capsys.readouterr().err
+
+
+def fake_sbatch(folder, job_id, exit_code=0):
+    """A stand-in for sbatch that records its arguments and stdin (the real one runs in the e2e tests)."""
+    exe = folder / "sbatch"
+    exe.write_text(f"#!/bin/sh\necho \"$@\" > {folder}/args\ncat > {folder}/stdin\necho {job_id}\nexit {exit_code}\n")
+    exe.chmod(0o755)
+    return exe
+
+
+def test_a_chain_leaves_its_submission_and_the_runner_submits_the_next_job(tmp_path, monkeypatch, capsys):
+    from mig_batch.subjob.runner import submit_next_job
+
+    job = tmp_path / "train.sh"
+    job.write_text("#!/bin/bash\n#SBATCH --output=out.log\npython train.py\n")
+    ckpt = tmp_path / "ckpt"
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    fake_sbatch(tmp_path, "41")
+    assert main(["--atomize", "--checkpoint-dir", str(ckpt), "--gpu-mem", "6G", str(job)]) == 0
+    assert capsys.readouterr().out.strip() == "41"
+    spec = json.loads(next_job_spec(ckpt).read_text())
+    assert "--output=out.log" in spec["script"] and spec["sbatch"][0] == "sbatch"
+
+    fake_sbatch(tmp_path, "42")
+    monkeypatch.setenv("MIG_BATCH_CHECKPOINT_DIR", str(ckpt))
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    monkeypatch.delenv("MIG_BATCH_CHAIN", raising=False)
+    assert submit_next_job() == "42"
+    args = (tmp_path / "args").read_text()
+    assert f"ckpt={ckpt}" in args and ";chain=41" in args  # names the chain's first job
+    assert (tmp_path / "stdin").read_text() == spec["script"]
+    monkeypatch.setenv("MIG_BATCH_CHAIN", "41")
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    assert submit_next_job() == "42" and ";chain=41" in (tmp_path / "args").read_text()
+
+    fake_sbatch(tmp_path, "", exit_code=1)  # refused: the runner says so, mig-batchd requeues instead
+    assert submit_next_job() is None
+    assert "requeues this one" in capsys.readouterr().err

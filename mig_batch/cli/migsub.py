@@ -33,7 +33,7 @@ from mig_batch.request import (
     parse_moldable,
     translate_any,
 )
-from mig_batch.subjob import SLURM_SIGNAL_MARGIN_S
+from mig_batch.subjob import SLURM_SIGNAL_MARGIN_S, next_job_spec
 
 
 class DirectiveError(ValueError):
@@ -290,8 +290,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 console.print("subjob script (on sbatch's stdin):\n" + stdin, highlight=False, markup=False,
                               soft_wrap=True)  # fmt: skip
         return 0
-    if chain is not None:
-        chain.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    if chain is not None:  # the runner submits the chain's later jobs the same way
+        spec_file = next_job_spec(chain.checkpoint_dir)
+        spec_file.parent.mkdir(parents=True, exist_ok=True)
+        spec_file.write_text(json.dumps({"sbatch": command, "script": stdin}))
     return submit(command, stdin)
 
 

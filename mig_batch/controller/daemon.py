@@ -27,7 +27,7 @@ from mig_batch.placement.cluster import Cluster, Gpu, PlacementConflict
 from mig_batch.placement.moldable import MoldableJob, MoldablePlanner, expected_end
 from mig_batch.placement.policies import make_policy
 from mig_batch.slurm.commands import SlurmCli, SlurmError, SlurmJob
-from mig_batch.state import Decision, Store
+from mig_batch.state import ChainRecord, Decision, Store
 
 log = logging.getLogger("mig-batchd")
 RUNNING = ("RUNNING", "COMPLETING")
@@ -107,6 +107,8 @@ class Controller:
                 self.store.event(job.job_id, "bad-tag", error=str(exc))
                 continue
             if tag.atomize is not None:
+                if self._unlinked(job, tag):
+                    continue  # a chain's next job: it waits until the previous subjob has ended
                 chains.append((job, tag))
                 continue
             if tag.moldable is not None:
@@ -152,6 +154,18 @@ class Controller:
         stats.seconds = time.perf_counter() - t0
         return stats
 
+    def _unlinked(self, job: SlurmJob, tag: JobTag) -> bool:
+        """A job naming a known chain it is not (yet) linked to. One naming an unknown chain (a lost
+        state store) starts a chain of its own; it resumes from the same checkpoints."""
+        chain = tag.atomize.chain if tag.atomize else None
+        if chain is None or chain == job.job_id or self.store.chain(job.job_id) is not None:
+            return False
+        known = self.store.chain(chain)
+        if known is not None and known.state in ("done", "failed", "cancelled"):
+            self.store.event(job.job_id, "chain-job-cancelled", chain=chain, why=f"the chain is {known.state}")
+            self.slurm.cancel(job.job_id)
+        return known is not None
+
     def _needs_decision(self, job: str) -> bool:
         d = self.store.decision(job)
         return d is None or d.state in ("ended", "requeued")
@@ -167,9 +181,8 @@ class Controller:
                     self.store.set_state(d.job, "requeued")
                 elif job is None or job.finished:
                     self._free(d.job)
-                    if parse_tag(d.request).atomize is not None and self.chains.ended(d, job):
-                        self.slurm.requeue_hold(d.job)  # the chain goes on: its next subjob waits for a grant
-                        self.store.set_state(d.job, "requeued", slurm_state=job.state if job else "gone")
+                    if parse_tag(d.request).atomize is not None:
+                        self._subjob_ended(d, job, jobs)
                     else:
                         self.store.set_state(d.job, "ended", slurm_state=job.state if job else "gone")
                     stats.ended += 1
@@ -180,6 +193,42 @@ class Controller:
             except SlurmError as exc:
                 stats.errors.append(str(exc))
                 log.warning("job %s: %s", d.job, exc)
+
+    def _subjob_ended(self, d: Decision, job: SlurmJob | None, jobs: Mapping[str, SlurmJob]) -> None:
+        """A chain's subjob ended. The runner has submitted the chain's next job (one Slurm job per
+        subjob, held): link it when the chain goes on, cancel it when not. Without one (the runner
+        could not submit it), the ended job itself is requeued held, as a fallback."""
+        goes_on = self.chains.ended(d, job)
+        record = self.store.chain(d.job)
+        later = self._later_jobs(record, job, jobs) if record is not None else []
+        slurm_state = job.state if job else "gone"
+        linked = goes_on and bool(later)
+        if linked:
+            self.store.link_job(later[0].job_id, record.job)
+            later = later[1:]  # more than one: cancelled below
+        if goes_on and not linked:
+            self.slurm.requeue_hold(d.job)
+            self.store.set_state(d.job, "requeued", slurm_state=slurm_state)
+        else:
+            self.store.set_state(d.job, "ended", slurm_state=slurm_state)
+        for extra in later:
+            self.store.event(extra.job_id, "chain-job-cancelled", chain=record.job)
+            self.slurm.cancel(extra.job_id)
+
+    def _later_jobs(self, record: ChainRecord, ended: SlurmJob | None, jobs: Mapping[str, SlurmJob]) -> list[SlurmJob]:
+        """Waiting jobs that name ``record``'s chain, from the same user and checkpoint directory."""
+        out = []
+        for j in jobs.values():
+            if not (j.managed and j.held) or self.store.decision(j.job_id) is not None:
+                continue
+            try:
+                a = parse_tag(j.admin_comment).atomize
+            except ValueError:
+                continue
+            same_user = ended is None or ended.user_id == j.user_id
+            if a is not None and a.chain == record.job and a.checkpoint_dir == record.checkpoint_dir and same_user:
+                out.append(j)
+        return sorted(out, key=lambda j: int(j.job_id.split("_")[0]))
 
     def _until(self, jobs: Mapping[str, SlurmJob], now: float) -> Callable[[str], float]:
         """When each placed job is expected to free its instance: a moldable job's predicted end

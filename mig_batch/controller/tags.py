@@ -1,12 +1,12 @@
 """The managed-job tag job_submit.lua writes into AdminComment (operator-only) and its parser.
 
 ``mig-batch:v1;req=<spec>[;compute=<share>][;moldable=<size>:<s>,...][;model=<GPU model>][;atomize=1;ckpt=<dir>;
-smin=<s>;smax=<s>[;deadline=<epoch>]][;place=<node>/<gpu>/<profile>@<start>]`` where ``spec`` is what followed
-``mig:`` in ``--gres`` (3g.40gb, 20480M, 20G, 3g); ``moldable`` lists sizes with predicted seconds (migsub
---moldable; ``spec`` is then its memory floor or smallest size); the atomize fields mark a subjob chain
-(migsub --atomize). ``place`` is
-written by the controller for people reading ``scontrol show job``; hooks read the placement from
-the state store, never from a field a user can set.
+smin=<s>;smax=<s>[;deadline=<epoch>][;chain=<first job>]][;place=<node>/<gpu>/<profile>@<start>]``
+where ``spec`` is what followed ``mig:`` in ``--gres`` (3g.40gb, 20480M, 20G, 3g); ``moldable`` lists
+sizes with predicted seconds (migsub --moldable; ``spec`` is then its memory floor or smallest size);
+the atomize fields mark a subjob chain (migsub --atomize), ``chain`` a later job of one (the runner
+submits one job per subjob). ``place`` is written by the controller for people reading ``scontrol
+show job``; hooks read the placement from the state store, never from a field a user can set.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ class Atomize:
     min_s: float
     max_s: float
     deadline: float | None = None
+    chain: str | None = None  # a later job of this chain (named by its first job), one per subjob
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,8 @@ class JobTag:
             parts += ["atomize=1", f"ckpt={a.checkpoint_dir}", f"smin={a.min_s:g}", f"smax={a.max_s:g}"]
             if a.deadline is not None:
                 parts.append(f"deadline={a.deadline:.0f}")
+            if a.chain is not None:
+                parts.append(f"chain={a.chain}")
         return ";".join(parts)
 
 
@@ -73,7 +76,8 @@ def parse_tag(text: str) -> JobTag:
     if fields.get("atomize") == "1":
         try:
             atomize = Atomize(fields["ckpt"], float(fields["smin"]), float(fields["smax"]),
-                              float(fields["deadline"]) if fields.get("deadline") else None)  # fmt: skip
+                              float(fields["deadline"]) if fields.get("deadline") else None,
+                              fields.get("chain") or None)  # fmt: skip
         except (KeyError, ValueError):
             raise ValueError(f"mig_batch tag with atomize=1 needs ckpt=, smin= and smax=: {text!r}") from None
     return JobTag(fields["req"], fields.get("compute") or None, fields.get("model") or None, atomize,

@@ -37,6 +37,7 @@ class SlurmJob:
     start_time: int = 0  # running: when it started (epoch s); 0 when unknown
     time_limit_s: float = math.inf  # Slurm's time limit; inf when unlimited or unknown
     exit_code: int = 0  # the wait status squeue reports: exit status << 8 | signal
+    user_id: int = -1
 
     @property
     def exit_status(self) -> int:
@@ -87,6 +88,7 @@ class SlurmCli:
                 start_time=int(j.get("start_time") or 0),
                 time_limit_s=_minutes(j.get("time_limit")),
                 exit_code=int(j.get("exit_code") or 0),
+                user_id=int(j.get("user_id", -1)),
             )
             for j in data.get("jobs", [])
         ]
@@ -106,6 +108,9 @@ class SlurmCli:
         """Back to pending, held by an operator (the user cannot release it around the controller)."""
         self._run("scontrol", "requeuehold", job)
         self._run("scontrol", "hold", job)
+
+    def cancel(self, job: str) -> None:
+        self._run("scancel", job)
 
     def submit(self, argv: Sequence[str]) -> str:
         """``sbatch --parsable`` with ``argv``; returns the job id."""

@@ -33,6 +33,7 @@ EXIT_CONTINUE = 75  # EX_TEMPFAIL: checkpointed, more work left
 EXIT_NOT_PREPARED = 76  # the runner found no instance/deadline: the node's prolog did not run for this start
 ENV_CHECKPOINT_DIR = "MIG_BATCH_CHECKPOINT_DIR"
 ENV_DEADLINE = "MIG_BATCH_DEADLINE"  # epoch seconds at which the subjob's window closes
+ENV_CHAIN = "MIG_BATCH_CHAIN"  # the chain's first Slurm job, set for the later jobs the runner submits
 ENV_MARGIN = "MIG_BATCH_CHECKPOINT_MARGIN"  # seconds before the deadline to checkpoint
 SLURM_SIGNAL_MARGIN_S = 60  # migsub's --signal=B:USR1@60: Slurm's own warning, a backstop after the runner's
 KEEP = 2  # checkpoints kept: the newest and the one before it
@@ -121,3 +122,9 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def next_job_spec(checkpoint_dir: Path | str) -> Path:
+    """Where migsub leaves the sbatch command and script of a chain, for the runner to submit the
+    chain's next job (one Slurm job per subjob)."""
+    return Path(checkpoint_dir) / ".mig-batch" / "next-job.json"

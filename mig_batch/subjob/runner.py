@@ -9,13 +9,17 @@
 * GPU memory of the job's MIG instance (``CUDA_VISIBLE_DEVICES=MIG-...``) is sampled through the
   site's GPU backend into the chain's sample file, the history admission learns from. On an emulated
   node ``--emulate-memory FILE`` (``seconds,MiB`` lines) makes the instance replay that trajectory.
-* The exit status is the command's (128 + signal when a signal ended it).
+* The exit status is the command's (128 + signal when a signal ended it). Unless the command
+  finished the chain (0), the runner first submits the chain's next Slurm job, held until
+  mig-batchd grants it a gap: one job per subjob, so no job id is requeued (slurmd skips the Prolog
+  of a requeued job id it still caches). Should that fail, mig-batchd requeues this job instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -24,7 +28,15 @@ import time
 from pathlib import Path
 
 from mig_batch.atomize.samples import samples_file
-from mig_batch.subjob import ENV_CHECKPOINT_DIR, ENV_DEADLINE, ENV_MARGIN, EXIT_NOT_PREPARED
+from mig_batch.subjob import (
+    ENV_CHAIN,
+    ENV_CHECKPOINT_DIR,
+    ENV_DEADLINE,
+    ENV_MARGIN,
+    EXIT_DONE,
+    EXIT_NOT_PREPARED,
+    next_job_spec,
+)
 
 
 class _Sampler:
@@ -113,7 +125,34 @@ def run(command: list[str], sample_every: float, grace: float, emulate: Path | N
         if terminated and now >= deadline + grace + 5:
             forward(signal.SIGKILL, None)
     sampler.sample()
-    return code if code >= 0 else 128 - code
+    status = code if code >= 0 else 128 - code
+    if status != EXIT_DONE:
+        submit_next_job()
+    return status
+
+
+def submit_next_job() -> str | None:
+    """The chain's next job, submitted as migsub submitted the first (its sbatch command and script
+    from the checkpoint directory) and naming the chain; its id, or None when it could not be."""
+    ckpt, chain = os.environ.get(ENV_CHECKPOINT_DIR), os.environ.get(ENV_CHAIN) or os.environ.get("SLURM_JOB_ID")
+    if not ckpt or not chain:
+        return None
+    try:
+        spec = json.loads(next_job_spec(ckpt).read_text())
+        argv = [a + f";chain={chain}" if a.startswith("--comment=mig-batch:") else a for a in spec["sbatch"]]
+        proc = subprocess.run(argv, input=spec["script"], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, ENV_CHAIN: chain})  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError, subprocess.TimeoutExpired) as exc:
+        print(f"mig-batch subjob: could not submit the chain's next job ({exc}); mig-batchd requeues this one",
+              file=sys.stderr)  # fmt: skip
+        return None
+    if proc.returncode != 0:
+        print(f"mig-batch subjob: sbatch refused the chain's next job: {proc.stderr.strip()}; mig-batchd "
+              "requeues this one", file=sys.stderr)  # fmt: skip
+        return None
+    job = proc.stdout.strip().split(";")[0]
+    print(f"mig-batch subjob: the chain's next subjob is job {job}", file=sys.stderr)
+    return job
 
 
 def main(argv: list[str] | None = None) -> int:
