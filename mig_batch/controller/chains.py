@@ -1,14 +1,16 @@
 """Subjob chains in the controller (SJA on Slurm): offer gaps, grant subjobs, continue or end chains.
 
-A chain is one Slurm job (``migsub --atomize``) that runs several times: each run is a subjob.
+A chain (``migsub --atomize``) runs one Slurm job per subjob; the first job's id names it, and the
+runner submits each next job (held, tagged ``chain=``) before its subjob exits.
   held chain job  -> gaps from the live view are offered; replies and the grant are recorded
   grant           -> decision + subjob row (window), then pin (node, admin comment, time limit) and release
-  subjob ends 75  -> checkpointed, more to do: requeue-hold, the chain waits for the next grant
-  subjob ends 0   -> the chain is done
-  subjob ends 76  -> the node's prolog did not run for that start (slurmd caches requeued job ids):
-                     start it again, not counted as a failure
-  other endings   -> a failed subjob: requeue-hold (it resumes from the last checkpoint) until
+  subjob ends 75  -> checkpointed, more to do: the next job is linked and waits for its grant
+  subjob ends 0   -> the chain is done (a next job, if any, is cancelled)
+  other endings   -> a failed subjob: the next job resumes from the last checkpoint, until
                      ``max_failures`` in a row; a cancelled job ends its chain
+  no next job     -> (the runner could not submit one) the ended job is requeued held instead; a
+                     start of it that finds no Prolog's work exits 76 and is started again, not
+                     counted as a failure (slurmd may skip the Prolog of a requeued job id)
 The decisions themselves come from :mod:`mig_batch.atomize` (pure code, shared with the simulator).
 """
 
@@ -103,7 +105,7 @@ class ChainDriver:
         return math.ceil((window_s + self.config.atomize.grace_s + SLURM_SIGNAL_MARGIN_S + 30) / 60)
 
     def ended(self, d: Decision, job: SlurmJob | None) -> bool:
-        """A chain's subjob ended: record it; True when the chain goes on (the caller requeues)."""
+        """A chain's subjob ended: record it; True when the chain goes on (the caller links its next job)."""
         record = self.store.chain(d.job)
         if record is None:
             return False
