@@ -219,14 +219,15 @@ class Controller:
         """Waiting jobs that name ``record``'s chain, from the same user and checkpoint directory."""
         out = []
         for j in jobs.values():
-            if not (j.managed and j.held) or self.store.decision(j.job_id) is not None:
-                continue
+            if not (j.managed and j.held and f";chain={record.job}" in j.admin_comment):
+                continue  # cheap text filter first: most held jobs belong to no chain
             try:
                 a = parse_tag(j.admin_comment).atomize
             except ValueError:
                 continue
             same_user = ended is None or ended.user_id == j.user_id
-            if a is not None and a.chain == record.job and a.checkpoint_dir == record.checkpoint_dir and same_user:
+            if a is not None and a.chain == record.job and a.checkpoint_dir == record.checkpoint_dir and same_user \
+                    and self.store.decision(j.job_id) is None:  # fmt: skip
                 out.append(j)
         return sorted(out, key=lambda j: int(j.job_id.split("_")[0]))
 
