@@ -50,6 +50,9 @@ class SiteConfig:
     gpu_backend: str = "nvml"
     emulated_dir: Path = Path("/var/lib/mig-batch/emulated")
     job_dir: Path = Path("/run/mig-batch/jobs")
+    node_dir: Path = Path("/var/lib/mig-batch/node")  # on each GPU node: the agent's journal (root, 0700)
+    agent_socket: Path = Path("/run/mig-batch/agent.sock")  # on each GPU node: where the hooks ask the agent
+    reconcile_interval_s: float = 60.0  # on each GPU node: how often the agent reconciles with the batch system
     nodes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     slurm_bin: str = ""
     atomize: AtomizeConfig = field(default_factory=AtomizeConfig)
@@ -89,12 +92,7 @@ def load_config(explicit: str | os.PathLike | None = None) -> SiteConfig:
             nodes[str(node)] = tuple(get_model(str(m)).name for m in models)
         except UnknownModelError as exc:
             raise ConfigError(f"{path}: nodes.{node}: {exc}") from None
-    try:
-        interval = float(raw.get("poll_interval_s", 1.0))
-    except (TypeError, ValueError):
-        raise ConfigError(f"{path}: poll_interval_s must be a number of seconds") from None
-    if interval <= 0:
-        raise ConfigError(f"{path}: poll_interval_s must be positive")
+    interval = _seconds(raw, "poll_interval_s", 1.0, path)
     return SiteConfig(
         state=Path(raw.get("state", SiteConfig.state)),
         policy=policy,
@@ -102,12 +100,25 @@ def load_config(explicit: str | os.PathLike | None = None) -> SiteConfig:
         gpu_backend=backend,
         emulated_dir=Path(raw.get("emulated_dir", SiteConfig.emulated_dir)),
         job_dir=Path(raw.get("job_dir", SiteConfig.job_dir)),
+        node_dir=Path(raw.get("node_dir", SiteConfig.node_dir)),
+        agent_socket=Path(raw.get("agent_socket", SiteConfig.agent_socket)),
+        reconcile_interval_s=_seconds(raw, "reconcile_interval_s", SiteConfig.reconcile_interval_s, path),
         nodes=nodes,
         slurm_bin=str(raw.get("slurm_bin") or ""),
         atomize=_atomize(raw.get("atomize") or {}, path),
         moldable=_moldable(raw.get("moldable") or {}, path),
         path=str(path),
     )
+
+
+def _seconds(raw: dict, key: str, default: float, path: Path) -> float:
+    try:
+        value = float(raw.get(key, default))
+    except (TypeError, ValueError):
+        raise ConfigError(f"{path}: {key} must be a number of seconds") from None
+    if value <= 0:
+        raise ConfigError(f"{path}: {key} must be positive")
+    return value
 
 
 def _section(raw: Any, path: Path, name: str, cls: type) -> Any:

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mig_batch.batch.states import ACTIVE, check_decision
+
 SCHEMA_VERSION = 3
-ACTIVE = ("decided", "released", "running", "requeue")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS decisions (
@@ -227,16 +228,33 @@ class Store:
             (d.job, d.request, d.node, d.gpu, d.model, d.profile, d.start, d.state, d.policy, now, now),
         )
 
-    def record_decision(self, d: Decision) -> None:
+    def record_decision(self, d: Decision, event: str = "decided") -> None:
         now = time.time()
         with self._tx() as db:
             self._upsert_decision(db, d, now)
-            self._event(db, d.job, "decided", {"node": d.node, "gpu": d.gpu, "profile": d.profile, "start": d.start})
+            self._event(db, d.job, event, {"node": d.node, "gpu": d.gpu, "profile": d.profile, "start": d.start})
 
     def set_state(self, job: str, state: str, **detail: Any) -> None:
+        """Move a decision to ``state`` (checked against the allowed transitions), with an event."""
         with self._tx() as db:
-            db.execute("UPDATE decisions SET state=?, updated_at=? WHERE job=?", (state, time.time(), job))
-            self._event(db, job, state, detail)
+            row = db.execute("SELECT state FROM decisions WHERE job=?", (job,)).fetchone()
+            check_decision(row[0] if row else None, state)
+            db.execute("UPDATE decisions SET state=?, updated_at=? WHERE job=?", (str(state), time.time(), job))
+            self._event(db, job, str(state), detail)
+
+    def set_states(self, jobs: list[str], state: str) -> None:
+        """:meth:`set_state` for many jobs in one transaction (a pass releases hundreds)."""
+        if not jobs:
+            return
+        now = time.time()
+        with self._tx() as db:
+            for job in jobs:
+                row = db.execute("SELECT state FROM decisions WHERE job=?", (job,)).fetchone()
+                check_decision(row[0] if row else None, state)
+            db.executemany("UPDATE decisions SET state=?, updated_at=? WHERE job=?",
+                           [(str(state), now, j) for j in jobs])  # fmt: skip
+            db.executemany("INSERT INTO events (time, job, kind, detail) VALUES (?,?,?,?)",
+                           [(now, j, str(state), "{}") for j in jobs])  # fmt: skip
 
     def decision(self, job: str) -> Decision | None:
         row = self.db.execute(f"SELECT {_DECISION_COLS} FROM decisions WHERE job=?", (job,)).fetchone()
@@ -245,7 +263,8 @@ class Store:
     def decisions(self, states: tuple[str, ...] = ACTIVE) -> list[Decision]:
         marks = ",".join("?" * len(states))
         rows = self.db.execute(
-            f"SELECT {_DECISION_COLS} FROM decisions WHERE state IN ({marks}) ORDER BY decided_at", states
+            f"SELECT {_DECISION_COLS} FROM decisions WHERE state IN ({marks}) ORDER BY decided_at",
+            [str(s) for s in states],
         ).fetchall()
         return [Decision(*r) for r in rows]
 
@@ -336,9 +355,9 @@ class Store:
             self._event(db, d.job, "decided", {"node": d.node, "gpu": d.gpu, "profile": d.profile, "start": d.start,
                                                "subjob": sub.run, "window_s": sub.window_s})  # fmt: skip
 
-    def start_subjob(self, job: str, window_margin: float = 0.0) -> SubjobRecord | None:
-        """The prolog's side: the granted, not yet started subjob of ``job`` starts now."""
-        now = time.time()
+    def start_subjob(self, job: str, started_at: float) -> SubjobRecord | None:
+        """The granted, not yet started subjob of ``job`` started at ``started_at``."""
+        now = started_at
         with self._tx() as db:
             job = self._chain_of(db, job)
             row = db.execute(f"SELECT {_SUBJOB_COLS} FROM subjobs WHERE job=? AND ended_at IS NULL "

@@ -76,7 +76,7 @@ def test_chain_resumes_bit_exactly_and_a_killed_subjob_loses_only_its_work(bed, 
     for pid in pids:
         os.kill(int(pid), signal.SIGKILL)
 
-    store = Store(bed.root / "state.db")
+    store = Store(bed.store_path)
     chain = wait_for(lambda: (c := store.chain(job)) and c.state in ("done", "failed") and c, 240, "the chain to end")
     assert chain.state == "done", store.events(job)
     text = log.read_text()

@@ -1,12 +1,17 @@
-"""Prolog/epilog and the state store, against the emulated backend and a real SQLite file."""
+"""The node agent (Prolog/Epilog work, reconcile) over the fake batch system and emulated GPUs, and
+the state store on a real SQLite file."""
 
 import sqlite3
 
 import pytest
 
+from mig_batch.batch.fake import FakeBatch
+from mig_batch.batch.system import JobState, Pin
+from mig_batch.batch.tags import NodeReport, Placed, parse_agent_tag, parse_report, parse_tag, placed_tag
 from mig_batch.config import ConfigError, SiteConfig, load_config
 from mig_batch.gpu.emulated import EmulatedNode
-from mig_batch.slurm.hooks import epilog, prolog
+from mig_batch.node.agent import NodeAgent
+from mig_batch.node.journal import Journal
 from mig_batch.state import Decision, StateError, Store
 
 TAG = "mig-batch:v1;req=4g.20gb"
@@ -15,63 +20,110 @@ TAG = "mig-batch:v1;req=4g.20gb"
 @pytest.fixture
 def site(tmp_path):
     config = SiteConfig(state=tmp_path / "state.db", gpu_backend="emulated", emulated_dir=tmp_path / "gpus",
-                        job_dir=tmp_path / "jobs", nodes={"n1": ("A100-40GB", "A100-40GB")})  # fmt: skip
+                        job_dir=tmp_path / "jobs", node_dir=tmp_path / "node",
+                        nodes={"n1": ("A100-40GB", "A100-40GB")})  # fmt: skip
     EmulatedNode(config.emulated_dir, "n1", list(config.nodes["n1"]))
     return config
 
 
-def decide(config, job, gpu, profile, start, request=TAG):
-    store = Store(config.state)
-    store.record_decision(Decision(job, request, "n1", gpu, "A100-40GB", profile, start, "released", "mfi"))
-    store.close()
+@pytest.fixture
+def batch():
+    return FakeBatch(["n1"])
 
 
-def env(job):
-    return {"SLURM_JOB_ID": job, "SLURMD_NODENAME": "n1"}
+def agent(config, batch):
+    return NodeAgent("n1", EmulatedNode(config.emulated_dir, "n1"), Journal(config.node_dir / "journal"), batch,
+                     config.job_dir)  # fmt: skip
 
 
-def test_prolog_creates_the_decided_instance_and_epilog_destroys_it_once(site):
-    decide(site, "7", 1, "4g.20gb", 0)
-    prolog(site, env("7"))
+def decide(batch, gpu, profile, start, request=TAG, node="n1"):
+    """A job the controller pinned and released, started by the batch system (its Prolog comes next)."""
+    job = batch.add(request)
+    batch.pin_and_release([Pin(job, node, placed_tag(parse_tag(request), Placed(node, gpu, profile, start)))])
+    batch.start(job)
+    return job
+
+
+def test_prolog_creates_the_decided_instance_reports_it_and_epilog_destroys_it_once(site, batch):
+    a = agent(site, batch)
+    job = decide(batch, 1, "4g.20gb", 0)
+    a.prolog(job)
     node = EmulatedNode(site.emulated_dir, "n1")
     [inst] = node.instances(1)
     assert (inst.profile, inst.start) == ("4g.20gb", 0)
-    assert (site.job_dir / "7").read_text().startswith(f"export CUDA_VISIBLE_DEVICES={inst.uuid}\n")
-    prolog(site, env("7"))  # a second run (requeue on the same node) reuses the instance
+    assert (site.job_dir / job).read_text().startswith(f"export CUDA_VISIBLE_DEVICES={inst.uuid}\n")
+    assert parse_report(batch.job(job).admin_tag) == NodeReport("made", 1, "4g.20gb", 0, inst.gi_id, inst.uuid)
+    a.prolog(job)  # a second run (requeue on the same node) reuses the instance
     assert node.instances(1) == [inst]
-    epilog(site, env("7"))
-    epilog(site, env("7"))  # idempotent
-    assert node.instances(1) == [] and not (site.job_dir / "7").exists()
-    assert Store(site.state).instance("7") is None
+    a.epilog(job)
+    a.epilog(job)  # idempotent
+    assert node.instances(1) == [] and not (site.job_dir / job).exists()
+    assert Journal(site.node_dir / "journal").entries() == []
 
 
-def test_stale_decision_falls_back_to_mfi_on_the_node(site):
+def test_stale_decision_falls_back_to_mfi_on_the_node_and_says_so(site, batch):
     node = EmulatedNode(site.emulated_dir, "n1")
     node.create(1, "1g.5gb", 2)  # someone else holds part of the decided spot
-    decide(site, "8", 1, "4g.20gb", 0)
-    prolog(site, env("8"))
-    placed = [i for i in node.instances(0)]
-    assert [(i.profile, i.start) for i in placed] == [("4g.20gb", 0)]  # the free GPU, by MFI
-    events = Store(site.state).events("8", "prolog-replaced")
-    assert events and events[0]["decided"] == "1/4g.20gb@0" and events[0]["placed"] == "0/4g.20gb@0"
+    job = decide(batch, 1, "4g.20gb", 0)
+    agent(site, batch).prolog(job)
+    assert [(i.profile, i.start) for i in node.instances(0)] == [("4g.20gb", 0)]  # the free GPU, by MFI
+    report = parse_report(batch.job(job).admin_tag)
+    assert (report.kind, report.gpu, report.profile, report.start) == ("replaced", 0, "4g.20gb", 0)
 
 
-def test_prolog_that_cannot_place_asks_for_a_requeue_and_does_not_fail(site):
+def test_prolog_that_cannot_place_asks_for_a_requeue_and_does_not_fail(site, batch):
     node = EmulatedNode(site.emulated_dir, "n1")
     node.create(0, "7g.40gb", 0)
     node.create(1, "4g.20gb", 0)
-    decide(site, "9", 1, "4g.20gb", 0)
-    prolog(site, env("9"))  # returns normally: a failing prolog would drain the node
-    store = Store(site.state)
-    assert store.decision("9").state == "requeue"
-    assert store.instance("9") is None
-    assert "NoDevFiles" in (site.job_dir / "9").read_text()
+    job = decide(batch, 1, "4g.20gb", 0)
+    result = agent(site, batch).prolog(job)  # returns normally: a failing prolog would drain the node
+    assert result.report.kind == "requeue" and "nothing fits on n1" in result.problem
+    assert parse_report(batch.job(job).admin_tag).kind == "requeue"
+    assert "NoDevFiles" in (site.job_dir / job).read_text()
 
 
-def test_unmanaged_jobs_are_left_alone(site):
-    prolog(site, env("10"))
-    epilog(site, env("10"))
+def test_a_job_released_without_a_placement_is_refused_not_guessed(site, batch):
+    job = batch.add(TAG)
+    batch.release([job])
+    batch._set(job, state=JobState.RUNNING)
+    result = agent(site, batch).prolog(job)
+    assert result.report.kind == "requeue" and EmulatedNode(site.emulated_dir, "n1").instances(0) == []
+
+
+def test_unmanaged_jobs_are_left_alone(site, batch):
+    a = agent(site, batch)
+    job = batch.add("plain user comment")
+    a.prolog(job)
+    a.prolog("999")  # unknown to the batch system
+    a.epilog(job)
     assert EmulatedNode(site.emulated_dir, "n1").instances(0) == []
+
+
+def test_reconcile_destroys_what_no_live_job_owns_and_keeps_the_rest(site, batch):
+    a = agent(site, batch)
+    live, gone = decide(batch, 1, "4g.20gb", 0), decide(batch, 0, "1g.5gb", 0)
+    a.prolog(live)
+    a.prolog(gone)
+    batch.finish(gone)  # its Epilog never ran (the agent was down)
+    EmulatedNode(site.emulated_dir, "n1").create(0, "1g.5gb", 6)  # made behind mig_batch's back
+    strays = a.reconcile()
+    assert len(strays) == 2 and any(f"job {gone}'s" in s for s in strays)
+    node = EmulatedNode(site.emulated_dir, "n1")
+    assert [(i.profile, i.start) for i in node.instances(1)] == [("4g.20gb", 0)] and node.instances(0) == []
+    tag = parse_agent_tag(batch.nodes()[0].agent_tag)
+    assert tag is not None and tag.strays == 2 and tag.reconciled >= a.started
+
+
+def test_a_failing_backend_becomes_a_requeue_report(site, batch):
+    class Broken(EmulatedNode):
+        def create(self, gpu, profile, start):
+            raise RuntimeError("NVML: unknown error")
+
+    a = NodeAgent("n1", Broken(site.emulated_dir, "n1"), Journal(site.node_dir / "journal"), batch, site.job_dir)
+    job = decide(batch, 1, "4g.20gb", 0)
+    result = a.prolog(job)
+    assert result.report.kind == "requeue" and "unknown error" in result.problem
+    assert parse_report(batch.job(job).admin_tag).kind == "requeue"
 
 
 def test_store_refuses_a_newer_schema_and_keeps_decisions(tmp_path):
@@ -101,23 +153,8 @@ def test_config_errors_name_the_setting(tmp_path):
         load_config(path)
 
 
-def test_controller_reconcile_reports_instances_no_job_owns(site):
-    from mig_batch.controller.daemon import Controller
-    from mig_batch.slurm.commands import SlurmCli
-
-    decide(site, "7", 1, "4g.20gb", 0)
-    prolog(site, env("7"))  # recorded: not a stray
-    EmulatedNode(site.emulated_dir, "n1").create(0, "1g.5gb", 6)  # made behind mig_batch's back
-    store = Store(site.state)
-    controller = Controller(site, store, SlurmCli())
-    problems = controller.reconcile_nodes([("n1", EmulatedNode(site.emulated_dir, "n1"))])
-    assert problems == ["n1 GPU 0: 1g.5gb@6 belongs to no job"]
-    assert store.events(kind="stray-instance")
-    assert controller.view.gpus[1].instances == {"7": ("4g.20gb", 0)}  # view rebuilt from the store
-
-
 def test_a_chain_runs_its_subjobs_as_linked_slurm_jobs(site):
-    from mig_batch.controller.tags import parse_tag
+    from mig_batch.batch.tags import parse_tag
     from mig_batch.state import ChainRecord, SubjobRecord
 
     store = Store(site.state)
@@ -129,7 +166,7 @@ def test_a_chain_runs_its_subjobs_as_linked_slurm_jobs(site):
     d = Decision("11", later, "n1", 0, "A100-40GB", "1g.5gb", 6, "decided", "sja-efficiency")
     store.grant_subjob(d, SubjobRecord("11", 0, None, "1g.5gb", 1, 4864.0, 300.0, 0.0, *(None,) * 5))
     assert store.chain("10").state == "granted"  # the chain's row, not a new one
-    started = store.start_subjob("11")  # the prolog of job 11
+    started = store.start_subjob("11", 5000.0)  # job 11 started
     assert started is not None and started.job == "10" and started.deadline == pytest.approx(started.started_at + 300)
     store.end_subjob("11", 75, "continue", "waiting")
     assert [s.outcome for s in store.subjobs("10")] == ["continue"] == [s.outcome for s in store.subjobs("11")]

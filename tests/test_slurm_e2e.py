@@ -52,7 +52,7 @@ def submit(bed, *args):
 
 def wait_done(bed, jobs, timeout=120):
     deadline = time.monotonic() + timeout
-    store = Store(bed.root / "state.db")
+    store = Store(bed.store_path)
     while time.monotonic() < deadline:
         out = bed.cluster.run("squeue", "-h", "-o", "%i").stdout.split()
         decisions = [store.decision(j) for j in jobs]
@@ -71,7 +71,7 @@ def never_drained(bed):
 def history(bed):
     """(node, gpu, start, size, uuid, created, destroyed) for every instance ever made."""
     lives = {}
-    for path in (bed.root / "gpus").glob("*.history.jsonl"):
+    for path in (p for node in bed.nodes for p in bed.gpu_dir(node).glob("*.history.jsonl")):
         for line in path.read_text().splitlines():
             e = json.loads(line)
             if e["op"] == "create":
@@ -102,9 +102,20 @@ def assert_no_overlap_and_no_leak(bed):
             times = a[5] < b[6] and b[5] < a[6]
             assert not (same_gpu and slices and times), f"instances overlap: {a} and {b}"
     for node in bed.nodes:
-        state = json.loads((bed.root / "gpus" / f"{node}.json").read_text())
+        state = json.loads((bed.gpu_dir(node) / f"{node}.json").read_text())
         assert all(not g["instances"] for g in state["gpus"]), f"{node} still has instances"
-    assert Store(bed.config_path.parent / "state.db").instances() == []
+    assert Store(bed.store_path).instances() == []
+
+
+def test_nodes_cannot_reach_the_controllers_store(bed):
+    assert bed.store_path.exists()
+    for node in bed.nodes:
+        seen = bed.in_node(node, "ls", "-A", str(bed.controller_dir)).stdout.split()
+        assert seen == [], f"{node} sees {seen} in the controller's directory"
+        assert bed.in_node(node, "test", "-e", str(bed.store_path.parent)).returncode != 0
+        assert bed.in_node(node, "test", "-S", "/run/mig-batch/agent.sock").returncode == 0  # its own agent
+    config = bed.config_path.read_text()
+    assert "state:" not in config  # the nodes' config names no store
 
 
 def test_thirty_mixed_jobs_complete_each_with_one_mig_device(bed):
@@ -118,7 +129,7 @@ def test_thirty_mixed_jobs_complete_each_with_one_mig_device(bed):
     wait_done(bed, jobs)
     runs = job_runs(bed, jobs)
     lives = {life[4]: life for life in history(bed)}
-    store = Store(bed.root / "state.db")
+    store = Store(bed.store_path)
     for job, (cvd, begin, end) in runs.items():
         assert cvd.startswith("MIG-") and "," not in cvd, f"job {job} saw {cvd!r}"
         life = lives[cvd]
@@ -148,7 +159,7 @@ def test_forged_placement_in_user_fields_has_no_effect(bed):
     wait_done(bed, [job])
     cvd, _, _ = job_runs(bed, [job])[job]
     life = {life[4]: life for life in history(bed)}[cvd]
-    d = Store(bed.root / "state.db").decision(job)
+    d = Store(bed.store_path).decision(job)
     assert d.request == "mig-batch:v1;req=1g.10gb" and d.profile == "1g.10gb"
     size = get_model(d.model).profile(d.profile).memory_slices
     assert (life[0], life[1], life[2], life[3]) == (d.node, d.gpu, d.start, size)
@@ -166,7 +177,7 @@ def test_mfi_places_what_first_fit_leaves_pending(bed):
         time.sleep(3)
         big_state = bed.cluster.run("squeue", "-h", "-j", big, "-o", "%T").stdout.strip()
         wait_done(bed, [small, big])
-        return big_state, Store(bed.root / "state.db").decision(small).start
+        return big_state, Store(bed.store_path).decision(small).start
 
     ff_state, ff_start = scenario("ff")
     mfi_state, mfi_start = scenario("mfi")
@@ -186,7 +197,7 @@ def test_moldable_jobs_get_the_size_that_finishes_first(bed):
     time.sleep(1.5)
     waited = bed.cluster.run("squeue", "-h", "-j", later, "-o", "%T").stdout.strip()
     wait_done(bed, [rigid, later])
-    store = Store(bed.root / "state.db")
+    store = Store(bed.store_path)
     assert (store.decision(now).profile, store.decision(now).policy) == ("3g.20gb", "moldable-mfi")
     assert waited == "PENDING" and store.decision(later).profile == "7g.40gb"
     cvd, begin, _ = job_runs(bed, [later])[later]
@@ -215,7 +226,7 @@ def test_controller_sigkill_and_slurmd_restart_lose_nothing(bed):
     bed.cluster.stop_node("n2")
     bed.cluster.start_node("n2")
     wait_done(bed, jobs, timeout=180)
-    store = Store(bed.root / "state.db")
+    store = Store(bed.store_path)
     for job in jobs:
         assert store.decision(job).state == "ended"
         assert store.count_decisions(job) == 1, f"job {job} was placed more than once"

@@ -64,7 +64,7 @@ def _maybe_config(path: str | None) -> SiteConfig | None:
 def cmd_install(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     written = install(args.dest, args.python, str(Path(args.config).resolve()), str(config.job_dir),
-                      _models(config, False))  # fmt: skip
+                      str(config.agent_socket), _models(config, False))  # fmt: skip
     for path in written:
         console.print(f"wrote {path}", highlight=False)
     return 0

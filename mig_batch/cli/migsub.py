@@ -13,7 +13,6 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -299,15 +298,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def submit(command: list[str], stdin: str | None = None) -> int:
     """Hand the job to the batch system found on PATH; print its id."""
+    from mig_batch.slurm.commands import SlurmCli, SlurmError
+
     if shutil.which(command[0]) is None:
         return fail(f"no batch system found: {command[0]} is not on PATH (HTCondor support comes later); "
                     "--dry-run shows the translation")  # fmt: skip
-    proc = subprocess.run(command, capture_output=True, text=True, input=stdin)
-    if proc.returncode != 0:
-        return fail(proc.stderr.strip() or f"{command[0]} failed with exit code {proc.returncode}", proc.returncode)
-    job = proc.stdout.strip().split(";")[0]
+    try:
+        job = SlurmCli(timeout=60).submit(sbatch_args(command), stdin)
+    except SlurmError as exc:
+        return fail(str(exc))
     print(job)
     return 0
+
+
+def sbatch_args(command: Sequence[str]) -> list[str]:
+    """sbatch's arguments in a command migsub built (``sbatch --parsable ...``)."""
+    return [a for a in command[1:] if a != "--parsable"]
 
 
 if __name__ == "__main__":

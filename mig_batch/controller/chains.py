@@ -1,6 +1,6 @@
 """Subjob chains in the controller (SJA on Slurm): offer gaps, grant subjobs, continue or end chains.
 
-A chain (``migsub --atomize``) runs one Slurm job per subjob; the first job's id names it, and the
+A chain (``migsub --atomize``) runs one batch job per subjob; the first job's id names it, and the
 runner submits each next job (held, tagged ``chain=``) before its subjob exits.
   held chain job  -> gaps from the live view are offered; replies and the grant are recorded
   grant           -> decision + subjob row (window), then pin (node, admin comment, time limit) and release
@@ -22,11 +22,11 @@ from mig_batch.atomize.gaps import GpuTimeline, cluster_gaps, start_in_gap
 from mig_batch.atomize.profiles import MemoryProfile
 from mig_batch.atomize.protocol import Chain, negotiate
 from mig_batch.atomize.samples import read_profile
+from mig_batch.batch.system import BatchJob
+from mig_batch.batch.tags import JobTag
 from mig_batch.config import SiteConfig
-from mig_batch.controller.tags import JobTag
 from mig_batch.mig.models import get_model
 from mig_batch.placement.cluster import Cluster
-from mig_batch.slurm.commands import SlurmJob
 from mig_batch.state import ChainRecord, Decision, Store, SubjobRecord
 from mig_batch.subjob import EXIT_CONTINUE, EXIT_DONE, EXIT_NOT_PREPARED, SLURM_SIGNAL_MARGIN_S
 
@@ -37,7 +37,7 @@ class ChainDriver:
         self._history: dict[str, tuple[int, MemoryProfile]] = {}  # job -> (subjobs seen, profile)
         self._last_round: object = None
 
-    def register(self, job: SlurmJob, tag: JobTag, declared_mib: float) -> ChainRecord:
+    def register(self, job: BatchJob, tag: JobTag, declared_mib: float) -> ChainRecord:
         a = tag.atomize
         assert a is not None
         self.store.add_chain(ChainRecord(job.job_id, a.checkpoint_dir, declared_mib, a.min_s, a.max_s, a.deadline,
@@ -56,7 +56,7 @@ class ChainDriver:
             seen = self._history[record.job] = (record.subjobs, profile)
         return seen[1]
 
-    def offer(self, waiting: list[tuple[SlurmJob, JobTag, ChainRecord]], timelines: list[GpuTimeline],
+    def offer(self, waiting: list[tuple[BatchJob, JobTag, ChainRecord]], timelines: list[GpuTimeline],
               now: float) -> list[tuple[Decision, SubjobRecord]]:  # fmt: skip
         """One negotiation round: the gaps open now in ``timelines`` (every GPU's holds, the
         reservations included) are offered and may be granted; later ones are published only. The
@@ -104,7 +104,7 @@ class ChainDriver:
         the limit itself come later still, as backstops."""
         return math.ceil((window_s + self.config.atomize.grace_s + SLURM_SIGNAL_MARGIN_S + 30) / 60)
 
-    def ended(self, d: Decision, job: SlurmJob | None) -> bool:
+    def ended(self, d: Decision, job: BatchJob | None) -> bool:
         """A chain's subjob ended: record it; True when the chain goes on (the caller links its next job)."""
         record = self.store.chain(d.job)
         if record is None:
@@ -113,10 +113,10 @@ class ChainDriver:
             self.store.end_subjob(d.job, None, "lost", "failed")  # purged from Slurm before we saw it end
             return False
         status = job.exit_status
-        if job.state == "CANCELLED":
+        if job.cancelled:
             self.store.end_subjob(d.job, status, "cancelled", "cancelled")
             return False
-        if status == EXIT_DONE and job.state == "COMPLETED":
+        if status == EXIT_DONE and job.outcome == "COMPLETED":
             self.store.end_subjob(d.job, status, "done", "done")
             return False
         if status == EXIT_CONTINUE:

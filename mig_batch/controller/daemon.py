@@ -1,12 +1,17 @@
 """The controller loop: place held managed jobs, pin and release them, follow them to the end.
 
+It speaks to the batch system only through the seam (:mod:`mig_batch.batch.system`), and the nodes
+answer through it too: the node agent appends its report to the job's operator-only tag (instance
+made, made elsewhere on the node, or nothing fits), and publishes its own state on the node.
+
 Crash-safe by construction: a decision is recorded in the store before the batch system hears of
 it, and every step is idempotent, so after a crash (or SIGKILL) a restart resumes from the store:
-  decided  + job still held    -> pin and release again (same node, same admin comment)
+  decided  + job still held    -> pin and release again (same node, same tag)
   released/running + job ended -> free the slot
-  requeue (prolog could not place it) -> requeue-hold in Slurm, decide again
-The in-memory view (a placement ``Cluster``) is rebuilt from the store at start-up, and the store's
-instance records are compared with the nodes' real instances (emulated backend: read directly).
+  node report "requeue"        -> requeue-hold the job, decide again
+  running job pending again    -> the batch system requeued it (its node failed): hold it, decide again
+A node the batch system reports down is fenced (nothing is placed there) until its agent has
+reconciled its GPUs since. The in-memory view (a placement ``Cluster``) is rebuilt from the store.
 """
 
 from __future__ import annotations
@@ -14,23 +19,34 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from mig_batch.atomize.gaps import GpuTimeline, Hold, cluster_timelines, reservation, with_hold
+from mig_batch.batch.states import CHAIN_OVER, DECIDABLE, DecisionState
+from mig_batch.batch.system import BatchError, BatchJob, BatchSystem, JobState, Pin
+from mig_batch.batch.tags import (
+    JobTag,
+    NodeReport,
+    Placed,
+    moldable_times,
+    parse_agent_tag,
+    parse_report,
+    parse_tag,
+    placed_tag,
+    profiles_by_model,
+)
 from mig_batch.config import SiteConfig
 from mig_batch.controller.chains import ChainDriver
-from mig_batch.controller.tags import JobTag, moldable_times, parse_tag, placed_tag, profiles_by_model
 from mig_batch.mig.models import get_model
 from mig_batch.placement.base import Placement, PlacementRequest
 from mig_batch.placement.cluster import Cluster, Gpu, PlacementConflict
 from mig_batch.placement.moldable import MoldableJob, MoldablePlanner, expected_end
 from mig_batch.placement.policies import make_policy
-from mig_batch.slurm.commands import SlurmCli, SlurmError, SlurmJob
-from mig_batch.state import ChainRecord, Decision, Store
+from mig_batch.state import ChainRecord, Decision, InstanceRecord, Store
 
 log = logging.getLogger("mig-batchd")
-RUNNING = ("RUNNING", "COMPLETING")
+NODE_POLL_S = 2.0  # how often the nodes' states are read (one batch-system call)
 
 
 @dataclass
@@ -52,10 +68,10 @@ def build_view(nodes: dict[str, tuple[str, ...]]) -> Cluster:
 
 
 class Controller:
-    def __init__(self, config: SiteConfig, store: Store, slurm: SlurmCli):
+    def __init__(self, config: SiteConfig, store: Store, batch: BatchSystem):
         if not config.nodes:
             raise ValueError(f"{config.path}: no nodes in the inventory; the controller has nothing to place on")
-        self.config, self.store, self.slurm = config, store, slurm
+        self.config, self.store, self.batch = config, store, batch
         self.policy = make_policy(config.policy)
         self.view = build_view(config.nodes)
         self.gid = {(g.host, g.index): g.gid for g in self.view.gpus}
@@ -63,6 +79,9 @@ class Controller:
         self._moldable: dict[str, dict[str, dict[str, float]] | str] = {}  # tag text -> model -> options
         self._predicted: dict[str, float | None] = {}  # job -> predicted seconds of its moldable instance
         self.chains = ChainDriver(config, store, self.view)
+        self._down_since: dict[str, float] = {}  # fenced nodes: when the batch system reported them down
+        self._nodes_read = -math.inf
+        self._reported: set[str] = {r.job for r in store.instances()}  # jobs whose node report is recorded
         for d in store.decisions():
             self._occupy(d)
 
@@ -92,17 +111,18 @@ class Controller:
     def step(self) -> PassStats:
         t0 = time.perf_counter()
         stats = PassStats()
-        jobs = {j.job_id: j for j in self.slurm.jobs()}
-        self._follow(jobs, stats)
+        jobs = {j.job_id: j for j in self.batch.jobs()}
+        self._watch_nodes()
+        pins = self._follow(jobs, stats)
         waiting = sorted((j for j in jobs.values() if j.managed and j.held and self._needs_decision(j.job_id)),
-                         key=lambda j: (j.submit_time, int(j.job_id.split("_")[0])))  # fmt: skip
+                         key=lambda j: j.order)  # fmt: skip
         decided: list[Decision] = []
-        chains: list[tuple[SlurmJob, JobTag]] = []
-        moldable: list[tuple[SlurmJob, JobTag]] = []
+        chains: list[tuple[BatchJob, JobTag]] = []
+        moldable: list[tuple[BatchJob, JobTag]] = []
         blocked: dict[str, str] | None = None  # the first job that fits nowhere: gaps must not delay it
         for job in waiting:
             try:
-                tag = parse_tag(job.admin_comment)
+                tag = parse_tag(job.admin_tag)
             except ValueError as exc:
                 self.store.event(job.job_id, "bad-tag", error=str(exc))
                 continue
@@ -134,110 +154,197 @@ class Controller:
                 decided += started
             if chains:
                 decided += self._offer(chains, timelines, now)
-        pinned = []
-        for d in decided:  # every decision is recorded already: pin failures are re-applied next pass
-            try:
-                self._pin(d)
-                pinned.append(d.job)
-            except SlurmError as exc:
-                stats.errors.append(str(exc))
-                log.warning("job %s: %s", d.job, exc)
-        if pinned:
-            try:
-                self.slurm.release(pinned)
-                for job_id in pinned:
-                    self.store.set_state(job_id, "released")
-                stats.placed += len(pinned)
-            except SlurmError as exc:  # still 'decided': the next pass pins and releases again
-                stats.errors.append(str(exc))
-                log.warning("release: %s", exc)
+        self._pin_and_release([*pins, *decided], stats)
         stats.seconds = time.perf_counter() - t0
         return stats
 
-    def _unlinked(self, job: SlurmJob, tag: JobTag) -> bool:
+    def _pin_and_release(self, decided: list[Decision], stats: PassStats) -> None:
+        """Every decision is recorded already: a pin the batch system refuses is applied again next pass."""
+        if not decided:
+            return
+        try:
+            failed = self.batch.pin_and_release([self._pin(d) for d in decided])
+        except BatchError as exc:
+            failed = {d.job: str(exc) for d in decided}
+        for job, why in failed.items():
+            stats.errors.append(why)
+            log.warning("job %s: %s", job, why)
+        released = [d.job for d in decided if d.job not in failed]
+        self.store.set_states(released, DecisionState.RELEASED)
+        stats.placed += len(released)
+
+    def _watch_nodes(self) -> None:
+        """Fence the GPUs of nodes the batch system reports down; lift the fence once the node's agent
+        has reconciled since (its stray instances are gone, its slices known again)."""
+        now = time.time()
+        if now - self._nodes_read < NODE_POLL_S:
+            return
+        self._nodes_read = now
+        for node in self.batch.nodes():
+            if node.node not in self.config.nodes:
+                continue
+            agent = parse_agent_tag(node.agent_tag)
+            if not node.up:
+                if node.node not in self._down_since:
+                    self._down_since[node.node] = now
+                    self._fence(node.node, True)
+                    self.store.event(None, "node-down", node=node.node)
+            elif node.node in self._down_since and agent is not None \
+                    and agent.reconciled >= self._down_since[node.node]:  # fmt: skip
+                del self._down_since[node.node]
+                self._fence(node.node, False)
+                self.store.event(None, "node-back", node=node.node, strays=agent.strays)
+
+    def _fence(self, node: str, fenced: bool) -> None:
+        for gpu in self.view.gpus:
+            if gpu.host == node:
+                (self.view.fence if fenced else self.view.unfence)(gpu.gid)
+
+    def _unlinked(self, job: BatchJob, tag: JobTag) -> bool:
         """A job naming a known chain it is not (yet) linked to. One naming an unknown chain (a lost
         state store) starts a chain of its own; it resumes from the same checkpoints."""
         chain = tag.atomize.chain if tag.atomize else None
         if chain is None or chain == job.job_id or self.store.chain(job.job_id) is not None:
             return False
         known = self.store.chain(chain)
-        if known is not None and known.state in ("done", "failed", "cancelled"):
+        if known is not None and known.state in CHAIN_OVER:
             self.store.event(job.job_id, "chain-job-cancelled", chain=chain, why=f"the chain is {known.state}")
-            self.slurm.cancel(job.job_id)
+            self.batch.cancel(job.job_id)
         return known is not None
 
     def _needs_decision(self, job: str) -> bool:
         d = self.store.decision(job)
-        return d is None or d.state in ("ended", "requeued")
+        return d is None or d.state in DECIDABLE
 
-    def _follow(self, jobs: dict[str, SlurmJob], stats: PassStats) -> None:
+    def _follow(self, jobs: dict[str, BatchJob], stats: PassStats) -> list[Decision]:
+        """Carry every active decision forward from what the batch system shows; the decisions whose
+        pin must be applied again (still held: a crash or a refused pin)."""
+        again = []
         for d in self.store.decisions():
             job = jobs.get(d.job)
             try:
-                if d.state == "requeue":
-                    if job is not None and not job.finished:
-                        self.slurm.requeue_hold(d.job)
-                    self._free(d.job)
-                    self.store.set_state(d.job, "requeued")
-                elif job is None or job.finished:
-                    self._free(d.job)
-                    if parse_tag(d.request).atomize is not None:
-                        self._subjob_ended(d, job, jobs)
-                    else:
-                        self.store.set_state(d.job, "ended", slurm_state=job.state if job else "gone")
+                if job is None or job.finished:
+                    self._ended(d, job, jobs)
                     stats.ended += 1
-                elif d.state == "decided" and job.held:
-                    self._apply(d)
-                elif d.state in ("decided", "released") and job.state in ("RUNNING", "COMPLETING"):
-                    self.store.set_state(d.job, "running")
-            except SlurmError as exc:
+                elif job.running:
+                    self._running(d, job)
+                elif job.held and d.state == DecisionState.DECIDED:
+                    again.append(d)
+                elif d.state == DecisionState.RUNNING or d.node in self._down_since:
+                    self._requeue(d, job, "the batch system requeued it" if d.state == DecisionState.RUNNING
+                                  else f"its node {d.node} is down")  # fmt: skip
+            except BatchError as exc:
                 stats.errors.append(str(exc))
                 log.warning("job %s: %s", d.job, exc)
+        return again
 
-    def _subjob_ended(self, d: Decision, job: SlurmJob | None, jobs: Mapping[str, SlurmJob]) -> None:
-        """A chain's subjob ended. The runner has submitted the chain's next job (one Slurm job per
+    def _running(self, d: Decision, job: BatchJob) -> None:
+        """A running job: its node's report (once), and the subjob's start."""
+        if d.state in (DecisionState.DECIDED, DecisionState.RELEASED):
+            self.store.set_state(d.job, DecisionState.RUNNING)
+            if parse_tag(d.request).atomize is not None:
+                self.store.start_subjob(d.job, job.start_time or time.time())
+        if d.job in self._reported:
+            return
+        try:
+            report = parse_report(job.admin_tag)
+        except ValueError as exc:
+            self.store.event(d.job, "bad-report", error=str(exc))
+            self._reported.add(d.job)
+            return
+        if report is None:
+            return
+        self._reported.add(d.job)
+        if report.kind == "requeue":
+            self._requeue(d, job, report.reason)
+            return
+        if report.kind == "replaced":
+            self._moved(d, report)
+        self.store.record_instance(InstanceRecord(d.job, d.node, report.gpu, report.profile, report.start,
+                                                  report.gi_id, report.uuid))  # fmt: skip
+
+    def _moved(self, d: Decision, report: NodeReport) -> None:
+        """The node made the instance elsewhere on itself (the decided spot was taken): follow it."""
+        self.store.event(d.job, "node-replaced", node=d.node, decided=f"{d.gpu}/{d.profile}@{d.start}",
+                         placed=f"{report.gpu}/{report.profile}@{report.start}")  # fmt: skip
+        self._free(d.job)
+        gid = self.gid.get((d.node, report.gpu))
+        try:
+            if gid is not None:
+                self.view.allocate(gid, d.job, report.profile, report.start)
+        except PlacementConflict as exc:  # the view disagrees with the node: the node is right, report it
+            self.store.event(d.job, "view-conflict", error=str(exc))
+        moved = Decision(d.job, d.request, d.node, report.gpu, d.model, report.profile, report.start,
+                         DecisionState.RUNNING, d.policy)  # fmt: skip
+        self.store.record_decision(moved, event="replaced")
+
+    def _requeue(self, d: Decision, job: BatchJob, reason: str) -> None:
+        """Back to the queue, held, to be decided again."""
+        if not job.finished:
+            if job.running:
+                self.batch.requeue_hold(d.job, reason)
+            else:
+                self.batch.hold(d.job)
+        self._free(d.job)
+        self._reported.discard(d.job)
+        self.store.forget_instance(d.job, reason=reason)
+        self.store.set_state(d.job, DecisionState.REQUEUED, reason=reason)
+
+    def _ended(self, d: Decision, job: BatchJob | None, jobs: Mapping[str, BatchJob]) -> None:
+        self._free(d.job)
+        self._reported.discard(d.job)
+        if self.store.instance(d.job) is not None:  # the Epilog destroyed it (the node reconciles a leak)
+            self.store.forget_instance(d.job, node=d.node)
+        if parse_tag(d.request).atomize is not None:
+            self._subjob_ended(d, job, jobs)
+        else:
+            self.store.set_state(d.job, DecisionState.ENDED, outcome=job.outcome if job else "gone")
+
+    def _subjob_ended(self, d: Decision, job: BatchJob | None, jobs: Mapping[str, BatchJob]) -> None:
+        """A chain's subjob ended. The runner has submitted the chain's next job (one batch job per
         subjob, held): link it when the chain goes on, cancel it when not. Without one (the runner
         could not submit it), the ended job itself is requeued held, as a fallback."""
         goes_on = self.chains.ended(d, job)
         record = self.store.chain(d.job)
         later = self._later_jobs(record, job, jobs) if record is not None else []
-        slurm_state = job.state if job else "gone"
+        outcome = job.outcome if job else "gone"
         linked = goes_on and bool(later)
         if linked:
             self.store.link_job(later[0].job_id, record.job)
             later = later[1:]  # more than one: cancelled below
         if goes_on and not linked:
-            self.slurm.requeue_hold(d.job)
-            self.store.set_state(d.job, "requeued", slurm_state=slurm_state)
+            self.batch.requeue_hold(d.job, "the chain's next subjob")
+            self.store.set_state(d.job, DecisionState.REQUEUED, outcome=outcome)
         else:
-            self.store.set_state(d.job, "ended", slurm_state=slurm_state)
+            self.store.set_state(d.job, DecisionState.ENDED, outcome=outcome)
         for extra in later:
             self.store.event(extra.job_id, "chain-job-cancelled", chain=record.job)
-            self.slurm.cancel(extra.job_id)
+            self.batch.cancel(extra.job_id)
 
-    def _later_jobs(self, record: ChainRecord, ended: SlurmJob | None, jobs: Mapping[str, SlurmJob]) -> list[SlurmJob]:
+    def _later_jobs(self, record: ChainRecord, ended: BatchJob | None,
+                    jobs: Mapping[str, BatchJob]) -> list[BatchJob]:  # fmt: skip
         """Waiting jobs that name ``record``'s chain, from the same user and checkpoint directory."""
         out = []
         for j in jobs.values():
-            if not (j.managed and j.held and f";chain={record.job}" in j.admin_comment):
+            if not (j.managed and j.held and f";chain={record.job}" in j.admin_tag):
                 continue  # cheap text filter first: most held jobs belong to no chain
             try:
-                a = parse_tag(j.admin_comment).atomize
+                a = parse_tag(j.admin_tag).atomize
             except ValueError:
                 continue
             same_user = ended is None or ended.user_id == j.user_id
             if a is not None and a.chain == record.job and a.checkpoint_dir == record.checkpoint_dir and same_user \
                     and self.store.decision(j.job_id) is None:  # fmt: skip
                 out.append(j)
-        return sorted(out, key=lambda j: int(j.job_id.split("_")[0]))
+        return sorted(out, key=lambda j: j.order)
 
-    def _until(self, jobs: Mapping[str, SlurmJob], now: float) -> Callable[[str], float]:
+    def _until(self, jobs: Mapping[str, BatchJob], now: float) -> Callable[[str], float]:
         """When each placed job is expected to free its instance: a moldable job's predicted end
         (less credit once overdue), else the end of Slurm's time limit (from now, before it starts)."""
 
         def until(job_id: str) -> float:
             job, seconds = jobs.get(job_id), self._predicted_s(job_id)
-            running = job is not None and job.state in RUNNING
+            running = job is not None and job.state is JobState.RUNNING
             if running and job.end_time > 0:
                 limit = max(float(job.end_time), now)
             else:
@@ -257,7 +364,7 @@ class Controller:
             self._predicted[job_id] = request.candidates(get_model(d.model)).get(d.profile) if request else None
         return self._predicted[job_id]
 
-    def timelines(self, jobs: Mapping[str, SlurmJob], now: float,
+    def timelines(self, jobs: Mapping[str, BatchJob], now: float,
                   blocked: Mapping[str, str] | None) -> list[GpuTimeline]:  # fmt: skip
         """Every GPU's holds: instances until their job's expected end, and a reservation for the
         first queued job that fits nowhere now (``blocked``: model -> profile)."""
@@ -265,7 +372,7 @@ class Controller:
         reserved = reservation(out, blocked, now, self.config.atomize.offer_horizon_s) if blocked else None
         return with_hold(out, *reserved) if reserved else out
 
-    def _place_moldable(self, waiting: list[tuple[SlurmJob, JobTag]], timelines: list[GpuTimeline], now: float,
+    def _place_moldable(self, waiting: list[tuple[BatchJob, JobTag]], timelines: list[GpuTimeline], now: float,
                         stats: PassStats) -> tuple[list[Decision], list[tuple[int, Hold]]]:  # fmt: skip
         """The size with the earliest predicted finish for each waiting moldable job, in queue order;
         the ones whose best start is now are decided (the caller pins and releases them), the others
@@ -293,7 +400,7 @@ class Controller:
             self._moldable[key] = moldable_times(tag, {g.model for g in self.view.gpus})
         return self._moldable[key]
 
-    def _offer(self, waiting: list[tuple[SlurmJob, JobTag]], timelines: list[GpuTimeline],
+    def _offer(self, waiting: list[tuple[BatchJob, JobTag]], timelines: list[GpuTimeline],
                now: float) -> list[Decision]:  # fmt: skip
         """Offer gaps to the waiting chains; the granted subjobs, recorded (the caller pins and releases)."""
         candidates = []
@@ -315,7 +422,7 @@ class Controller:
             return math.inf
         return float(min(get_model(m).profile(p).memory_mib for m, p in profiles.items()))
 
-    def _place(self, job: SlurmJob, tag: JobTag) -> Decision | None:
+    def _place(self, job: BatchJob, tag: JobTag) -> Decision | None:
         profiles = self.profiles_for(tag)
         if isinstance(profiles, str):
             self.store.event(job.job_id, "unplaceable", error=profiles)
@@ -323,45 +430,24 @@ class Controller:
         decision = self.policy.decide(self.view, PlacementRequest(job.job_id, profiles))
         return self._decide(job, tag, decision, self.config.policy) if isinstance(decision, Placement) else None
 
-    def _decide(self, job: SlurmJob, tag: JobTag, p: Placement, policy: str) -> Decision:
+    def _decide(self, job: BatchJob, tag: JobTag, p: Placement, policy: str) -> Decision:
         """Take the placement in the view and record it, before Slurm hears of it."""
         self.view.allocate(p.gid, job.job_id, p.profile, p.start)
         d = Decision(job.job_id, tag.text(), p.host, p.gpu_index, p.model, p.profile, p.start, "decided", policy)
         self.store.record_decision(d)
         return d
 
-    def _pin(self, d: Decision) -> None:
+    def _pin(self, d: Decision) -> Pin:
         tag = parse_tag(d.request)
-        limit = None
-        if tag.atomize is not None:  # a subjob: Slurm's limit backs up the runner's deadline
+        limit = window = None
+        if tag.atomize is not None:  # a subjob: its window, and Slurm's limit as the runner's backstop
             subjobs = self.store.subjobs(d.job)
-            limit = self.chains.time_limit_min(subjobs[-1].window_s) if subjobs else None
-        self.slurm.pin(d.job, d.node, placed_tag(tag, d.node, d.gpu, d.profile, d.start), limit)
-
-    def _apply(self, d: Decision) -> None:
-        self._pin(d)
-        self.slurm.release([d.job])
-        self.store.set_state(d.job, "released")
-
-    def reconcile_nodes(self, backends: Iterable[tuple[str, object]]) -> list[str]:
-        """Compare recorded instances with each node's real ones; report leaks and strays as events."""
-        problems = []
-        recorded = {(r.node, r.gpu, r.gi_id): r for r in self.store.instances()}
-        for node, backend in backends:
-            for gpu in backend.gpus():
-                for inst in backend.instances(gpu.index):
-                    if (node, gpu.index, inst.gi_id) not in recorded:
-                        problems.append(f"{node} GPU {gpu.index}: {inst.profile}@{inst.start} belongs to no job")
-        for p in problems:
-            self.store.event(None, "stray-instance", detail=p)
-        return problems
+            if subjobs:
+                window = subjobs[-1].window_s
+                limit = self.chains.time_limit_min(window)
+        return Pin(d.job, d.node, placed_tag(tag, Placed(d.node, d.gpu, d.profile, d.start, window)), limit)
 
     def run(self, stop_after: float | None = None) -> None:
-        if self.config.gpu_backend == "emulated":  # node state readable from here; NVML nodes are remote
-            from mig_batch.config import open_backend
-
-            for problem in self.reconcile_nodes((n, open_backend(self.config, n)) for n in self.config.nodes):
-                log.warning("reconcile: %s", problem)
         deadline = None if stop_after is None else time.monotonic() + stop_after
         while deadline is None or time.monotonic() < deadline:
             try:
@@ -369,6 +455,6 @@ class Controller:
                 if stats.placed or stats.ended:
                     log.info("pass %.1f ms: placed %d, ended %d, waiting %d", stats.seconds * 1e3, stats.placed,
                              stats.ended, stats.waiting)  # fmt: skip
-            except SlurmError as exc:
+            except BatchError as exc:
                 log.warning("pass failed: %s", exc)
             time.sleep(self.config.poll_interval_s)

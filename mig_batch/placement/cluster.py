@@ -70,6 +70,7 @@ class Cluster:
         self.tables: dict[str, ModelTables] = {name: tables_for(name) for name in self.models}
         self.buckets: dict[str, dict[int, _Bucket]] = {name: {} for name in self.models}
         self.job_gpu: dict[str, int] = {}
+        self.fenced: set[int] = set()  # GPUs no policy may place on (their node is down or not reconciled)
         for gpu in self.gpus:
             self._bucket(gpu.model, gpu.mask).add(gpu.gid)
 
@@ -123,10 +124,22 @@ class Cluster:
         _, profile, _ = self.release(job)
         self.allocate(gid, job, profile, start)
 
+    def fence(self, gid: int) -> None:
+        """Keep the GPU's instances but hide it from every placement until :meth:`unfence`."""
+        if gid not in self.fenced:
+            self.fenced.add(gid)
+            self.buckets[self.gpus[gid].model][self.gpus[gid].mask].discard(gid)
+
+    def unfence(self, gid: int) -> None:
+        if gid in self.fenced:
+            self.fenced.discard(gid)
+            self._bucket(self.gpus[gid].model, self.gpus[gid].mask).add(gid)
+
     def _move(self, gpu: Gpu, new_mask: int) -> None:
         self.buckets[gpu.model][gpu.mask].discard(gpu.gid)
         gpu.mask = new_mask
-        self._bucket(gpu.model, new_mask).add(gpu.gid)
+        if gpu.gid not in self.fenced:
+            self._bucket(gpu.model, new_mask).add(gpu.gid)
 
     # -- metrics ---------------------------------------------------------------------------
     def active_gpus(self) -> int:

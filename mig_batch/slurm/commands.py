@@ -1,7 +1,9 @@
-"""The Slurm adapter over its commands (squeue --json, scontrol, sbatch): thin, no decisions.
+"""The Slurm side of the batch-system seam, over Slurm's commands (squeue/sinfo --json, scontrol,
+sbatch, scancel): thin, no decisions.
 
-pyslurm has no release for Slurm 22.05, so the CLI is the default adapter. Every call has a timeout
-and raises SlurmError with the command and Slurm's message.
+pyslurm has no release for Slurm 22.05, so the CLI is the adapter. Every call has a timeout and
+raises :class:`SlurmError` (a ``BatchError``) with the command and Slurm's message. Pins go to one
+``scontrol`` process per pass (its commands on stdin), not one process per job.
 """
 
 from __future__ import annotations
@@ -9,113 +11,156 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-MANAGED_PREFIX = "mig-batch:"
+from mig_batch.batch.system import BatchError, BatchJob, JobState, NodeStatus, Pin
+
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
             "BOOT_FAIL", "DEADLINE"}  # fmt: skip
+NODE_UP = {"IDLE", "MIXED", "ALLOCATED", "COMPLETING", "PLANNED"}
+NODE_TROUBLE = {"NOT_RESPONDING", "DRAIN", "FAIL", "POWERED_DOWN", "POWERING_DOWN", "REBOOT_REQUESTED"}
+_FAILED_JOB = re.compile(r"for job (\d+)")
 
 
-class SlurmError(RuntimeError):
+class SlurmError(BatchError):
     pass
 
 
-@dataclass(frozen=True)
-class SlurmJob:
-    job_id: str
-    state: str  # PENDING, RUNNING, COMPLETING, COMPLETED, ...
-    reason: str
-    admin_comment: str
-    features: str
-    nodes: str
-    priority: int
-    submit_time: int
-    end_time: int = 0  # running: start + time limit (epoch s); 0 when unknown
-    start_time: int = 0  # running: when it started (epoch s); 0 when unknown
-    time_limit_s: float = math.inf  # Slurm's time limit; inf when unlimited or unknown
-    exit_code: int = 0  # the wait status squeue reports: exit status << 8 | signal
-    user_id: int = -1
+def job_state(state: str, priority: int) -> JobState:
+    if state in FINISHED:
+        return JobState.FINISHED
+    if state in ("RUNNING", "COMPLETING", "SUSPENDED"):
+        return JobState.RUNNING
+    return JobState.HELD if state == "PENDING" and priority == 0 else JobState.PENDING
 
-    @property
-    def exit_status(self) -> int:
-        """The batch script's exit status, 128 + N when signal N ended it."""
-        return 128 + (self.exit_code & 0x7F) if self.exit_code & 0x7F else self.exit_code >> 8
 
-    @property
-    def managed(self) -> bool:
-        return self.admin_comment.startswith(MANAGED_PREFIX)
+def _exit_status(wait_status: int) -> int:
+    """squeue's exit code is a wait status: exit status << 8 | signal."""
+    return 128 + (wait_status & 0x7F) if wait_status & 0x7F else wait_status >> 8
 
-    @property
-    def held(self) -> bool:
-        return self.state == "PENDING" and self.priority == 0
 
-    @property
-    def finished(self) -> bool:
-        return self.state in FINISHED
+def _batch_job(j: Mapping) -> BatchJob:
+    state = str(j.get("job_state", ""))
+    return BatchJob(
+        job_id=str(j["job_id"]),
+        state=job_state(state, int(j.get("priority") or 0)),
+        admin_tag=str(j.get("admin_comment") or ""),
+        user_id=int(j.get("user_id", -1)),
+        node=str(j.get("nodes") or ""),
+        submit_time=float(j.get("submit_time") or 0),
+        start_time=float(j.get("start_time") or 0) if state not in ("PENDING",) else 0.0,
+        end_time=float(j.get("end_time") or 0) if state not in ("PENDING",) else 0.0,
+        time_limit_s=_minutes(j.get("time_limit")),
+        exit_status=_exit_status(int(j.get("exit_code") or 0)),
+        outcome=state,
+        reason=str(j.get("state_reason", "")),
+    )
 
 
 class SlurmCli:
+    """:class:`~mig_batch.batch.system.BatchSystem` over Slurm's command-line tools."""
+
     def __init__(self, bin_dir: str = "", env: dict[str, str] | None = None, timeout: float = 30):
         self.bin_dir, self.env, self.timeout = bin_dir, env, timeout
 
-    def _run(self, command: str, *args: str) -> str:
+    def _run(self, command: str, *args: str, stdin: str | None = None, check: bool = True) -> str:
         exe = str(Path(self.bin_dir) / command) if self.bin_dir else command
         try:
-            proc = subprocess.run([exe, *args], capture_output=True, text=True, timeout=self.timeout,
+            proc = subprocess.run([exe, *args], capture_output=True, text=True, timeout=self.timeout, input=stdin,
                                   env=self.env or os.environ.copy())  # fmt: skip
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise SlurmError(f"{command} {' '.join(args)}: {exc}") from None
-        if proc.returncode != 0:
+        if check and proc.returncode != 0:
             raise SlurmError(f"{command} {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
-        return proc.stdout
+        return proc.stdout if check else proc.stderr
 
-    def jobs(self) -> list[SlurmJob]:
-        data = json.loads(self._run("squeue", "--json"))
-        return [
-            SlurmJob(
-                job_id=str(j["job_id"]),
-                state=str(j.get("job_state", "")),
-                reason=str(j.get("state_reason", "")),
-                admin_comment=str(j.get("admin_comment") or ""),
-                features=str(j.get("features") or ""),
-                nodes=str(j.get("nodes") or ""),
-                priority=int(j.get("priority") or 0),
-                submit_time=int(j.get("submit_time") or 0),
-                end_time=int(j.get("end_time") or 0),
-                start_time=int(j.get("start_time") or 0),
-                time_limit_s=_minutes(j.get("time_limit")),
-                exit_code=int(j.get("exit_code") or 0),
-                user_id=int(j.get("user_id", -1)),
-            )
-            for j in data.get("jobs", [])
-        ]
+    def jobs(self) -> list[BatchJob]:
+        data = _json(self._run("squeue", "--json"), "squeue --json")
+        return [_batch_job(j) for j in data.get("jobs", [])]
 
-    def pin(self, job: str, node: str, admin_comment: str, time_limit_min: int | None = None) -> None:
-        """Pin a job to ``node``; a subjob (``time_limit_min``) also gets its limit and may start at once
-        (Slurm delays a requeued job's start by about two minutes otherwise)."""
-        subjob = [f"timelimit={time_limit_min}", "starttime=now"] if time_limit_min is not None else []
-        self._run("scontrol", "update", f"jobid={job}", f"nodelist={node}", f"admincomment={admin_comment}", *subjob)
+    def nodes(self) -> list[NodeStatus]:
+        data = _json(self._run("sinfo", "--json"), "sinfo --json")
+        out = []
+        for n in data.get("nodes", []):
+            state = str(n.get("state", "")).upper()
+            flags = {str(f).upper() for f in n.get("state_flags") or ()}
+            out.append(NodeStatus(str(n.get("name", "")), state in NODE_UP and not flags & NODE_TROUBLE,
+                                  str(n.get("comment") or "")))  # fmt: skip
+        return out
+
+    def pin_and_release(self, pins: Sequence[Pin]) -> dict[str, str]:
+        """All pins through one scontrol process (commands on stdin), then one release of the pinned."""
+        if not pins:
+            return {}
+        lines = []
+        for p in pins:
+            subjob = f" timelimit={p.time_limit_min} starttime=now" if p.time_limit_min is not None else ""
+            lines.append(f"update jobid={p.job_id} nodelist={p.node} admincomment={_quote(p.admin_tag)}{subjob}\n")
+        errors = self._run("scontrol", stdin="".join(lines), check=False)
+        failed = {}
+        for line in errors.splitlines():
+            match = _FAILED_JOB.search(line)
+            if match:
+                failed[match.group(1)] = line.strip()
+            elif line.strip():  # an error scontrol did not attribute to a job: trust none of the pins
+                return {p.job_id: f"scontrol: {line.strip()}" for p in pins}
+        pinned = [p.job_id for p in pins if p.job_id not in failed]
+        try:
+            self.release(pinned)
+        except SlurmError as exc:
+            failed.update({job: str(exc) for job in pinned})
+        return failed
 
     def release(self, jobs: Sequence[str]) -> None:
         """Release held jobs, one scontrol call for many (slurmctld's RPCs are the bottleneck)."""
         for i in range(0, len(jobs), 200):
             self._run("scontrol", "release", ",".join(jobs[i : i + 200]))
 
-    def requeue_hold(self, job: str) -> None:
-        """Back to pending, held by an operator (the user cannot release it around the controller)."""
+    def requeue_hold(self, job: str, reason: str = "") -> None:
         self._run("scontrol", "requeuehold", job)
+        self.hold(job)
+
+    def hold(self, job: str) -> None:
         self._run("scontrol", "hold", job)
 
     def cancel(self, job: str) -> None:
         self._run("scancel", job)
 
-    def submit(self, argv: Sequence[str]) -> str:
-        """``sbatch --parsable`` with ``argv``; returns the job id."""
-        out = self._run("sbatch", "--parsable", *argv).strip()
+    def set_job_tag(self, job: str, admin_tag: str) -> None:
+        self._run("scontrol", "update", f"jobid={job}", f"admincomment={admin_tag}")
+
+    def set_node_tag(self, node: str, agent_tag: str) -> None:
+        self._run("scontrol", "update", f"nodename={node}", f"comment={agent_tag}")
+
+    def job(self, job: str) -> BatchJob | None:
+        """One job (the node agent's read of its decision), None when Slurm no longer knows it."""
+        try:
+            data = _json(self._run("squeue", "--json", f"--jobs={job}"), "squeue --json")
+        except SlurmError as exc:
+            if "Invalid job id" in str(exc):
+                return None
+            raise
+        found = [j for j in data.get("jobs", []) if str(j.get("job_id")) == job]
+        return _batch_job(found[0]) if found else None
+
+    def submit(self, argv: Sequence[str], script: str | None = None) -> str:
+        """``sbatch --parsable`` with ``argv`` (the script on stdin when given); returns the job id."""
+        out = self._run("sbatch", "--parsable", *argv, stdin=script).strip()
         return out.split(";")[0]
+
+
+def _quote(value: str) -> str:
+    return f'"{value}"' if any(c.isspace() for c in value) else value
+
+
+def _json(text: str, what: str) -> dict:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SlurmError(f"{what} printed no JSON ({exc})") from None
 
 
 def _minutes(value: object) -> float:

@@ -1,159 +1,74 @@
-"""Slurm Prolog / Epilog on the node: create the job's MIG instance, destroy it afterwards.
+"""Slurm's side of the node agent: the agent service for a Slurm node, and the hooks' slow path.
 
-Both always exit 0: a failing Prolog drains the node and a failing Epilog too, so problems are
-recorded as events (and, in the prolog, as a ``requeue`` request the controller carries out) instead.
-The placement comes from the state store, written by the controller; nothing a user can set is read.
-If the decided spot is taken (stale decision), the prolog places by MFI among this node's GPUs,
-from the GPUs' real instances, and records that it did. The job's ``CUDA_VISIBLE_DEVICES`` goes into
-``<job_dir>/<job id>`` for the TaskProlog (``export NAME=value`` lines).
-
-Run as ``python -m mig_batch.slurm.hooks prolog|epilog`` (the shims in wrappers/ do, with PATH set).
+The Prolog and Epilog shims run the standard-library hook client, which asks the node's agent
+(``mig-batch-agent``, a root service holding the GPUs open). When the agent is down, the client runs
+``python -m mig_batch.slurm.hooks prolog|epilog``: the same :class:`~mig_batch.node.agent.NodeAgent`
+work in this process. Here only Slurm's environment is mapped onto the agent's request; the decision
+and the report travel through the job's AdminComment (operator-only), never through a shared file.
 """
 
 from __future__ import annotations
 
-import contextlib
+import argparse
+import logging
 import os
+import socket
 import sys
-import time
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 
 from mig_batch.config import SiteConfig, load_config, open_backend
-from mig_batch.controller.tags import parse_tag, profiles_by_model
-from mig_batch.gpu.base import GpuBackend, InsufficientResources, InUse, NotFound
-from mig_batch.placement.base import Placement, PlacementRequest
-from mig_batch.placement.cluster import Cluster, Gpu
-from mig_batch.placement.policies import make_policy
-from mig_batch.state import Decision, InstanceRecord, Store
-from mig_batch.subjob import ENV_DEADLINE, ENV_MARGIN
+from mig_batch.node.agent import NodeAgent
+from mig_batch.node.journal import Journal
+from mig_batch.slurm.commands import SlurmCli
 
 
-def _job_file(config: SiteConfig, job: str) -> Path:
-    return config.job_dir / job
+def make_agent(config: SiteConfig, node: str) -> NodeAgent:
+    return NodeAgent(node, open_backend(config, node), Journal(config.node_dir / "journal"), SlurmCli(config.slurm_bin),
+                     config.job_dir, config.policy, config.atomize.checkpoint_margin_s)  # fmt: skip
 
 
-def _write_job_file(config: SiteConfig, job: str, lines: list[str]) -> None:
-    config.job_dir.mkdir(parents=True, exist_ok=True)
-    path = _job_file(config, job)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(f"{line}\n" for line in lines))
-    tmp.chmod(0o644)
-    os.replace(tmp, path)
-
-
-def node_view(backend: GpuBackend, node: str) -> Cluster:
-    """This node's GPUs with their real instances, for a local placement."""
-    gpus = backend.gpus()
-    view = Cluster([Gpu(g.index, node, g.index, g.model) for g in gpus])
-    for g in gpus:
-        for inst in backend.instances(g.index):
-            view.allocate(g.index, f"gi{g.index}.{inst.gi_id}", inst.profile, inst.start)
-    return view
-
-
-def place_locally(backend: GpuBackend, node: str, decision: Decision, policy: str = "mfi") -> Placement | None:
-    """Where on this node the job fits by ``policy``: the decided profile on GPUs of the decided model
-    (a moldable job keeps its chosen size), the request's translation on the others."""
-    view = node_view(backend, node)
-    models = {g.model for g in view.gpus}
-    profiles = profiles_by_model(parse_tag(decision.request), models)
-    profiles = {} if isinstance(profiles, str) else profiles
-    if decision.model in models:
-        profiles[decision.model] = decision.profile
-    if not profiles:
-        return None
-    decision = make_policy(policy).decide(view, PlacementRequest("job", profiles))
-    return decision if isinstance(decision, Placement) else None
-
-
-def _subjob_exports(config: SiteConfig, store: Store, job: str) -> list[str]:
-    """A chain's subjob starts now: its deadline (the granted window from now) for the runner."""
-    sub = store.start_subjob(job)
-    if sub is None or sub.deadline is None:
-        return []
-    margin = min(config.atomize.checkpoint_margin_s, sub.window_s / 4)  # short windows still do work
-    return [f"export {ENV_DEADLINE}={sub.deadline:.3f}", f"export {ENV_MARGIN}={margin:.3f}",
-            f"export MIG_BATCH_SUBJOB={sub.run}"]  # fmt: skip
-
-
-def prolog(config: SiteConfig, env: Mapping[str, str]) -> None:
+def slow_path(config: SiteConfig, op: str, env: Mapping[str, str]) -> str:
+    """The hook's work in this process (the agent is down); what happened, in words."""
     job, node = env.get("SLURM_JOB_ID", ""), env.get("SLURMD_NODENAME", "")
-    store = Store(config.state)
-    try:
-        decision = store.decision(job)
-        if decision is None or decision.state not in ("decided", "released", "running"):
-            return  # not a managed job
-        backend = open_backend(config, node)
-        existing = store.instance(job)
-        if existing is not None and existing.node == node and backend.find(existing.uuid) is not None:
-            _write_job_file(config, job, [f"export CUDA_VISIBLE_DEVICES={existing.uuid}",
-                                          *_subjob_exports(config, store, job)])  # fmt: skip
-            return  # the prolog ran before for this job (e.g. a requeue on the same node)
-        gpu, profile, start = decision.gpu, decision.profile, decision.start
-        try:
-            if decision.node != node:
-                raise InsufficientResources(f"decided for {decision.node}, running on {node}")
-            inst = backend.create(gpu, profile, start)
-        except InsufficientResources as exc:
-            local = place_locally(backend, node, decision, config.policy)
-            if local is None:
-                store.set_state(job, "requeue", node=node, reason=f"decided spot taken ({exc}); nothing fits on {node}")
-                _write_job_file(config, job, ["export CUDA_VISIBLE_DEVICES=NoDevFiles"])
-                return
-            inst = backend.create(local.gpu_index, local.profile, local.start)
-            store.event(job, "prolog-replaced", node=node, decided=f"{decision.gpu}/{profile}@{start}",
-                        placed=f"{local.gpu_index}/{local.profile}@{local.start}", reason=str(exc))  # fmt: skip
-        store.record_instance(InstanceRecord(job, node, inst.gpu, inst.profile, inst.start, inst.gi_id, inst.uuid))
-        where = f"{node}/{inst.gpu}/{inst.profile}@{inst.start}"
-        _write_job_file(config, job, [f"export CUDA_VISIBLE_DEVICES={inst.uuid}", f"export MIG_BATCH_INSTANCE={where}",
-                                      *_subjob_exports(config, store, job)])  # fmt: skip
-    except Exception as exc:  # never fail the prolog: that would drain the node
-        store.event(job, "prolog-error", node=node, error=f"{type(exc).__name__}: {exc}")
-        with contextlib.suppress(Exception):
-            store.set_state(job, "requeue", node=node, reason=str(exc))
-    finally:
-        store.close()
+    agent = make_agent(config, node)
+    if op == "prolog":
+        result = agent.prolog(job)
+        return result.problem or (result.report.text() if result.report else "nothing to do")
+    return agent.epilog(job)
 
 
-def epilog(config: SiteConfig, env: Mapping[str, str], attempts: int = 10) -> None:
-    job, node = env.get("SLURM_JOB_ID", ""), env.get("SLURMD_NODENAME", "")
-    store = Store(config.state)
-    try:
-        _job_file(config, job).unlink(missing_ok=True)
-        record = store.instance(job)
-        if record is None:
-            return  # nothing created, or destroyed by an earlier run of this epilog
-        backend = open_backend(config, node)
-        for attempt in range(attempts):
-            try:
-                backend.destroy(record.gpu, record.gi_id)
-                break
-            except NotFound:
-                break  # already gone: idempotent
-            except InUse:
-                if attempt == attempts - 1:
-                    store.event(job, "epilog-in-use", node=node, gpu=record.gpu, gi_id=record.gi_id)
-                    return  # keep the record: the controller reports it as a leak to clean up
-                time.sleep(0.5)  # the job's processes are still exiting
-        store.forget_instance(job, node=node, gpu=record.gpu, profile=record.profile, start=record.start)
-    except Exception as exc:  # never fail the epilog either
-        store.event(job, "epilog-error", node=node, error=f"{type(exc).__name__}: {exc}")
-    finally:
-        store.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["agent"]:
+        return agent_main(args[1:])
     if not args or args[0] not in ("prolog", "epilog"):
-        print("usage: python -m mig_batch.slurm.hooks prolog|epilog", file=sys.stderr)
+        print("usage: python -m mig_batch.slurm.hooks prolog|epilog|agent", file=sys.stderr)
         return 0
     try:
-        config = load_config()
+        print(slow_path(load_config(), args[0], os.environ))
+    except Exception as exc:  # never fail a hook: that drains the node
+        print(f"mig-batch {args[0]}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return 0
+
+
+def agent_main(argv: Sequence[str] | None = None) -> int:
+    """``mig-batch-agent``: the node agent of a Slurm node (run as root by systemd)."""
+    from mig_batch.node.service import serve
+
+    parser = argparse.ArgumentParser(prog="mig-batch-agent", description="mig_batch node agent for a Slurm node")
+    parser.add_argument("--config", help="site config (default: MIG_BATCH_CONFIG or /etc/mig-batch/mig-batch.yaml)")
+    parser.add_argument("--node", default=socket.gethostname().split(".")[0],
+                        help="this node's Slurm NodeName (default: the short host name)")  # fmt: skip
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        config = load_config(args.config)
+        agent = make_agent(config, args.node)
     except Exception as exc:
-        print(f"mig-batch {args[0]}: {exc}", file=sys.stderr)
-        return 0
-    (prolog if args[0] == "prolog" else epilog)(config, os.environ)
+        print(f"mig-batch-agent: {exc}", file=sys.stderr)
+        return 2
+    serve(config.agent_socket, agent, config.reconcile_interval_s)
     return 0
 
 

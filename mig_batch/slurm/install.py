@@ -1,4 +1,5 @@
-"""What a site installs for Slurm: job_submit.lua with the profile table, and the hook shims filled in."""
+"""What a site installs for Slurm: job_submit.lua with the profile table, and the hook shims filled in
+(the Prolog and Epilog ask the node agent through the standard-library hook client)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from mig_batch.mig.models import GpuModel
+from mig_batch.node import hook_client
 
 ROOT = Path(__file__).resolve().parents[2]
 LUA_TEMPLATE = ROOT / "plugins" / "slurm" / "job_submit.lua.in"
@@ -28,13 +30,18 @@ def job_submit_lua(models: Iterable[GpuModel]) -> str:
     return LUA_TEMPLATE.read_text().replace("--@PROFILES@", profile_table(models))
 
 
-def install(dest: Path, python: str, config: str, job_dir: str, models: Iterable[GpuModel]) -> list[Path]:
+def install(dest: Path, python: str, config: str, job_dir: str, agent_socket: str,
+            models: Iterable[GpuModel]) -> list[Path]:  # fmt: skip
     dest.mkdir(parents=True, exist_ok=True)
     written = []
+    values = {"@PYTHON@": python, "@CONFIG@": config, "@JOB_DIR@": job_dir, "@SOCKET@": agent_socket,
+              "@HOOK_CLIENT@": str(Path(hook_client.__file__).resolve())}  # fmt: skip
     for name in SHIMS:
         text = (WRAPPERS / f"{name}.in").read_text()
+        for key, value in values.items():
+            text = text.replace(key, value)
         path = dest / name
-        path.write_text(text.replace("@PYTHON@", python).replace("@CONFIG@", config).replace("@JOB_DIR@", job_dir))
+        path.write_text(text)
         path.chmod(0o755)
         written.append(path)
     path = dest / "job_submit.lua"

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +31,7 @@ class LocalCluster:
     cpus_per_node: int = 16
     features: dict[str, str] = field(default_factory=dict)  # node -> Slurm features (comma-separated)
     extra_conf: str = ""  # appended to slurm.conf (Prolog=..., JobSubmitPlugins=..., ...)
+    node_prefix: Callable[[str], list[str]] | None = None  # a node's command prefix (its own namespaces)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     @staticmethod
@@ -74,10 +75,14 @@ class LocalCluster:
 
     def start_node(self, node: str) -> None:
         (self.root / "spool" / node).mkdir(parents=True, exist_ok=True)
-        self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", str(self.conf)])
+        prefix = self.node_prefix(node) if self.node_prefix else []
+        self._spawn(f"slurmd-{node}", [*prefix, "slurmd", "-D", "-N", node, "-f", str(self.conf)])
 
     def stop_node(self, node: str, sig: int = signal.SIGTERM) -> None:
         self._stop(f"slurmd-{node}", sig)
+
+    def node_pid(self, node: str) -> int:
+        return self.procs[f"slurmd-{node}"].pid
 
     def wait_nodes_idle(self, timeout: float = 60) -> None:
         def ready() -> bool:
@@ -164,9 +169,9 @@ PartitionName=gpu Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE Stat
 """
         )
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         log = open(self.root / "log" / f"{name}.out", "ab")  # noqa: SIM115 - lives as long as the process
-        self.procs[name] = subprocess.Popen(argv, env=self.env(), stdout=log, stderr=subprocess.STDOUT)
+        self.procs[name] = subprocess.Popen(argv, env=env or self.env(), stdout=log, stderr=subprocess.STDOUT)
 
     def _stop(self, name: str, sig: int = signal.SIGTERM) -> None:
         proc = self.procs.pop(name, None)
@@ -205,9 +210,19 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
+NODE_PATHS = ("/var/lib/mig-batch", "/run/mig-batch")  # what each node owns, in its own mount namespace
+
+
 @dataclass
 class MigTestbed:
-    """The local cluster with mig_batch installed: job_submit.lua, hook shims, emulated GPUs, mig-batchd."""
+    """A cluster in a box: the local cluster with mig_batch installed (job_submit.lua, hook shims, a
+    node agent per node, emulated GPUs) and mig-batchd.
+
+    Each slurmd and its agent run in their own mount namespace: their own ``/var/lib/mig-batch``
+    (emulated GPUs, journal) and ``/run/mig-batch`` (agent socket, job files), backed by
+    ``nodes/<node>/``; the controller's directory (``controller/``: its config and store) is covered
+    by an empty file system there, so no node can reach the store. The controller runs on the host.
+    """
 
     root: Path
     nodes: dict[str, list[str]] = field(
@@ -215,12 +230,34 @@ class MigTestbed:
     )
     policy: str = "mfi"
     poll_interval_s: float = 0.2
+    reconcile_interval_s: float = 5.0
     cluster: LocalCluster | None = None
     controller: subprocess.Popen | None = None
+    agents: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     @property
     def config_path(self) -> Path:
-        return self.root / "mig-batch.yaml"
+        """The nodes' and users' config (no store)."""
+        return self.root / "etc" / "mig-batch.yaml"
+
+    @property
+    def controller_dir(self) -> Path:
+        return self.root / "controller"
+
+    @property
+    def controller_config(self) -> Path:
+        return self.controller_dir / "mig-batchd.yaml"
+
+    @property
+    def store_path(self) -> Path:
+        return self.controller_dir / "store" / "state.db"
+
+    def node_dir(self, node: str) -> Path:
+        return self.root / "nodes" / node
+
+    def gpu_dir(self, node: str) -> Path:
+        """The node's emulated GPUs, seen from the host."""
+        return self.node_dir(node) / "lib" / "emulated"
 
     def env(self) -> dict[str, str]:
         assert self.cluster is not None
@@ -229,29 +266,44 @@ class MigTestbed:
     def write_config(self, policy: str | None = None) -> None:
         import yaml
 
+        common = {"policy": policy or self.policy, "nodes": self.nodes}
+        self.config_path.parent.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(yaml.safe_dump({
-            "state": str(self.root / "state.db"),
-            "policy": policy or self.policy,
-            "poll_interval_s": self.poll_interval_s,
+            **common,
             "gpu_backend": "emulated",
-            "emulated_dir": str(self.root / "gpus"),
-            "job_dir": str(self.root / "jobs"),
-            "nodes": self.nodes,
+            "emulated_dir": f"{NODE_PATHS[0]}/emulated",
+            "node_dir": f"{NODE_PATHS[0]}/node",
+            "job_dir": f"{NODE_PATHS[1]}/jobs",
+            "agent_socket": f"{NODE_PATHS[1]}/agent.sock",
+            "reconcile_interval_s": self.reconcile_interval_s,
+        }))  # fmt: skip
+        self.store_path.parent.mkdir(parents=True, exist_ok=True)
+        self.controller_config.write_text(yaml.safe_dump({
+            **common, "state": str(self.store_path), "poll_interval_s": self.poll_interval_s,
         }))  # fmt: skip
 
+    def node_prefix(self, node: str) -> list[str]:
+        """``unshare`` into a new mount namespace with the node's own paths and no controller directory."""
+        mounts = []
+        for path, sub in zip(NODE_PATHS, ("lib", "run"), strict=True):
+            backing = self.node_dir(node) / sub
+            backing.mkdir(parents=True, exist_ok=True)
+            Path(path).mkdir(parents=True, exist_ok=True)  # the mount point (empty on the host)
+            mounts.append(f"mount --bind {backing} {path}")
+        mounts.append(f"mount -t tmpfs -o size=64k,mode=0700 mig-batch-hidden {self.controller_dir}")
+        script = "set -e; " + "; ".join(mounts) + '; exec "$@"'
+        return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh"]
+
     def start(self) -> MigTestbed:
-        from mig_batch.config import load_config, open_backend
         from mig_batch.mig.models import get_model
         from mig_batch.slurm.install import install
 
         self.root.mkdir(parents=True, exist_ok=True)
         self.write_config()
-        config = load_config(self.config_path)
-        for node in self.nodes:
-            open_backend(config, node)  # creates the emulated node files
         etc = self.root / "etc"
         models = [get_model(m) for m in sorted({m for ms in self.nodes.values() for m in ms})]
-        install(etc, sys.executable, str(self.config_path), str(config.job_dir), models)
+        install(etc, sys.executable, str(self.config_path), f"{NODE_PATHS[1]}/jobs", f"{NODE_PATHS[1]}/agent.sock",
+                models)  # fmt: skip
         self.cluster = LocalCluster(
             self.root,
             nodes=tuple(self.nodes),
@@ -261,17 +313,67 @@ class MigTestbed:
                 f"Prolog={etc / 'mig-batch-prolog'}\nEpilog={etc / 'mig-batch-epilog'}\n"
                 f"TaskProlog={etc / 'mig-batch-taskprolog'}\n"
             ),
+            node_prefix=self.node_prefix,
         )
         self.cluster.start()
+        for node in self.nodes:
+            self.start_agent(node)
         self.start_controller()
         return self
+
+    def start_agent(self, node: str, wait: bool = True) -> None:
+        """The node's agent, in the node's mount namespace (that of its slurmd)."""
+        assert self.cluster is not None
+        log = open(self.root / "log" / f"agent-{node}.log", "ab")  # noqa: SIM115 - lives as long as the process
+        self.agents[node] = subprocess.Popen(
+            ["nsenter", f"--mount=/proc/{self.cluster.node_pid(node)}/ns/mnt", "--", sys.executable, "-m",
+             "mig_batch.slurm.hooks", "agent", "--node", node, "--log-level", "debug"],
+            env=self.env(), stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        socket_file = self.node_dir(node) / "run" / "agent.sock"
+        deadline = time.monotonic() + 30
+        while wait and not socket_file.exists():
+            if time.monotonic() > deadline or self.agents[node].poll() is not None:
+                raise ClusterError(f"the agent of {node} did not start; see {log.name}")
+            time.sleep(0.1)
+
+    def stop_agent(self, node: str, sig: int = signal.SIGTERM) -> None:
+        proc = self.agents.pop(node, None)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(sig)
+            proc.wait(15)
+        (self.node_dir(node) / "run" / "agent.sock").unlink(missing_ok=True)
+
+    def kill_node(self, node: str) -> None:
+        """A hard node failure: slurmd, the agent and every job process of the node, SIGKILLed."""
+        assert self.cluster is not None
+        namespace = os.readlink(f"/proc/{self.cluster.node_pid(node)}/ns/mnt")
+        self.stop_agent(node, signal.SIGKILL)
+        self.cluster.stop_node(node, signal.SIGKILL)
+        for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+            try:
+                if os.readlink(f"/proc/{pid}/ns/mnt") == namespace:
+                    os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                continue  # gone already, or not ours to read
+
+    def restart_node(self, node: str) -> None:
+        assert self.cluster is not None
+        self.cluster.start_node(node)
+        self.start_agent(node)
 
     def start_controller(self) -> None:
         log = open(self.root / "log" / "mig-batchd.log", "ab")  # noqa: SIM115 - lives as long as the process
         self.controller = subprocess.Popen(
-            [sys.executable, "-m", "mig_batch.controller", "--config", str(self.config_path), "--log-level", "debug"],
+            [sys.executable, "-m", "mig_batch.controller", "--config", str(self.controller_config), "--log-level",
+             "debug"],
             env=self.env(), stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while not self.store_path.exists():  # it opens its store before its first pass
+            if time.monotonic() > deadline or self.controller.poll() is not None:
+                raise ClusterError(f"mig-batchd did not start; see {log.name}")
+            time.sleep(0.1)
 
     def stop_controller(self, sig: int = signal.SIGTERM) -> None:
         if self.controller is not None and self.controller.poll() is None:
@@ -286,8 +388,16 @@ class MigTestbed:
             raise ClusterError(f"migsub {' '.join(args)} failed: {proc.stderr.strip()}")
         return proc
 
+    def in_node(self, node: str, *argv: str) -> subprocess.CompletedProcess:
+        """Run a command in the node's mount namespace (what the node sees)."""
+        assert self.cluster is not None
+        return subprocess.run(["nsenter", f"--mount=/proc/{self.cluster.node_pid(node)}/ns/mnt", "--", *argv],
+                              capture_output=True, text=True, timeout=30)  # fmt: skip
+
     def stop(self) -> None:
         self.stop_controller()
+        for node in list(self.agents):
+            self.stop_agent(node)
         if self.cluster is not None:
             self.cluster.stop()
 

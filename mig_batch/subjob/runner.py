@@ -137,20 +137,17 @@ def submit_next_job() -> str | None:
     ckpt, chain = os.environ.get(ENV_CHECKPOINT_DIR), os.environ.get(ENV_CHAIN) or os.environ.get("SLURM_JOB_ID")
     if not ckpt or not chain:
         return None
+    from mig_batch.cli.migsub import sbatch_args
+    from mig_batch.slurm.commands import SlurmCli, SlurmError
+
     try:
         spec = json.loads(next_job_spec(ckpt).read_text())
         argv = [a + f";chain={chain}" if a.startswith("--comment=mig-batch:") else a for a in spec["sbatch"]]
-        proc = subprocess.run(argv, input=spec["script"], capture_output=True, text=True, timeout=60,
-                              env={**os.environ, ENV_CHAIN: chain})  # fmt: skip
-    except (OSError, ValueError, KeyError, TypeError, subprocess.TimeoutExpired) as exc:
+        job = SlurmCli(env={**os.environ, ENV_CHAIN: chain}, timeout=60).submit(sbatch_args(argv), spec["script"])
+    except (OSError, ValueError, KeyError, TypeError, SlurmError) as exc:
         print(f"mig-batch subjob: could not submit the chain's next job ({exc}); mig-batchd requeues this one",
               file=sys.stderr)  # fmt: skip
         return None
-    if proc.returncode != 0:
-        print(f"mig-batch subjob: sbatch refused the chain's next job: {proc.stderr.strip()}; mig-batchd "
-              "requeues this one", file=sys.stderr)  # fmt: skip
-        return None
-    job = proc.stdout.strip().split(";")[0]
     print(f"mig-batch subjob: the chain's next subjob is job {job}", file=sys.stderr)
     return job
 

@@ -1,12 +1,16 @@
-"""The managed-job tag job_submit.lua writes into AdminComment (operator-only) and its parser.
+"""The text the controller and the nodes exchange through the batch system's operator-only fields.
+
+The managed-job tag job_submit.lua writes into AdminComment (operator-only), and its parser:
 
 ``mig-batch:v1;req=<spec>[;compute=<share>][;moldable=<size>:<s>,...][;model=<GPU model>][;atomize=1;ckpt=<dir>;
 smin=<s>;smax=<s>[;deadline=<epoch>][;chain=<first job>]][;place=<node>/<gpu>/<profile>@<start>]``
 where ``spec`` is what followed ``mig:`` in ``--gres`` (3g.40gb, 20480M, 20G, 3g); ``moldable`` lists
 sizes with predicted seconds (migsub --moldable; ``spec`` is then its memory floor or smallest size);
 the atomize fields mark a subjob chain (migsub --atomize), ``chain`` a later job of one (the runner
-submits one job per subjob). ``place`` is written by the controller for people reading ``scontrol
-show job``; hooks read the placement from the state store, never from a field a user can set.
+submits one job per subjob). ``place`` (and ``window``, a subjob's granted seconds) is the controller's
+decision, written when it pins the job: the node agent reads it from there, never from a field a user can
+set. ``node=`` is the node's report, appended by the agent in the Prolog (:class:`NodeReport`). A node's
+own field carries its agent's state (:class:`AgentTag`).
 """
 
 from __future__ import annotations
@@ -14,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from mig_batch.batch.system import MANAGED_PREFIX
 from mig_batch.mig.models import get_model
 from mig_batch.request import MigRequest, MoldableRequest, RequestError, parse_compute, parse_gres, translate
-from mig_batch.slurm.commands import MANAGED_PREFIX
 
 
 @dataclass(frozen=True)
@@ -84,8 +88,110 @@ def parse_tag(text: str) -> JobTag:
                   fields.get("moldable") or None)  # fmt: skip
 
 
-def placed_tag(tag: JobTag, node: str, gpu: int, profile: str, start: int) -> str:
-    return f"{tag.text()};place={node}/{gpu}/{profile}@{start}"
+@dataclass(frozen=True)
+class Placed:
+    """The controller's decision as the node reads it."""
+
+    node: str
+    gpu: int
+    profile: str
+    start: int
+    window_s: float | None = None  # a subjob's granted window
+
+
+def placed_tag(tag: JobTag, place: Placed) -> str:
+    window = f";window={place.window_s:.3f}" if place.window_s is not None else ""
+    return f"{tag.text()};place={place.node}/{place.gpu}/{place.profile}@{place.start}{window}"
+
+
+def _fields(text: str) -> dict[str, str]:
+    return dict(part.split("=", 1) for part in text.split(";") if "=" in part)
+
+
+def parse_place(text: str) -> Placed | None:
+    """The decision in a pinned job's tag; None before the controller pinned it."""
+    fields = _fields(text)
+    if "place" not in fields:
+        return None
+    try:
+        where, _, start = fields["place"].rpartition("@")
+        node, gpu, profile = where.split("/")
+        window = float(fields["window"]) if "window" in fields else None
+        return Placed(node, int(gpu), profile, int(start), window)
+    except ValueError:
+        raise ValueError(f"mig_batch tag with an unreadable place=: {text!r}") from None
+
+
+REPORT_KINDS = ("made", "replaced", "requeue")
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """What the node did for a job: its instance made as decided, made elsewhere on the node
+    (``replaced``: the decided spot was taken), or nothing fits there (``requeue``)."""
+
+    kind: str
+    gpu: int = -1
+    profile: str = ""
+    start: int = -1
+    gi_id: int = -1
+    uuid: str = ""
+    reason: str = ""
+
+    def text(self) -> str:
+        if self.kind == "requeue":
+            return f"node=requeue:{_clean(self.reason)}"
+        return f"node={self.kind}:{self.gpu}/{self.profile}@{self.start}/{self.gi_id}/{self.uuid}"
+
+
+def _clean(text: str) -> str:
+    return text.replace(";", ",").replace("=", ":").replace("\n", " ")[:300]
+
+
+def with_report(text: str, report: NodeReport) -> str:
+    """``text`` (a pinned tag) with the node's report in place of any earlier one."""
+    kept = [part for part in text.split(";") if not part.startswith("node=")]
+    return ";".join([*kept, report.text()])
+
+
+def parse_report(text: str) -> NodeReport | None:
+    value = _fields(text).get("node")
+    if value is None:
+        return None
+    kind, _, rest = value.partition(":")
+    if kind == "requeue":
+        return NodeReport(kind, reason=rest)
+    try:
+        gpu, spot, gi_id, uuid = rest.split("/")
+        profile, _, start = spot.partition("@")
+        if kind not in REPORT_KINDS:
+            raise ValueError(kind)
+        return NodeReport(kind, int(gpu), profile, int(start), int(gi_id), uuid)
+    except ValueError:
+        raise ValueError(f"mig_batch tag with an unreadable node report: {text!r}") from None
+
+
+@dataclass(frozen=True)
+class AgentTag:
+    """What a node's agent publishes in the node's operator-only field: since when it runs and when it
+    last reconciled (no MIG job is placed on a node that has not reconciled since it came back)."""
+
+    started: float
+    reconciled: float
+    strays: int = 0  # instances it found with no live job and destroyed, in its last reconcile
+
+    def text(self) -> str:
+        return f"{MANAGED_PREFIX}agent;started={self.started:.3f};reconciled={self.reconciled:.3f};strays={self.strays}"
+
+
+def parse_agent_tag(text: str) -> AgentTag | None:
+    if not text.startswith(f"{MANAGED_PREFIX}agent"):
+        return None
+    fields = _fields(text)
+    try:
+        return AgentTag(float(fields["started"]), float(fields["reconciled"]), int(fields.get("strays", 0)))
+    except (KeyError, ValueError):
+        return None
 
 
 def moldable_times(tag: JobTag, models: Iterable[str]) -> dict[str, dict[str, float]] | str:

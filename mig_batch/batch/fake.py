@@ -1,0 +1,111 @@
+"""An in-memory batch system (the seam's protocol), for unit tests of the controller's decisions.
+
+Tests drive it like a scheduler would: :meth:`FakeBatch.add` a managed job (held, tagged as
+job_submit.lua would tag it), let the controller pin and release it, then :meth:`start` it (the node
+agent's report appended as a Prolog would) and :meth:`finish` it. ``refuse`` makes pins of the named
+jobs fail as Slurm would refuse them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from mig_batch.batch.system import BatchError, BatchJob, JobState, NodeStatus, Pin
+from mig_batch.batch.tags import NodeReport, parse_place, with_report
+
+
+class FakeBatch:
+    def __init__(self, nodes: Sequence[str]):
+        self._jobs: dict[str, BatchJob] = {}
+        self._nodes = {n: NodeStatus(n, True) for n in nodes}
+        self.refuse: set[str] = set()
+        self.calls: list[tuple[str, ...]] = []
+        self.clock = 1_000.0
+        self._next = 1
+
+    # the protocol
+    def jobs(self) -> list[BatchJob]:
+        return list(self._jobs.values())
+
+    def nodes(self) -> list[NodeStatus]:
+        return list(self._nodes.values())
+
+    def pin_and_release(self, pins: Sequence[Pin]) -> dict[str, str]:
+        failed = {}
+        for p in pins:
+            self.calls.append(("pin", p.job_id, p.node))
+            job = self._jobs.get(p.job_id)
+            if p.job_id in self.refuse or job is None or not job.held:
+                failed[p.job_id] = f"Job is no longer pending execution for job {p.job_id}"
+                continue
+            limit = p.time_limit_min * 60.0 if p.time_limit_min is not None else job.time_limit_s
+            self._jobs[p.job_id] = dataclasses.replace(job, admin_tag=p.admin_tag, node=p.node, state=JobState.PENDING,
+                                                       time_limit_s=limit)  # fmt: skip
+        return failed
+
+    def release(self, jobs: Sequence[str]) -> None:
+        for job in jobs:
+            self.calls.append(("release", job))
+            self._set(job, state=JobState.PENDING)
+
+    def requeue_hold(self, job: str, reason: str = "") -> None:
+        self.calls.append(("requeue_hold", job))
+        self._set(job, state=JobState.HELD, start_time=0.0, end_time=0.0)
+
+    def hold(self, job: str) -> None:
+        self.calls.append(("hold", job))
+        self._set(job, state=JobState.HELD)
+
+    def cancel(self, job: str) -> None:
+        self.calls.append(("cancel", job))
+        if job in self._jobs and not self._jobs[job].finished:
+            self._set(job, state=JobState.FINISHED, outcome="CANCELLED")
+
+    def set_job_tag(self, job: str, admin_tag: str) -> None:
+        self._set(job, admin_tag=admin_tag)
+
+    def set_node_tag(self, node: str, agent_tag: str) -> None:
+        self._nodes[node] = dataclasses.replace(self._nodes[node], agent_tag=agent_tag)
+
+    def submit(self, argv: Sequence[str], script: str | None = None) -> str:
+        return self.add(" ".join(argv))
+
+    # the scheduler's side, for tests
+    def add(self, tag: str, user_id: int = 1000, time_limit_s: float = 3600.0) -> str:
+        job = str(self._next)
+        self._next += 1
+        self.clock += 1
+        self._jobs[job] = BatchJob(job, JobState.HELD, tag, user_id, submit_time=self.clock, time_limit_s=time_limit_s)
+        return job
+
+    def job(self, job: str) -> BatchJob | None:
+        return self._jobs.get(job)
+
+    def start(self, job: str, report: NodeReport | None = None) -> None:
+        """The scheduler starts a released job on its pinned node; the Prolog's report, if given."""
+        j = self._jobs[job]
+        if j.state is not JobState.PENDING or parse_place(j.admin_tag) is None:
+            raise BatchError(f"job {job} is not released with a placement ({j.state}, {j.admin_tag!r})")
+        tag = with_report(j.admin_tag, report) if report is not None else j.admin_tag
+        self._set(job, state=JobState.RUNNING, start_time=self.clock, end_time=self.clock + j.time_limit_s,
+                  admin_tag=tag)  # fmt: skip
+
+    def finish(self, job: str, exit_status: int = 0, outcome: str = "COMPLETED") -> None:
+        self._set(job, state=JobState.FINISHED, exit_status=exit_status, outcome=outcome)
+
+    def forget(self, job: str) -> None:
+        """The batch system purged the job's record."""
+        self._jobs.pop(job, None)
+
+    def set_node_up(self, node: str, up: bool) -> None:
+        self._nodes[node] = dataclasses.replace(self._nodes[node], up=up)
+
+    def requeue(self, job: str) -> None:
+        """The batch system requeued a running job (its node failed): pending again, not held."""
+        self._set(job, state=JobState.PENDING, start_time=0.0, end_time=0.0)
+
+    def _set(self, job: str, **changes: object) -> None:
+        if job not in self._jobs:
+            raise BatchError(f"Invalid job id specified for job {job}")
+        self._jobs[job] = dataclasses.replace(self._jobs[job], **changes)

@@ -1,0 +1,119 @@
+"""The batch-system protocol and its neutral records.
+
+A batch system holds the jobs; mig_batch adds where each managed job's MIG instance goes. The
+controller sees jobs as :class:`BatchJob` and acts through :class:`BatchSystem` only: pin a held job
+to a node with its placement (an operator-only field), release it, requeue-hold it, cancel it, submit
+one. Nodes publish their agent's state the same way (:class:`NodeStatus`). Every adapter error is a
+:class:`BatchError` that names the command and the batch system's message.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+MANAGED_PREFIX = "mig-batch:"
+
+
+class BatchError(RuntimeError):
+    """A batch-system call failed; the message names the call and the batch system's answer."""
+
+
+class JobState(enum.StrEnum):
+    HELD = "held"  # pending and not eligible until released (mig_batch's managed jobs wait here)
+    PENDING = "pending"
+    RUNNING = "running"  # running or completing: its instance is in use
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class BatchJob:
+    job_id: str
+    state: JobState
+    admin_tag: str  # the operator-only field: mig_batch's tag, its placement and the node's report
+    user_id: int = -1
+    node: str = ""
+    submit_time: float = 0.0
+    start_time: float = 0.0  # when it started (epoch s); 0 before
+    end_time: float = 0.0  # running: start + time limit (epoch s); 0 when unknown
+    time_limit_s: float = math.inf
+    exit_status: int = 0  # the script's exit status, 128 + N when signal N ended it
+    outcome: str = ""  # how it finished, in the batch system's words (COMPLETED, CANCELLED, ...)
+    reason: str = ""  # why it waits, in the batch system's words
+
+    @property
+    def managed(self) -> bool:
+        return self.admin_tag.startswith(MANAGED_PREFIX)
+
+    @property
+    def held(self) -> bool:
+        return self.state is JobState.HELD
+
+    @property
+    def running(self) -> bool:
+        return self.state is JobState.RUNNING
+
+    @property
+    def finished(self) -> bool:
+        return self.state is JobState.FINISHED
+
+    @property
+    def cancelled(self) -> bool:
+        return self.finished and self.outcome == "CANCELLED"
+
+    @property
+    def order(self) -> tuple[float, int]:
+        """Queue order: submission time, then the job number."""
+        return self.submit_time, int(self.job_id.split("_")[0].split(".")[0])
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    node: str
+    up: bool  # the batch system can run jobs there (not down, not failing)
+    agent_tag: str = ""  # what the node's agent published (see tags.NodeAgentTag)
+
+
+@dataclass(frozen=True)
+class Pin:
+    """A decided job for the batch system: node, operator-only tag, and (subjobs) a time limit."""
+
+    job_id: str
+    node: str
+    admin_tag: str
+    time_limit_min: int | None = None
+
+
+class BatchSystem(Protocol):
+    def jobs(self) -> list[BatchJob]: ...
+
+    def job(self, job: str) -> BatchJob | None:
+        """One job (a node agent reading its decision); None when the batch system no longer knows it."""
+
+    def nodes(self) -> list[NodeStatus]: ...
+
+    def pin_and_release(self, pins: Sequence[Pin]) -> Mapping[str, str]:
+        """Pin each job to its node with its tag, and release the ones pinned; the jobs that failed,
+        with the batch system's message (they stay held; the caller retries)."""
+
+    def release(self, jobs: Sequence[str]) -> None: ...
+
+    def requeue_hold(self, job: str, reason: str) -> None:
+        """Back to the queue, held by an operator (the user cannot release it around the controller)."""
+
+    def hold(self, job: str, reason: str) -> None:
+        """Keep a pending job held with ``reason`` shown to its user."""
+
+    def cancel(self, job: str) -> None: ...
+
+    def set_job_tag(self, job: str, admin_tag: str) -> None:
+        """Rewrite a job's operator-only tag (the node's report goes back this way)."""
+
+    def set_node_tag(self, node: str, agent_tag: str) -> None:
+        """Publish what a node's agent reports about the node."""
+
+    def submit(self, argv: Sequence[str], script: str | None = None) -> str:
+        """Submit a job (the batch system's own submit arguments, the script on stdin); its id."""

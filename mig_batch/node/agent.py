@@ -1,0 +1,233 @@
+"""The node agent's work, batch-neutral: provision a job's MIG instance where the controller decided,
+fall back on this node when that spot is taken, bind it to the job, destroy it, reconcile strays.
+
+It reads the decision from the job's operator-only tag through the batch system and reports what it
+did the same way (``NodeReport``); the controller's store is never opened here. Every entry point
+catches everything: a hook that fails would drain the node, so a problem becomes a report (requeue)
+and a log line instead. Calls are serialized by one lock: the journal, the GPUs and the reconcile
+see one consistent node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from mig_batch.batch.system import BatchError, BatchJob
+from mig_batch.batch.tags import AgentTag, NodeReport, Placed, parse_place, parse_tag, profiles_by_model, with_report
+from mig_batch.gpu.base import GpuBackend, GpuBackendError, InsufficientResources, InUse, NotFound
+from mig_batch.node.journal import Entry, Journal
+from mig_batch.placement.base import Placement, PlacementRequest
+from mig_batch.placement.cluster import Cluster, Gpu
+from mig_batch.placement.policies import make_policy
+from mig_batch.subjob import ENV_DEADLINE, ENV_MARGIN
+
+log = logging.getLogger("mig-batch-agent")
+NO_DEVICE = "NoDevFiles"  # what a job gets when nothing could be made: CUDA sees no GPU
+
+
+class NodeChannel(Protocol):
+    """What the agent needs from the batch system (a subset of ``BatchSystem``)."""
+
+    def job(self, job: str) -> BatchJob | None: ...
+
+    def jobs(self) -> list[BatchJob]: ...
+
+    def set_job_tag(self, job: str, admin_tag: str) -> None: ...
+
+    def set_node_tag(self, node: str, agent_tag: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class PrologResult:
+    exports: list[str]
+    report: NodeReport | None  # None: not a managed job, or the instance existed already
+    problem: str = ""  # a problem worth an operator's attention (logged by the caller too)
+
+
+def node_view(backend: GpuBackend, node: str) -> Cluster:
+    """This node's GPUs with their real instances, for a local placement."""
+    gpus = backend.gpus()
+    view = Cluster([Gpu(g.index, node, g.index, g.model) for g in gpus])
+    for g in gpus:
+        for inst in backend.instances(g.index):
+            view.allocate(g.index, f"gi{g.index}.{inst.gi_id}", inst.profile, inst.start)
+    return view
+
+
+def place_locally(backend: GpuBackend, node: str, request: str, decided_model: str | None, decided_profile: str,
+                  policy: str = "mfi") -> Placement | None:  # fmt: skip
+    """Where on this node the job fits by ``policy``: the decided profile on GPUs of the decided model
+    (a moldable job keeps its chosen size), the request's translation on the others."""
+    view = node_view(backend, node)
+    models = {g.model for g in view.gpus}
+    profiles = profiles_by_model(parse_tag(request), models)
+    profiles = {} if isinstance(profiles, str) else profiles
+    if decided_model in models:
+        profiles[decided_model] = decided_profile
+    if not profiles:
+        return None
+    decision = make_policy(policy).decide(view, PlacementRequest("job", profiles))
+    return decision if isinstance(decision, Placement) else None
+
+
+class NodeAgent:
+    def __init__(self, node: str, backend: GpuBackend, journal: Journal, channel: NodeChannel, job_dir: Path,
+                 policy: str = "mfi", checkpoint_margin_s: float = 30.0,
+                 clock: Callable[[], float] = time.time):  # fmt: skip
+        self.node, self.backend, self.journal, self.channel = node, backend, journal, channel
+        self.job_dir, self.policy, self.margin, self.clock = Path(job_dir), policy, checkpoint_margin_s, clock
+        self.started = clock()
+        self.lock = threading.Lock()
+
+    # --- job start --------------------------------------------------------------------------
+    def prolog(self, job_id: str) -> PrologResult:
+        """Make the job's instance and leave its environment for the job; never raises."""
+        with self.lock:
+            try:
+                result = self._prolog(job_id)
+            except Exception as exc:  # never fail the hook: that would drain the node
+                result = PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"],
+                                      NodeReport("requeue", reason=f"{type(exc).__name__}: {exc}"),
+                                      f"{type(exc).__name__}: {exc}")  # fmt: skip
+                job = None
+                with contextlib.suppress(BatchError):
+                    job = self.channel.job(job_id)
+                self._report(job_id, job, result.report)
+            self._write_job_file(job_id, result.exports)
+            return result
+
+    def _prolog(self, job_id: str) -> PrologResult:
+        job = self.channel.job(job_id)
+        if job is None or not job.managed:
+            return PrologResult([], None)  # not ours
+        known = self.journal.get(job_id)
+        if known is not None and self.backend.find(known.uuid) is not None:  # this prolog ran before
+            return PrologResult(self._exports(known, parse_place(job.admin_tag)), None)
+        place = parse_place(job.admin_tag)
+        if place is None:
+            report = NodeReport("requeue", reason=f"released without a placement, on {self.node}")
+            self._report(job_id, job, report)
+            return PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"], report, report.reason)
+        kind = "made"
+        try:
+            if place.node != self.node:
+                raise InsufficientResources(f"decided for {place.node}, running on {self.node}")
+            inst = self.backend.create(place.gpu, place.profile, place.start)
+        except InsufficientResources as exc:
+            decided_model = next((g.model for g in self.backend.gpus() if g.index == place.gpu), None)
+            local = place_locally(self.backend, self.node, job.admin_tag, decided_model, place.profile, self.policy)
+            if local is None:
+                report = NodeReport("requeue", reason=f"decided spot taken ({exc}); nothing fits on {self.node}")
+                self._report(job_id, job, report)
+                return PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"], report, report.reason)
+            inst = self.backend.create(local.gpu_index, local.profile, local.start)
+            kind = "replaced"
+        entry = Entry(job_id, inst.gpu, inst.gi_id, inst.profile, inst.start, inst.uuid, self.clock())
+        self.journal.add(entry)  # before the job can use it: a restart knows what it owns
+        report = NodeReport(kind, inst.gpu, inst.profile, inst.start, inst.gi_id, inst.uuid)
+        self._report(job_id, job, report)
+        return PrologResult(self._exports(entry, place), report)
+
+    def _exports(self, entry: Entry, place: Placed | None) -> list[str]:
+        lines = [f"export CUDA_VISIBLE_DEVICES={entry.uuid}",
+                 f"export MIG_BATCH_INSTANCE={self.node}/{entry.gpu}/{entry.profile}@{entry.start}"]  # fmt: skip
+        if place is not None and place.window_s is not None:  # a chain's subjob: its window starts now
+            margin = min(self.margin, place.window_s / 4)  # short windows still do work
+            lines += [f"export {ENV_DEADLINE}={self.clock() + place.window_s:.3f}", f"export {ENV_MARGIN}={margin:.3f}"]
+        return lines
+
+    def _report(self, job_id: str, job: BatchJob | None, report: NodeReport | None) -> None:
+        if job is None or report is None:
+            return
+        try:
+            self.channel.set_job_tag(job_id, with_report(job.admin_tag, report))
+        except BatchError as exc:  # the job runs anyway; the controller sees no report for it
+            log.warning("job %s: could not report %s: %s", job_id, report.text(), exc)
+
+    # --- job end ----------------------------------------------------------------------------
+    def epilog(self, job_id: str, attempts: int = 10, pause_s: float = 0.5) -> str:
+        """Destroy the job's instance; what happened, in words. Never raises."""
+        with self.lock:
+            try:
+                (self.job_dir / job_id).unlink(missing_ok=True)
+                entry = self.journal.get(job_id)
+                if entry is None:
+                    return "nothing to destroy"
+                for attempt in range(attempts):
+                    try:
+                        self.backend.destroy(entry.gpu, entry.gi_id)
+                        break
+                    except NotFound:
+                        break  # gone already: idempotent
+                    except InUse:
+                        if attempt == attempts - 1:
+                            return f"instance {entry.profile}@{entry.start} on GPU {entry.gpu} still in use; " \
+                                   "the reconcile destroys it later"  # fmt: skip
+                        time.sleep(pause_s)  # the job's processes are still exiting
+                self.journal.remove(job_id)
+                strays = self._local_strays(entry.gpu)
+                return f"destroyed {entry.profile}@{entry.start} on GPU {entry.gpu}" + (
+                    f"; destroyed {len(strays)} stray instance(s): {', '.join(strays)}" if strays else "")
+            except Exception as exc:
+                return f"epilog error {type(exc).__name__}: {exc}"
+
+    def _local_strays(self, gpu: int) -> list[str]:
+        """Instances on ``gpu`` that no journal entry names: no job owns them (a crashed create)."""
+        owned = {e.uuid for e in self.journal.entries()}
+        return [self._destroy_stray(i) for i in self.backend.instances(gpu) if i.uuid not in owned]
+
+    def _destroy_stray(self, inst) -> str:
+        try:
+            self.backend.destroy(inst.gpu, inst.gi_id)
+        except GpuBackendError as exc:
+            return f"{inst.profile}@{inst.start} on GPU {inst.gpu} (not destroyed: {exc})"
+        return f"{inst.profile}@{inst.start} on GPU {inst.gpu}"
+
+    # --- reconcile ----------------------------------------------------------------------------
+    def reconcile(self) -> list[str]:
+        """Destroy every instance no live job of this node owns (asked through the batch system), keep
+        the others, publish the result on the node. The strays, in words."""
+        with self.lock:
+            try:
+                live = {j.job_id for j in self.channel.jobs() if j.running and j.node == self.node}
+            except BatchError as exc:
+                log.warning("reconcile skipped: the batch system did not answer (%s)", exc)
+                return []
+            strays = []
+            for entry in self.journal.entries():
+                if entry.job in live:
+                    continue
+                with_job = f"job {entry.job}'s "
+                found = self.backend.find(entry.uuid)
+                if found is not None:
+                    strays.append(with_job + self._destroy_stray(found))
+                self.journal.remove(entry.job)
+                (self.job_dir / entry.job).unlink(missing_ok=True)
+            owned = {e.uuid for e in self.journal.entries()}
+            for gpu in self.backend.gpus():
+                strays += [self._destroy_stray(i) for i in self.backend.instances(gpu.index) if i.uuid not in owned]
+            now = self.clock()
+            try:
+                self.channel.set_node_tag(self.node, AgentTag(self.started, now, len(strays)).text())
+            except BatchError as exc:
+                log.warning("could not publish the reconcile: %s", exc)
+            return strays
+
+    def _write_job_file(self, job_id: str, exports: list[str]) -> None:
+        """``export NAME=value`` lines for the TaskProlog (node-local, read by the job's tasks)."""
+        if not exports:
+            return
+        self.job_dir.mkdir(parents=True, exist_ok=True)
+        path = self.job_dir / job_id
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(f"{line}\n" for line in exports))
+        tmp.chmod(0o644)
+        os.replace(tmp, path)

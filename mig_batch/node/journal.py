@@ -1,0 +1,61 @@
+"""The node's local journal: which instance this node made for which job (one JSON file per job).
+
+Owned by the node agent (root, mode 0700 directory). Written before the job may use the instance
+and removed after it is destroyed, so a restart of the agent knows what it owns; anything on the GPUs
+that the journal does not name, or names for a job that is no longer alive here, is a stray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Entry:
+    job: str
+    gpu: int
+    gi_id: int
+    profile: str
+    start: int
+    uuid: str
+    created: float
+
+
+class Journal:
+    def __init__(self, directory: Path):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o700)
+
+    def _path(self, job: str) -> Path:
+        if not job or "/" in job or job.startswith("."):
+            raise ValueError(f"not a job id: {job!r}")
+        return self.dir / f"{job}.json"
+
+    def add(self, entry: Entry) -> None:
+        path = self._path(entry.job)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(entry)))
+        os.replace(tmp, path)  # atomic: the entry is whole or absent
+
+    def get(self, job: str) -> Entry | None:
+        try:
+            return Entry(**json.loads(self._path(job).read_text()))
+        except FileNotFoundError:
+            return None
+        except (ValueError, TypeError):
+            return None  # a torn or foreign file: the reconcile treats its instance as a stray
+
+    def remove(self, job: str) -> None:
+        self._path(job).unlink(missing_ok=True)
+
+    def entries(self) -> list[Entry]:
+        out = []
+        for path in sorted(self.dir.glob("*.json")):
+            entry = self.get(path.stem)
+            if entry is not None:
+                out.append(entry)
+        return out

@@ -1,0 +1,95 @@
+"""The node agent as a local service: a root-owned Unix socket (mode 0600) that the hooks ask.
+
+One JSON line in, one JSON line out: ``{"op": "prolog"|"epilog"|"ping", "job": "<id>"}`` ->
+``{"ok": true, "detail": "..."}``. Only root may ask (the peer's credentials are checked: the batch
+system's hooks run as root). Each connection gets a thread; the agent serializes the GPU work. A
+reconcile runs at start and every ``reconcile_interval_s``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import socketserver
+import struct
+import threading
+from pathlib import Path
+
+from mig_batch.node.agent import NodeAgent
+
+log = logging.getLogger("mig-batch-agent")
+
+
+def peer_uid(sock: socket.socket) -> int:
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    server: AgentServer
+
+    def handle(self) -> None:
+        agent = self.server.agent
+        try:
+            if peer_uid(self.request) != 0:
+                self._answer(False, "only root may ask the node agent")
+                return
+            request = json.loads(self.rfile.readline(65536) or b"{}")
+            op, job = request.get("op"), str(request.get("job", ""))
+            if op == "ping":
+                self._answer(True, f"agent for {agent.node} up since {agent.started:.0f}")
+            elif op == "prolog":
+                result = agent.prolog(job)
+                detail = result.report.text() if result.report else "nothing to do"
+                if result.problem:
+                    log.warning("job %s prolog: %s", job, result.problem)
+                self._answer(True, detail)
+            elif op == "epilog":
+                self._answer(True, agent.epilog(job))
+            else:
+                self._answer(False, f"unknown op {op!r}; known: ping, prolog, epilog")
+        except (OSError, ValueError) as exc:
+            log.warning("bad request: %s", exc)
+
+    def _answer(self, ok: bool, detail: str) -> None:
+        self.wfile.write(json.dumps({"ok": ok, "detail": detail}).encode() + b"\n")
+
+
+class AgentServer(socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True
+
+    def __init__(self, path: Path, agent: NodeAgent):
+        self.agent = agent
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)
+        old = os.umask(0o177)
+        try:
+            super().__init__(str(path), _Handler)
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+
+
+def serve(path: Path, agent: NodeAgent, reconcile_interval_s: float) -> None:
+    """Reconcile, then answer hooks until stopped; reconcile again every ``reconcile_interval_s``."""
+    strays = agent.reconcile()
+    for s in strays:
+        log.warning("reconcile at start: destroyed stray %s", s)
+    server = AgentServer(path, agent)
+    stop = threading.Event()
+
+    def reconcile_loop() -> None:
+        while not stop.wait(reconcile_interval_s):
+            for s in agent.reconcile():
+                log.warning("reconcile: destroyed stray %s", s)
+
+    threading.Thread(target=reconcile_loop, daemon=True).start()
+    log.info("agent for %s listening on %s", agent.node, path)
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        stop.set()
+        server.server_close()

@@ -1,0 +1,168 @@
+"""Controller.step over the in-memory batch system: decisions, node reports, restarts, refused pins,
+requeues, node failures, moldable and chain decisions; no Slurm needed."""
+
+import pytest
+
+from mig_batch.batch.fake import FakeBatch
+from mig_batch.batch.system import JobState
+from mig_batch.batch.tags import AgentTag, NodeReport, parse_place
+from mig_batch.config import SiteConfig
+from mig_batch.controller import daemon
+from mig_batch.controller.daemon import Controller
+from mig_batch.state import Store
+
+RIGID = "mig-batch:v1;req=1g.10gb"
+BIG = "mig-batch:v1;req=7g.80gb"
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    monkeypatch.setattr(daemon, "NODE_POLL_S", 0.0)  # read the nodes every pass
+    return SiteConfig(state=tmp_path / "state.db", nodes={"n1": ("A100-80GB",), "n2": ("A100-80GB",)})
+
+
+@pytest.fixture
+def batch():
+    return FakeBatch(["n1", "n2"])
+
+
+def made(batch, job):
+    """The batch system starts the job; its node made the instance where decided."""
+    p = parse_place(batch.job(job).admin_tag)
+    batch.start(job, NodeReport("made", p.gpu, p.profile, p.start, 1, f"MIG-{job}"))
+
+
+def test_rigid_jobs_are_decided_pinned_released_followed_and_freed(site, batch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    jobs = [batch.add(RIGID) for _ in range(3)]
+    stats = c.step()
+    assert stats.placed == 3 and not stats.errors
+    for job in jobs:
+        assert batch.job(job).state is JobState.PENDING  # released
+        assert parse_place(batch.job(job).admin_tag).profile == "1g.10gb"
+        assert store.decision(job).state == "released"
+    made(batch, jobs[0])
+    c.step()
+    assert store.decision(jobs[0]).state == "running" and store.instance(jobs[0]).uuid == f"MIG-{jobs[0]}"
+    batch.finish(jobs[0])
+    assert c.step().ended == 1
+    assert store.decision(jobs[0]).state == "ended" and store.instance(jobs[0]) is None
+    assert jobs[0] not in c.view.job_gpu and jobs[1] in c.view.job_gpu
+
+
+def test_a_refused_pin_stays_decided_and_is_applied_again(site, batch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    job = batch.add(RIGID)
+    batch.refuse.add(job)
+    stats = c.step()
+    assert stats.placed == 0 and stats.errors and store.decision(job).state == "decided"
+    assert batch.job(job).held
+    batch.refuse.clear()
+    assert c.step().placed == 1
+    assert store.decision(job).state == "released" and store.count_decisions(job) == 1
+
+
+def test_a_restart_rebuilds_the_view_from_the_store_and_decides_nothing_twice(site, batch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    big = [batch.add(BIG) for _ in range(2)]
+    c.step()
+    batch.refuse.add(big[1])
+    waiting = batch.add(BIG)  # no room left for a third whole GPU
+    c.step()
+    restarted = Controller(site, Store(site.state), batch)  # a crash: only the store survives
+    assert set(restarted.view.job_gpu) == set(big)
+    stats = restarted.step()
+    assert stats.waiting == 1 and store.decision(waiting) is None
+    assert [store.count_decisions(j) for j in big] == [1, 1]
+
+
+def test_a_requeue_report_holds_the_job_and_decides_it_again(site, batch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    job = batch.add(RIGID)
+    c.step()
+    batch.start(job, NodeReport("requeue", reason="decided spot taken; nothing fits on n1"))
+    c.step()
+    assert ("requeue_hold", job) in batch.calls
+    c.step()  # held again: decided anew
+    assert store.count_decisions(job) == 2 and store.decision(job).state == "released"
+
+
+def test_a_replaced_instance_moves_in_the_view(site, batch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    job = batch.add(RIGID)
+    c.step()
+    p = parse_place(batch.job(job).admin_tag)
+    other = 6 if p.start != 6 else 0
+    batch.start(job, NodeReport("replaced", p.gpu, "1g.10gb", other, 3, "MIG-x"))
+    c.step()
+    gid = c.view.job_gpu[job]
+    assert c.view.gpus[gid].instances[job] == ("1g.10gb", other)
+    assert store.decision(job).start == other and store.events(job, "node-replaced")
+
+
+def test_a_down_node_is_fenced_until_its_agent_reconciled(site, batch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    running = batch.add(BIG)
+    c.step()
+    node = parse_place(batch.job(running).admin_tag).node
+    made(batch, running)
+    c.step()
+    batch.set_node_up(node, False)
+    batch.requeue(running)  # Slurm requeues the job of the failed node
+    c.step()
+    assert store.decision(running).state == "requeued" and batch.job(running).held
+    other = c.step()  # decided again, elsewhere
+    assert other.placed == 1 and parse_place(batch.job(running).admin_tag).node != node
+    late = batch.add(BIG)
+    c.step()
+    assert store.decision(late) is None  # the only free GPU is on the fenced node
+    batch.set_node_up(node, True)
+    c.step()
+    assert store.decision(late) is None  # up, but its agent has not reconciled since
+    batch.set_node_tag(node, AgentTag(started=0, reconciled=2e9, strays=1).text())
+    c.step()
+    c.step()
+    assert store.decision(late) is not None and store.decision(late).node == node
+
+
+def test_moldable_jobs_get_a_size_and_a_policy_name(site, batch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    job = batch.add("mig-batch:v1;req=1g;moldable=1g:600,7g:60")
+    c.step()
+    d = store.decision(job)
+    assert d.policy == "moldable-mfi" and d.profile == "7g.80gb"
+
+
+def test_a_chain_subjob_is_granted_with_its_window_and_its_next_job_linked(site, batch, tmp_path):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    tag = f"mig-batch:v1;req=6144M;atomize=1;ckpt={tmp_path / 'ckpt'};smin=30;smax=300"
+    first = batch.add(tag)
+    c.step()
+    place = parse_place(batch.job(first).admin_tag)
+    assert place is not None and 30 <= place.window_s <= 300
+    made(batch, first)
+    c.step()
+    assert store.subjobs(first)[0].started_at is not None
+    nxt = batch.add(f"{tag};chain={first}")
+    batch.finish(first, exit_status=75)  # checkpointed, more to do
+    c.step()
+    assert store.chain_jobs(first) == [first, nxt]
+    c.step()
+    assert parse_place(batch.job(nxt).admin_tag) is not None and store.chain(nxt).job == first
+
+
+def test_a_lost_job_record_ends_its_decision(site, batch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    job = batch.add(RIGID)
+    c.step()
+    batch.forget(job)
+    assert c.step().ended == 1 and store.decision(job).state == "ended"
