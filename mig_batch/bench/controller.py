@@ -1,78 +1,86 @@
-"""``mig-batch bench controller``: a burst of jobs on the real local Slurm, placed by the controller.
+"""``mig-batch bench controller``: the same burst of jobs through a local Slurm three ways, timed from
+the first submission to the last job *completed*:
 
-The burst is submitted (held by job_submit.lua) before the controller starts; then controller passes
-run in this process until every job is placed. Reported: jobs placed per second end to end (Slurm
-commands included), the pass (decision-loop) times, and the placement decision alone per job.
+  bare      Slurm alone, no Prolog/Epilog
+  noop      Slurm with Prolog and Epilog shell scripts that only exit 0 (what any site plugin pays)
+  mig       MIG jobs through mig_batch: job_submit.lua, mig-batchd, the node agents, the hooks
+
+Each run starts a fresh cluster of the same shape (slurmd processes, CPUs, emulated GPUs) in a
+temporary directory that is removed afterwards. Reported: jobs per second each way and the ratios
+mig/bare and mig/noop.
 """
 
 from __future__ import annotations
 
-import statistics
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from mig_batch.config import load_config
-from mig_batch.controller.daemon import Controller
-from mig_batch.slurm.commands import SlurmCli
-from mig_batch.slurm.local_cluster import MigTestbed
-from mig_batch.state import Store
+from mig_batch.slurm.local_cluster import LocalCluster, MigTestbed
+
+MODES = ("bare", "noop", "mig")
 
 
 @dataclass(frozen=True)
-class ControllerBench:
+class BurstRun:
+    mode: str
     jobs: int
-    gpus: int
-    submit_s: float
-    place_s: float
-    passes: int
-    pass_ms_p50: float
-    pass_ms_max: float
-    decide_us_p50: float
-    placed: int
+    completed: int
+    submit_s: float  # submitting the burst
+    total_s: float  # first submission to the last job completed
 
     @property
     def jobs_per_s(self) -> float:
-        return self.placed / self.place_s if self.place_s else 0.0
+        return self.completed / self.total_s if self.total_s else 0.0
 
 
-def bench_controller(jobs: int = 1000, gpus_per_node: int = 48, nodes: int = 3, policy: str = "mfi") -> ControllerBench:
-    root = Path(tempfile.mkdtemp(prefix="mig-batch-bench-"))
-    bed = MigTestbed(root, nodes={f"n{i + 1}": ["A100-80GB"] * gpus_per_node for i in range(nodes)}, policy=policy)
-    bed.start()
+def _burst(run, script: Path, jobs: int, gres: list[str], timeout_s: float) -> tuple[int, float, float]:
+    """Submit ``jobs`` copies of ``script``; wait until none is queued. (completed, submit s, total s)."""
+    t0 = time.perf_counter()
+    ids = [run("sbatch", "--parsable", *gres, "-o", "/dev/null", str(script)).stdout.strip() for _ in range(jobs)]
+    submit_s = time.perf_counter() - t0
+    while time.perf_counter() - t0 < timeout_s:
+        if not run("squeue", "-h", "-o", "%i").stdout.split():
+            break
+        time.sleep(0.2)
+    total_s = time.perf_counter() - t0
+    left = len(run("squeue", "-h", "-o", "%i").stdout.split())
+    return len(ids) - left, submit_s, total_s
+
+
+def bench_mode(mode: str, jobs: int, gpus_per_node: int, nodes: int, timeout_s: float = 900) -> BurstRun:
+    root = Path(tempfile.mkdtemp(prefix=f"mig-batch-bench-{mode}-"))
+    names = [f"n{i + 1}" for i in range(nodes)]
+    script = root / "job.sh"
+    bed = cluster = None
     try:
-        bed.stop_controller()  # this process drives the passes, to time them
-        script = root / "job.sh"
+        root.mkdir(exist_ok=True)
         script.write_text("#!/bin/sh\ntrue\n")
-        t0 = time.perf_counter()
-        for _ in range(jobs):
-            bed.cluster.run("sbatch", "--parsable", "--gres=mig:1g.10gb", "-o", "/dev/null", str(script))
-        submit_s = time.perf_counter() - t0
-        config = load_config(bed.config_path)
-        controller = Controller(config, Store(config.state), SlurmCli(env=bed.env()))
-        decide_s: list[float] = []
-        original = controller.policy.decide
-
-        def timed(view, request):
-            d0 = time.perf_counter()
-            out = original(view, request)
-            decide_s.append(time.perf_counter() - d0)
-            return out
-
-        controller.policy.decide = timed  # type: ignore[method-assign]
-        passes, placed = [], 0
-        t0 = time.perf_counter()
-        while placed < jobs and time.perf_counter() - t0 < 600:
-            stats = controller.step()
-            passes.append(stats.seconds)
-            placed += stats.placed
-            if not stats.placed:
-                time.sleep(0.1)
-        place_s = time.perf_counter() - t0
-        return ControllerBench(jobs, nodes * gpus_per_node, submit_s, place_s, len(passes),
-                               statistics.median(passes) * 1e3, max(passes) * 1e3,
-                               statistics.median(decide_s) * 1e6 if decide_s else 0.0, placed)  # fmt: skip
+        if mode == "mig":
+            bed = MigTestbed(root, nodes={n: ["A100-80GB"] * gpus_per_node for n in names}, reconcile_interval_s=60)
+            bed.start()
+            run, gres = bed.cluster.run, ["--gres=mig:1g.10gb"]
+        else:
+            extra = ""
+            if mode == "noop":
+                hook = root / "noop-hook"
+                hook.write_text("#!/bin/sh\nexit 0\n")
+                hook.chmod(0o755)
+                extra = f"Prolog={hook}\nEpilog={hook}\n"
+            cluster = LocalCluster(root, nodes=tuple(names), extra_conf=extra).start()
+            run, gres = cluster.run, []
+        completed, submit_s, total_s = _burst(run, script, jobs, gres, timeout_s)
+        return BurstRun(mode, jobs, completed, submit_s, total_s)
     finally:
-        bed.cluster.run("scancel", "--full", "-u", "root", check=False)
-        bed.stop()
+        for c in (bed, cluster):
+            if c is not None:
+                (c.cluster if isinstance(c, MigTestbed) else c).run("scancel", "--full", "-u", "root", check=False)
+                c.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def bench_controller(jobs: int = 1000, gpus_per_node: int = 48, nodes: int = 3,
+                     modes: tuple[str, ...] = MODES) -> list[BurstRun]:  # fmt: skip
+    return [bench_mode(mode, jobs, gpus_per_node, nodes) for mode in modes]

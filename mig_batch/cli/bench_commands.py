@@ -54,11 +54,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--load", type=float, default=0.9, help="share of memory slices preloaded")
     m.add_argument("--json", action="store_true")
     m.set_defaults(handler=cmd_bench_moldable)
-    c = kinds.add_parser("controller", help="a burst of jobs on a local Slurm placed by mig-batchd (root, slurm-wlm)")
+    c = kinds.add_parser("controller", help="one burst through a local Slurm: bare, no-op hooks, MIG jobs "
+                         "(root, slurm-wlm)")  # fmt: skip
     c.add_argument("--jobs", type=int, default=1000)
     c.add_argument("--nodes", type=int, default=3, help="slurmd processes")
     c.add_argument("--gpus-per-node", type=int, default=48, help="emulated A100-80GB per node")
-    c.add_argument("--policy", default="mfi")
     c.add_argument("--json", action="store_true")
     c.set_defaults(handler=cmd_bench_controller)
 
@@ -172,16 +172,15 @@ def cmd_bench_controller(args: argparse.Namespace) -> int:
         raise ValueError(f"bench controller needs a local Slurm: {why}")
     if args.jobs < 1 or args.nodes < 1 or args.gpus_per_node < 1:
         raise ValueError("--jobs, --nodes and --gpus-per-node must be at least 1")
-    r = bench_controller(args.jobs, args.gpus_per_node, args.nodes, args.policy)
-    data = {**asdict(r), "jobs_per_s": r.jobs_per_s}
+    runs = {r.mode: r for r in bench_controller(args.jobs, args.gpus_per_node, args.nodes)}
+    ratios = {f"mig/{base}": runs["mig"].jobs_per_s / runs[base].jobs_per_s for base in ("bare", "noop")
+              if runs[base].jobs_per_s}  # fmt: skip
     if args.json:
-        print(json.dumps(data, indent=1))
+        print(json.dumps({"runs": [{**asdict(r), "jobs_per_s": r.jobs_per_s} for r in runs.values()],
+                          "ratios": ratios}, indent=1))  # fmt: skip
         return 0
-    console.print(
-        f"{r.placed}/{r.jobs} jobs placed on {r.gpus} emulated GPUs in {r.place_s:.2f} s "
-        f"({r.jobs_per_s:.1f} jobs/s, Slurm commands included; submission took {r.submit_s:.1f} s); "
-        f"{r.passes} passes, pass time p50 {r.pass_ms_p50:.1f} ms, max {r.pass_ms_max:.1f} ms; "
-        f"placement decision p50 {r.decide_us_p50:.1f} µs per job",
-        highlight=False, soft_wrap=True,
-    )  # fmt: skip
+    for r in runs.values():
+        console.print(f"{r.mode:5} {r.completed}/{r.jobs} jobs completed in {r.total_s:.1f} s "
+                      f"({r.jobs_per_s:.1f} jobs/s; submitting took {r.submit_s:.1f} s)", highlight=False)  # fmt: skip
+    console.print("  ".join(f"{k} = {v:.2f}" for k, v in ratios.items()), highlight=False)
     return 0

@@ -28,7 +28,9 @@ def ask(path: str, op: str, job: str) -> dict:
             if not chunk:
                 break
             data += chunk
-    return json.loads(data or b"{}")
+    if not data.endswith(b"\n"):
+        raise OSError("the agent closed the connection without an answer")  # it died mid-request
+    return json.loads(data)
 
 
 def main(argv: list[str]) -> int:
