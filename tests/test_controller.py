@@ -166,3 +166,16 @@ def test_a_lost_job_record_ends_its_decision(site, batch):
     c.step()
     batch.forget(job)
     assert c.step().ended == 1 and store.decision(job).state == "ended"
+
+
+def test_a_job_released_to_a_node_that_then_goes_down_is_decided_again_elsewhere(site, batch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    job = batch.add(RIGID)
+    c.step()
+    node = parse_place(batch.job(job).admin_tag).node
+    batch.set_node_up(node, False)  # drained before the job could start there
+    c.step()
+    assert store.decision(job).state == "requeued" and batch.job(job).held
+    c.step()
+    assert parse_place(batch.job(job).admin_tag).node != node and store.count_decisions(job) == 2

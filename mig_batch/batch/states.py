@@ -26,8 +26,8 @@ DECIDABLE = (DecisionState.ENDED, DecisionState.REQUEUED)  # a job in these stat
 
 _D = DecisionState
 DECISION_TRANSITIONS: dict[DecisionState, frozenset[DecisionState]] = {
-    _D.DECIDED: frozenset({_D.DECIDED, _D.RELEASED, _D.RUNNING, _D.REQUEUE, _D.ENDED}),
-    _D.RELEASED: frozenset({_D.RUNNING, _D.REQUEUE, _D.ENDED, _D.DECIDED}),
+    _D.DECIDED: frozenset({_D.DECIDED, _D.RELEASED, _D.RUNNING, _D.REQUEUE, _D.REQUEUED, _D.ENDED}),
+    _D.RELEASED: frozenset({_D.RUNNING, _D.REQUEUE, _D.REQUEUED, _D.ENDED, _D.DECIDED}),
     _D.RUNNING: frozenset({_D.REQUEUE, _D.ENDED, _D.REQUEUED}),
     _D.REQUEUE: frozenset({_D.REQUEUED, _D.ENDED}),
     _D.REQUEUED: frozenset({_D.DECIDED}),

@@ -287,7 +287,8 @@ class Controller:
                 self.batch.hold(d.job)
         self._free(d.job)
         self._reported.discard(d.job)
-        self.store.forget_instance(d.job, reason=reason)
+        if self.store.instance(d.job) is not None:
+            self.store.forget_instance(d.job, reason=reason)
         self.store.set_state(d.job, DecisionState.REQUEUED, reason=reason)
 
     def _ended(self, d: Decision, job: BatchJob | None, jobs: Mapping[str, BatchJob]) -> None:
@@ -457,4 +458,6 @@ class Controller:
                              stats.ended, stats.waiting)  # fmt: skip
             except BatchError as exc:
                 log.warning("pass failed: %s", exc)
+            except Exception:  # a bug in one pass must not stop placement for everyone: log it, go on
+                log.exception("pass failed")
             time.sleep(self.config.poll_interval_s)
