@@ -1,6 +1,8 @@
 """Subjob chains end to end on the real local Slurm: migsub --atomize, offers and grants in
 mig-batchd, the runner and the PyTorch example resuming bit-exactly from its checkpoints."""
 
+import json
+import math
 import os
 import re
 import signal
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from mig_batch.config import load_config
 from mig_batch.slurm.local_cluster import LocalCluster, MigTestbed
 from mig_batch.state import Store
 
@@ -22,16 +25,17 @@ pytestmark = [
 ]
 
 TRAIN = Path(__file__).resolve().parents[1] / "docs" / "examples" / "train_torch.py"
-STEPS, STEP_SLEEP = 240, 0.04  # about 10 s of training: several 7 s windows
+SUBJOB_MIN_S, SUBJOB_MAX_S = 3, 16  # windows; the longest leaves room for torch's slow start on busy cores
+STEP_SLEEP = 0.04  # each step lasts at least this long: it bounds the steps one window can do
+KILL_SLACK_S = 1.0  # the kill is sent at least this long before the subjob would checkpoint
+POLL_S = 0.05
 
 
-def train_env(**extra):
-    return {**os.environ, "TRAIN_STEPS": str(STEPS), "PYTHONWARNINGS": "ignore", **extra}
-
-
-def uninterrupted_digest(directory: Path) -> str:
-    out = subprocess.run([sys.executable, str(TRAIN)], env=train_env(MIG_BATCH_CHECKPOINT_DIR=str(directory)),
-                         capture_output=True, text=True, timeout=120, check=True).stdout  # fmt: skip
+def uninterrupted_digest(directory: Path, steps: int) -> str:
+    env = {**os.environ, "TRAIN_STEPS": str(steps), "PYTHONWARNINGS": "ignore",
+           "MIG_BATCH_CHECKPOINT_DIR": str(directory)}  # fmt: skip
+    out = subprocess.run([sys.executable, str(TRAIN)], env=env, capture_output=True, text=True, timeout=300,
+                         check=True).stdout  # fmt: skip
     return re.search(r"sha256 (\w+)", out).group(1)
 
 
@@ -54,30 +58,79 @@ def wait_for(predicate, timeout, what):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def progress(path: Path) -> dict[int, dict]:
+    """The example's progress lines per training process: its start record, last step and end event."""
+    runs: dict[int, dict] = {}
+    text = path.read_text() if path.exists() else ""
+    for line in text.splitlines(keepends=True):
+        if not line.endswith("\n"):
+            break  # still being written
+        event = json.loads(line)
+        run = runs.setdefault(event["pid"], {"start": None, "step": None, "end": None})
+        if event["event"] == "start":
+            run["start"] = event
+        elif event["event"] == "step":
+            run["step"] = event["step"]
+        else:
+            run["end"] = event
+    return runs
+
+
+def kill_mid_window(path: Path, store: Store, job: str, timeout: float) -> dict:
+    """SIGKILL one subjob's training while it is known to be mid-window: it resumed from a checkpoint
+    (step > 0), reported a step past that (it has work of its own to lose), and its checkpoint (at
+    deadline - margin, the values it was given) is more than KILL_SLACK_S away. A subjob first seen
+    later than that is left alone: a later subjob is killed instead. Returns the victim's start record."""
+    too_late: set[int] = set()
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        for pid, run in progress(path).items():
+            start = run["start"]
+            if pid in too_late or start is None or run["end"] is not None or start["step"] == 0:
+                continue
+            if run["step"] is None or run["step"] <= start["step"]:
+                continue  # no step past its resume point yet
+            if time.time() >= start["deadline"] - start["margin"] - KILL_SLACK_S:
+                too_late.add(pid)
+                continue
+            os.kill(pid, signal.SIGKILL)
+            return start
+        chain = store.chain(job)
+        assert not (chain and chain.state in ("done", "failed")), (
+            f"the chain ended ({chain.state}) before any subjob could be killed mid-window; too late: {too_late}")
+        time.sleep(POLL_S)
+    raise AssertionError(f"timed out waiting for a subjob to kill mid-window; too late: {too_late}")
+
+
 def test_chain_resumes_bit_exactly_and_a_killed_subjob_loses_only_its_work(bed, tmp_path):
-    reference = uninterrupted_digest(tmp_path / "reference")
-    ckpt, log = bed.root / "ckpt", bed.root / "chain.out"
+    atomize = load_config(bed.config_path).atomize
+    margin = min(atomize.checkpoint_margin_s, SUBJOB_MAX_S / 4)  # the prolog's margin for the longest window
+    most_per_window = math.floor((SUBJOB_MAX_S - margin) / STEP_SLEEP) + 1  # steps before its checkpoint
+    steps_total = 2 * most_per_window + 1  # the second subjob cannot finish the training, however fast
+    windows = math.ceil(steps_total * STEP_SLEEP / (SUBJOB_MAX_S - margin)) + 1  # at full speed, + the killed one
+    chain_timeout = 4 * windows * (SUBJOB_MAX_S + atomize.grace_s)  # generous: slow starts, Slurm's turnarounds
+
+    reference = uninterrupted_digest(tmp_path / "reference", steps_total)
+    ckpt, log, watch = bed.root / "ckpt", bed.root / "chain.out", bed.root / "progress.jsonl"
     memory = bed.root / "memory.csv"
     memory.write_text("0,1500\n1,4200\n3,5100\n")
     script = bed.root / "train.sh"
-    script.write_text(f"#!/bin/bash\n#SBATCH --output={log}\nexport TRAIN_STEPS={STEPS} TRAIN_STEP_SLEEP={STEP_SLEEP}"
-                      f" PYTHONWARNINGS=ignore\nexec {sys.executable} {TRAIN}\n")  # fmt: skip
-    job = bed.migsub("--atomize", "--checkpoint-dir", str(ckpt), "--gpu-mem", "6G", "--subjob-min", "3s",
-                     "--subjob-max", "7s", "--emulate-memory", str(memory), str(script)).stdout.strip()  # fmt: skip
+    script.write_text(f"#!/bin/bash\n#SBATCH --output={log}\nexport TRAIN_STEPS={steps_total} "
+                      f"TRAIN_STEP_SLEEP={STEP_SLEEP} TRAIN_PROGRESS_FILE={watch} PYTHONWARNINGS=ignore\n"
+                      f"exec {sys.executable} {TRAIN}\n")  # fmt: skip
+    job = bed.migsub("--atomize", "--checkpoint-dir", str(ckpt), "--gpu-mem", "6G", "--subjob-min",
+                     f"{SUBJOB_MIN_S}s", "--subjob-max", f"{SUBJOB_MAX_S}s", "--emulate-memory", str(memory),
+                     str(script)).stdout.strip()  # fmt: skip
 
     def resumes():
         return re.findall(r"resume at step (\d+)", log.read_text()) if log.exists() else []
 
-    # kill the training in the middle of the second subjob: SIGKILL, nothing is checkpointed
-    wait_for(lambda: len(resumes()) >= 2, 90, "the second subjob to start")
-    time.sleep(1.5)
-    pids = subprocess.run(["pgrep", "-f", str(TRAIN)], capture_output=True, text=True).stdout.split()
-    assert pids, "the second subjob's training process is not running"
-    for pid in pids:
-        os.kill(int(pid), signal.SIGKILL)
-
     store = Store(bed.store_path)
-    chain = wait_for(lambda: (c := store.chain(job)) and c.state in ("done", "failed") and c, 240, "the chain to end")
+    # kill a subjob's training mid-window: SIGKILL, nothing is checkpointed
+    victim = kill_mid_window(watch, store, job, chain_timeout)
+
+    chain = wait_for(lambda: (c := store.chain(job)) and c.state in ("done", "failed") and c, chain_timeout,
+                     "the chain to end")  # fmt: skip
     assert chain.state == "done", store.events(job)
     text = log.read_text()
     assert re.search(r"sha256 (\w+)", text).group(1) == reference  # same weights as the uninterrupted run
@@ -87,17 +140,23 @@ def test_chain_resumes_bit_exactly_and_a_killed_subjob_loses_only_its_work(bed, 
     assert len(subjobs) >= 3 and outcomes[-1] == "done" and outcomes.count("failed") == 1, outcomes
     steps = [int(s) for s in resumes()]
     killed = outcomes.index("failed")
-    context = f"steps {steps}, outcomes {outcomes}, log:\n{text}"
-    assert steps[killed] > 0, context  # the first subjob's work survived
+    runs = progress(watch)
+    context = f"victim {victim}, steps {steps}, outcomes {outcomes}, log:\n{text}"
+    jobs = store.chain_jobs(job)  # one Slurm job per subjob: no job id is requeued, no Prolog is skipped
+    assert jobs[0] == job and len(set(jobs)) == len(subjobs), (jobs, outcomes)
+    # the failed subjob is the one killed, killed inside the window it was given, before its checkpoint
+    assert (subjobs[killed].run, jobs[killed]) == (int(victim["subjob"]), victim["job"]), context
+    assert victim["deadline"] == pytest.approx(subjobs[killed].deadline, abs=1e-3), context
+    assert victim["margin"] == pytest.approx(min(atomize.checkpoint_margin_s, subjobs[killed].window_s / 4), abs=1e-3)
+    assert runs[victim["pid"]]["end"] is None and runs[victim["pid"]]["step"] > victim["step"], context
+    assert steps[killed] == victim["step"] > 0, context  # the first subjob's work survived
     assert steps[killed + 1] == steps[killed], context  # the killed subjob's own work is all that was lost
     assert steps == sorted(steps), context
 
     for s in subjobs:  # each subjob ran in its granted window on one MIG instance, then it was destroyed
         assert s.started_at is not None and s.deadline == pytest.approx(s.started_at + s.window_s)
-        assert s.window_s <= 7.0 + 1e-6 and s.profile
+        assert s.window_s <= SUBJOB_MAX_S + 1e-6 and s.profile
     assert not store.instances(), store.instances()
-    jobs = store.chain_jobs(job)  # one Slurm job per subjob: no job id is requeued, no Prolog is skipped
-    assert jobs[0] == job and len(set(jobs)) == len(subjobs), (jobs, outcomes)
     assert "not-started" not in outcomes, context
     granted = [o for o in store.offers(10_000) if o["granted"] in jobs]
     assert len(granted) == len(subjobs)

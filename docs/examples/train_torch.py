@@ -10,13 +10,15 @@ bit for bit (``sha256`` printed at the end).
            --subjob-min 5s --subjob-max 10m docs/examples/train_torch.sh
 
 Environment knobs for demos and tests: TRAIN_STEPS (default 300), TRAIN_STEP_SLEEP (seconds of
-extra "work" per step, default 0).
+extra "work" per step, default 0), TRAIN_PROGRESS_FILE (append one JSON line per event to watch a
+subjob: its start, with the process id, resume step and window deadline; each step; its end).
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import random
 import time
@@ -28,7 +30,14 @@ from mig_batch.subjob import Subjob
 
 STEPS = int(os.environ.get("TRAIN_STEPS", "300"))
 STEP_SLEEP = float(os.environ.get("TRAIN_STEP_SLEEP", "0"))
+PROGRESS = os.environ.get("TRAIN_PROGRESS_FILE")
 BATCH = 32
+
+
+def report(event: str, step: int, **fields: object) -> None:
+    if PROGRESS:
+        with open(PROGRESS, "a") as f:
+            f.write(json.dumps({"event": event, "pid": os.getpid(), "step": step, **fields}) + "\n")
 
 
 def make_data(seed: int = 1234) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,6 +78,8 @@ def main() -> None:
     first = step
     print(f"subjob {os.environ.get('SLURM_JOB_ID', 'local')}.{os.environ.get('SLURM_RESTART_COUNT', '0')}: "
           f"resume at step {step}", flush=True)
+    report("start", step, job=os.environ.get("SLURM_JOB_ID"), subjob=os.environ.get("MIG_BATCH_SUBJOB"),
+           deadline=sj.deadline, margin=sj.margin)  # fmt: skip
 
     def save(path) -> None:
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "order": order.get_state(),
@@ -80,6 +91,7 @@ def main() -> None:
         if sj.should_checkpoint():
             sj.save(save, step)
             print(f"progress {first} {step} checkpointed", flush=True)
+            report("checkpointed", step)
             sj.pause()
         idx = torch.randperm(len(x), generator=order)[:BATCH]
         optimizer.zero_grad()
@@ -90,9 +102,11 @@ def main() -> None:
         step += 1
         if STEP_SLEEP:
             time.sleep(STEP_SLEEP)
+        report("step", step)
     sj.save(save, step)
     torch.save(model.state_dict(), sj.directory / "final.pt")
     print(f"progress {first} {step} done", flush=True)
+    report("done", step)
     print(f"final loss {loss!r} sha256 {weights_digest(model)}", flush=True)
     sj.done()
 

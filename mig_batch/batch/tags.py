@@ -97,10 +97,11 @@ class Placed:
     profile: str
     start: int
     window_s: float | None = None  # a subjob's granted window
+    subjob: int | None = None  # a subjob's run number in its chain
 
 
 def placed_tag(tag: JobTag, place: Placed) -> str:
-    window = f";window={place.window_s:.3f}" if place.window_s is not None else ""
+    window = f";window={place.window_s:.3f};subjob={place.subjob}" if place.window_s is not None else ""
     return f"{tag.text()};place={place.node}/{place.gpu}/{place.profile}@{place.start}{window}"
 
 
@@ -117,7 +118,8 @@ def parse_place(text: str) -> Placed | None:
         where, _, start = fields["place"].rpartition("@")
         node, gpu, profile = where.split("/")
         window = float(fields["window"]) if "window" in fields else None
-        return Placed(node, int(gpu), profile, int(start), window)
+        subjob = int(fields["subjob"]) if fields.get("subjob", "None") != "None" else None
+        return Placed(node, int(gpu), profile, int(start), window, subjob)
     except ValueError:
         raise ValueError(f"mig_batch tag with an unreadable place=: {text!r}") from None
 

@@ -440,13 +440,13 @@ class Controller:
 
     def _pin(self, d: Decision) -> Pin:
         tag = parse_tag(d.request)
-        limit = window = None
+        limit = window = run = None
         if tag.atomize is not None:  # a subjob: its window, and Slurm's limit as the runner's backstop
             subjobs = self.store.subjobs(d.job)
             if subjobs:
-                window = subjobs[-1].window_s
+                window, run = subjobs[-1].window_s, subjobs[-1].run
                 limit = self.chains.time_limit_min(window)
-        return Pin(d.job, d.node, placed_tag(tag, Placed(d.node, d.gpu, d.profile, d.start, window)), limit)
+        return Pin(d.job, d.node, placed_tag(tag, Placed(d.node, d.gpu, d.profile, d.start, window, run)), limit)
 
     def run(self, stop_after: float | None = None) -> None:
         deadline = None if stop_after is None else time.monotonic() + stop_after

@@ -141,7 +141,8 @@ class NodeAgent:
                  f"export MIG_BATCH_INSTANCE={self.node}/{entry.gpu}/{entry.profile}@{entry.start}"]  # fmt: skip
         if place is not None and place.window_s is not None:  # a chain's subjob: its window starts now
             margin = min(self.margin, place.window_s / 4)  # short windows still do work
-            lines += [f"export {ENV_DEADLINE}={self.clock() + place.window_s:.3f}", f"export {ENV_MARGIN}={margin:.3f}"]
+            lines += [f"export {ENV_DEADLINE}={self.clock() + place.window_s:.3f}", f"export {ENV_MARGIN}={margin:.3f}",
+                      f"export MIG_BATCH_SUBJOB={place.subjob}"]  # fmt: skip
         return lines
 
     def _report(self, job_id: str, job: BatchJob | None, report: NodeReport | None) -> None:
