@@ -146,7 +146,8 @@ def test_chain_resumes_bit_exactly_and_a_killed_subjob_loses_only_its_work(bed, 
     assert jobs[0] == job and len(set(jobs)) == len(subjobs), (jobs, outcomes)
     # the failed subjob is the one killed, killed inside the window it was given, before its checkpoint
     assert (subjobs[killed].run, jobs[killed]) == (int(victim["subjob"]), victim["job"]), context
-    assert victim["deadline"] == pytest.approx(subjobs[killed].deadline, abs=1e-3), context
+    # the node starts the window in its Prolog; the store knows the start from Slurm, to the second
+    assert victim["deadline"] == pytest.approx(subjobs[killed].deadline, abs=1.5), context
     assert victim["margin"] == pytest.approx(min(atomize.checkpoint_margin_s, subjobs[killed].window_s / 4), abs=1e-3)
     assert runs[victim["pid"]]["end"] is None and runs[victim["pid"]]["step"] > victim["step"], context
     assert steps[killed] == victim["step"] > 0, context  # the first subjob's work survived
