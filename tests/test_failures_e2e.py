@@ -122,7 +122,6 @@ def test_a_node_killed_hard_is_fenced_its_jobs_run_elsewhere_and_its_strays_clea
     assert len(instances(bed, "n2")) == 5  # the dead node's instances: strays until it returns
     bed.restart_node("n2")
     wait_for(lambda: instances(bed, "n2") == [], 60, "n2's reconcile to clear its strays")
-    back = [e for e in store.events(kind="node-back") if e["node"] == "n2"]
     wait_for(lambda: [e for e in Store(bed.store_path).events(kind="node-back") if e["node"] == "n2"], 60,
              "mig-batchd to see n2 back")  # fmt: skip
     back = [e for e in Store(bed.store_path).events(kind="node-back") if e["node"] == "n2"]

@@ -104,8 +104,8 @@ class BatchSystem(Protocol):
     def requeue_hold(self, job: str, reason: str) -> None:
         """Back to the queue, held by an operator (the user cannot release it around the controller)."""
 
-    def hold(self, job: str, reason: str) -> None:
-        """Keep a pending job held with ``reason`` shown to its user."""
+    def hold(self, job: str) -> None:
+        """Hold a pending job (it waits for the controller's next decision)."""
 
     def cancel(self, job: str) -> None: ...
 

@@ -101,7 +101,8 @@ class Placed:
 
 
 def placed_tag(tag: JobTag, place: Placed) -> str:
-    window = f";window={place.window_s:.3f};subjob={place.subjob}" if place.window_s is not None else ""
+    window = f";window={place.window_s:.3f}" if place.window_s is not None else ""
+    window += f";subjob={place.subjob}" if place.subjob is not None else ""
     return f"{tag.text()};place={place.node}/{place.gpu}/{place.profile}@{place.start}{window}"
 
 
@@ -118,7 +119,7 @@ def parse_place(text: str) -> Placed | None:
         where, _, start = fields["place"].rpartition("@")
         node, gpu, profile = where.split("/")
         window = float(fields["window"]) if "window" in fields else None
-        subjob = int(fields["subjob"]) if fields.get("subjob", "None") != "None" else None
+        subjob = int(fields["subjob"]) if "subjob" in fields else None
         return Placed(node, int(gpu), profile, int(start), window, subjob)
     except ValueError:
         raise ValueError(f"mig_batch tag with an unreadable place=: {text!r}") from None

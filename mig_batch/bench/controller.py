@@ -56,7 +56,6 @@ def bench_mode(mode: str, jobs: int, gpus_per_node: int, nodes: int, timeout_s: 
     script = root / "job.sh"
     bed = cluster = None
     try:
-        root.mkdir(exist_ok=True)
         script.write_text("#!/bin/sh\ntrue\n")
         if mode == "mig":
             bed = MigTestbed(root, nodes={n: ["A100-80GB"] * gpus_per_node for n in names}, reconcile_interval_s=60)
@@ -74,9 +73,11 @@ def bench_mode(mode: str, jobs: int, gpus_per_node: int, nodes: int, timeout_s: 
         completed, submit_s, total_s = _burst(run, script, jobs, gres, timeout_s)
         return BurstRun(mode, jobs, completed, submit_s, total_s)
     finally:
+        slurm = bed.cluster if bed is not None else cluster
+        if slurm is not None:
+            slurm.run("scancel", "--full", "-u", "root", check=False)
         for c in (bed, cluster):
             if c is not None:
-                (c.cluster if isinstance(c, MigTestbed) else c).run("scancel", "--full", "-u", "root", check=False)
                 c.stop()
         shutil.rmtree(root, ignore_errors=True)
 

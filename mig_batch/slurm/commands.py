@@ -51,8 +51,8 @@ def _batch_job(j: Mapping) -> BatchJob:
         user_id=int(j.get("user_id", -1)),
         node=str(j.get("nodes") or ""),
         submit_time=float(j.get("submit_time") or 0),
-        start_time=float(j.get("start_time") or 0) if state not in ("PENDING",) else 0.0,
-        end_time=float(j.get("end_time") or 0) if state not in ("PENDING",) else 0.0,
+        start_time=float(j.get("start_time") or 0) if state != "PENDING" else 0.0,  # pending: a forecast
+        end_time=float(j.get("end_time") or 0) if state != "PENDING" else 0.0,
         time_limit_s=_minutes(j.get("time_limit")),
         exit_status=_exit_status(int(j.get("exit_code") or 0)),
         outcome=state,
