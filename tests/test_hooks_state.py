@@ -1,7 +1,12 @@
 """The node agent (Prolog/Epilog work, reconcile) over the fake batch system and emulated GPUs, and
 the state store on a real SQLite file."""
 
+import os
 import sqlite3
+import stat
+import subprocess
+import sys
+import threading
 
 import pytest
 
@@ -10,8 +15,10 @@ from mig_batch.batch.system import JobState, Pin
 from mig_batch.batch.tags import NodeReport, Placed, parse_agent_tag, parse_report, parse_tag, placed_tag
 from mig_batch.config import ConfigError, SiteConfig, load_config
 from mig_batch.gpu.emulated import EmulatedNode
+from mig_batch.node import hook_client
 from mig_batch.node.agent import NodeAgent
 from mig_batch.node.journal import Journal
+from mig_batch.node.service import AgentServer
 from mig_batch.state import Decision, StateError, Store
 
 TAG = "mig-batch:v1;req=4g.20gb"
@@ -183,3 +190,23 @@ def test_a_schema_2_store_gains_chain_links(tmp_path):
     store = Store(path)
     assert store.chain_jobs("1") == []
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 3
+
+
+def test_the_hook_client_asks_the_agent_and_takes_the_slow_path_once_the_agent_is_gone(site, batch, tmp_path):
+    sock = tmp_path / "agent.sock"
+    server = AgentServer(sock, agent(site, batch))
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
+    job = decide(batch, 1, "4g.20gb", 0)
+    slow = tmp_path / "slow-path-ran"
+    client = [sys.executable, "-I", "-S", hook_client.__file__]
+    fallback = ["sh", "-c", f"echo $0 >> {slow}"]
+    for bad in ("", "1; rm", '1"}'):  # not a job id: nothing asked, nothing run, still exit 0
+        subprocess.run([*client, "prolog", bad, str(sock), *fallback], check=True, timeout=30)
+    subprocess.run([*client, "prolog", job, str(sock), *fallback], check=True, timeout=30)
+    [inst] = EmulatedNode(site.emulated_dir, "n1").instances(1)
+    assert parse_report(batch.job(job).admin_tag).uuid == inst.uuid and not slow.exists()
+    server.shutdown()
+    server.server_close()
+    subprocess.run([*client, "epilog", job, str(sock), *fallback], check=True, timeout=30)
+    assert slow.read_text() == "sh\n"

@@ -89,23 +89,25 @@ class NodeAgent:
 
     # --- job start --------------------------------------------------------------------------
     def prolog(self, job_id: str) -> PrologResult:
-        """Make the job's instance and leave its environment for the job; never raises."""
-        with self.lock:
-            try:
-                result = self._prolog(job_id)
-            except Exception as exc:  # never fail the hook: that would drain the node
-                result = PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"],
-                                      NodeReport("requeue", reason=f"{type(exc).__name__}: {exc}"),
-                                      f"{type(exc).__name__}: {exc}")  # fmt: skip
-                job = None
+        """Make the job's instance and leave its environment for the job; never raises. Only the GPU work
+        holds the node's lock: reading the decision and reporting are batch-system calls."""
+        job = None
+        try:
+            job = self.channel.job(job_id)
+            with self.lock:
+                result = self._provision(job_id, job)
+        except Exception as exc:  # never fail the hook: that would drain the node
+            result = PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"],
+                                  NodeReport("requeue", reason=f"{type(exc).__name__}: {exc}"),
+                                  f"{type(exc).__name__}: {exc}")  # fmt: skip
+            if job is None:
                 with contextlib.suppress(BatchError):
                     job = self.channel.job(job_id)
-                self._report(job_id, job, result.report)
-            self._write_job_file(job_id, result.exports)
-            return result
+        self._report(job_id, job, result.report)
+        self._write_job_file(job_id, result.exports)
+        return result
 
-    def _prolog(self, job_id: str) -> PrologResult:
-        job = self.channel.job(job_id)
+    def _provision(self, job_id: str, job: BatchJob | None) -> PrologResult:
         if job is None or not job.managed:
             return PrologResult([], None)  # not ours
         known = self.journal.get(job_id)
@@ -114,7 +116,6 @@ class NodeAgent:
         place = parse_place(job.admin_tag)
         if place is None:
             report = NodeReport("requeue", reason=f"released without a placement, on {self.node}")
-            self._report(job_id, job, report)
             return PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"], report, report.reason)
         kind = "made"
         try:
@@ -126,14 +127,12 @@ class NodeAgent:
             local = place_locally(self.backend, self.node, job.admin_tag, decided_model, place.profile, self.policy)
             if local is None:
                 report = NodeReport("requeue", reason=f"decided spot taken ({exc}); nothing fits on {self.node}")
-                self._report(job_id, job, report)
                 return PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"], report, report.reason)
             inst = self.backend.create(local.gpu_index, local.profile, local.start)
             kind = "replaced"
         entry = Entry(job_id, inst.gpu, inst.gi_id, inst.profile, inst.start, inst.uuid, self.clock())
         self.journal.add(entry)  # before the job can use it: a restart knows what it owns
         report = NodeReport(kind, inst.gpu, inst.profile, inst.start, inst.gi_id, inst.uuid)
-        self._report(job_id, job, report)
         return PrologResult(self._exports(entry, place), report)
 
     def _exports(self, entry: Entry, place: Placed | None) -> list[str]:

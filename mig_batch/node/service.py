@@ -15,6 +15,7 @@ import socket
 import socketserver
 import struct
 import threading
+import time
 from pathlib import Path
 
 from mig_batch.node.agent import NodeAgent
@@ -38,6 +39,7 @@ class _Handler(socketserver.StreamRequestHandler):
                 return
             request = json.loads(self.rfile.readline(65536) or b"{}")
             op, job = request.get("op"), str(request.get("job", ""))
+            t0 = time.perf_counter()
             if op == "ping":
                 self._answer(True, f"agent for {agent.node} up since {agent.started:.0f}")
             elif op == "prolog":
@@ -46,8 +48,11 @@ class _Handler(socketserver.StreamRequestHandler):
                 if result.problem:
                     log.warning("job %s prolog: %s", job, result.problem)
                 self._answer(True, detail)
+                log.info("job %s prolog %.0f ms: %s", job, (time.perf_counter() - t0) * 1e3, detail)
             elif op == "epilog":
-                self._answer(True, agent.epilog(job))
+                detail = agent.epilog(job)
+                self._answer(True, detail)
+                log.info("job %s epilog %.0f ms: %s", job, (time.perf_counter() - t0) * 1e3, detail)
             else:
                 self._answer(False, f"unknown op {op!r}; known: ping, prolog, epilog")
         except (OSError, ValueError) as exc:

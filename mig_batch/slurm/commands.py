@@ -13,7 +13,7 @@ import math
 import os
 import re
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from mig_batch.batch.system import BatchError, BatchJob, JobState, NodeStatus, Pin
@@ -42,22 +42,53 @@ def _exit_status(wait_status: int) -> int:
     return 128 + (wait_status & 0x7F) if wait_status & 0x7F else wait_status >> 8
 
 
-def _batch_job(j: Mapping) -> BatchJob:
-    state = str(j.get("job_state", ""))
+# One line per job, admin_comment last so that it may hold any character; epoch times through
+# SLURM_TIME_FORMAT. squeue --json is ~4 KB a job and ignores --jobs in 22.05: too slow to poll.
+FIELDS = ("JobID", "State", "PriorityLong", "UserID", "NodeList", "SubmitTime", "StartTime", "EndTime",
+          "TimeLimit", "exit_code", "Reason", "admin_comment")  # fmt: skip
+FORMAT = ",".join(f"{f}:|" for f in FIELDS)
+
+
+def parse_job_line(line: str) -> BatchJob:
+    """One line of ``squeue -h -O FORMAT`` as a ``BatchJob``."""
+    f = line.split("|", len(FIELDS) - 1)
+    if len(f) != len(FIELDS):
+        raise SlurmError(f"squeue printed an unexpected line: {line!r}")
+    job_id, state, priority, uid, nodes, submit, start, end, limit, exit_code, reason, comment = f
+    comment = comment[:-1] if comment.endswith("|") else comment
+    pending = state == "PENDING"  # its start time is a forecast
     return BatchJob(
-        job_id=str(j["job_id"]),
-        state=job_state(state, int(j.get("priority") or 0)),
-        admin_tag=str(j.get("admin_comment") or ""),
-        user_id=int(j.get("user_id", -1)),
-        node=str(j.get("nodes") or ""),
-        submit_time=float(j.get("submit_time") or 0),
-        start_time=float(j.get("start_time") or 0) if state != "PENDING" else 0.0,  # pending: a forecast
-        end_time=float(j.get("end_time") or 0) if state != "PENDING" else 0.0,
-        time_limit_s=_minutes(j.get("time_limit")),
-        exit_status=_exit_status(int(j.get("exit_code") or 0)),
+        job_id=job_id,
+        state=job_state(state, _int(priority)),
+        admin_tag="" if comment == "(null)" else comment,
+        user_id=_int(uid, -1),
+        node=nodes,
+        submit_time=float(_int(submit)),
+        start_time=0.0 if pending else float(_int(start)),
+        end_time=0.0 if pending else float(_int(end)),
+        time_limit_s=_limit_s(limit),
+        exit_status=_exit_status(_int(exit_code)),
         outcome=state,
-        reason=str(j.get("state_reason", "")),
+        reason=reason,
     )
+
+
+def _int(text: str, default: int = 0) -> int:
+    try:
+        return int(text)
+    except ValueError:  # N/A, NONE, Unknown
+        return default
+
+
+def _limit_s(text: str) -> float:
+    """squeue's [days-][hh:]mm:ss time limit in seconds; UNLIMITED, INVALID and the like: inf."""
+    days, _, clock = text.rpartition("-")
+    try:
+        parts = [int(p) for p in clock.split(":")]
+        seconds = sum(v * m for v, m in zip(reversed(parts), (1, 60, 3600), strict=False))
+        return (int(days) if days else 0) * 86400.0 + seconds
+    except ValueError:
+        return math.inf
 
 
 class SlurmCli:
@@ -66,20 +97,27 @@ class SlurmCli:
     def __init__(self, bin_dir: str = "", env: dict[str, str] | None = None, timeout: float = 30):
         self.bin_dir, self.env, self.timeout = bin_dir, env, timeout
 
-    def _run(self, command: str, *args: str, stdin: str | None = None, check: bool = True) -> str:
+    def _run(self, command: str, *args: str, stdin: str | None = None, check: bool = True,
+             time_format: str | None = None) -> str:  # fmt: skip
         exe = str(Path(self.bin_dir) / command) if self.bin_dir else command
+        env = dict(self.env or os.environ)
+        if time_format is not None:
+            env["SLURM_TIME_FORMAT"] = time_format
         try:
             proc = subprocess.run([exe, *args], capture_output=True, text=True, timeout=self.timeout, input=stdin,
-                                  env=self.env or os.environ.copy())  # fmt: skip
+                                  env=env)  # fmt: skip
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise SlurmError(f"{command} {' '.join(args)}: {exc}") from None
         if check and proc.returncode != 0:
             raise SlurmError(f"{command} {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
         return proc.stdout if check else proc.stderr
 
+    def _squeue(self, *args: str) -> list[BatchJob]:
+        out = self._run("squeue", "-h", "-t", "all", "-O", FORMAT, *args, time_format="%s")
+        return [parse_job_line(line) for line in out.splitlines() if line.strip()]
+
     def jobs(self) -> list[BatchJob]:
-        data = _json(self._run("squeue", "--json"), "squeue --json")
-        return [_batch_job(j) for j in data.get("jobs", [])]
+        return self._squeue()
 
     def nodes(self) -> list[NodeStatus]:
         data = _json(self._run("sinfo", "--json"), "sinfo --json")
@@ -138,13 +176,12 @@ class SlurmCli:
     def job(self, job: str) -> BatchJob | None:
         """One job (the node agent's read of its decision), None when Slurm no longer knows it."""
         try:
-            data = _json(self._run("squeue", "--json", f"--jobs={job}"), "squeue --json")
+            found = [j for j in self._squeue("-j", job) if j.job_id == job]
         except SlurmError as exc:
             if "Invalid job id" in str(exc):
                 return None
             raise
-        found = [j for j in data.get("jobs", []) if str(j.get("job_id")) == job]
-        return _batch_job(found[0]) if found else None
+        return found[0] if found else None
 
     def submit(self, argv: Sequence[str], script: str | None = None) -> str:
         """``sbatch --parsable`` with ``argv`` (the script on stdin when given); returns the job id."""
@@ -161,12 +198,3 @@ def _json(text: str, what: str) -> dict:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise SlurmError(f"{what} printed no JSON ({exc})") from None
-
-
-def _minutes(value: object) -> float:
-    """squeue's time limit (whole minutes) in seconds; its INFINITE and NO_VAL markers, or none: inf."""
-    try:
-        minutes = int(value)  # type: ignore[call-overload]
-    except (TypeError, ValueError):
-        return math.inf
-    return minutes * 60.0 if 0 < minutes < 0xFFFFFFFE else math.inf

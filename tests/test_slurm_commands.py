@@ -1,0 +1,53 @@
+"""The Slurm adapter's parsing of squeue's one-line-per-job format (lines as Slurm 22.05 printed them)."""
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mig_batch.batch.system import JobState
+from mig_batch.slurm.commands import FIELDS, SlurmError, _limit_s, parse_job_line
+
+FAILED = "2|FAILED|4294901758|0|n1|1795407940|1795407942|1795407942|UNLIMITED|768|NonZeroExitCode|(null)|"
+KILLED = "3|FAILED|4294901757|0|n1|1795407940|1795407942|1795407942|UNLIMITED|9|JobLaunchFailure|(null)|"
+HELD = "4|PENDING|0|0||1795407940|N/A|N/A|1-02:03:00|0|JobHeldUser|mig-batch:v1;gres=mig:1g.10gb|"
+RUNNING = "1|RUNNING|4294901759|1000|n1|1795407940|1795407942|NONE|30:00|0|None|x|"
+
+
+def test_a_finished_job_has_its_exit_status_and_times():
+    job = parse_job_line(FAILED)
+    assert (job.job_id, job.state, job.exit_status, job.node, job.admin_tag) == ("2", JobState.FINISHED, 3, "n1", "")
+    assert job.start_time == 1795407942.0 and job.end_time == 1795407942.0 and job.time_limit_s == math.inf
+
+
+def test_a_signal_is_reported_as_128_plus_it():
+    assert parse_job_line(KILLED).exit_status == 128 + 9
+
+
+def test_a_held_job_has_no_forecast_start_and_its_tag():
+    job = parse_job_line(HELD)
+    assert job.state == JobState.HELD and job.start_time == 0.0 and job.node == ""
+    assert job.admin_tag == "mig-batch:v1;gres=mig:1g.10gb" and job.time_limit_s == 26 * 3600 + 3 * 60
+
+
+def test_a_running_job():
+    job = parse_job_line(RUNNING)
+    assert job.state == JobState.RUNNING and job.user_id == 1000 and job.end_time == 0.0 and job.time_limit_s == 1800
+
+
+@given(st.text(alphabet=st.characters(blacklist_characters="\n\r", blacklist_categories=("Cs",)), min_size=1))
+def test_any_admin_comment_comes_back_whole(comment):
+    fields = RUNNING.split("|")[: len(FIELDS) - 1]
+    assert parse_job_line("|".join(fields) + "|" + comment + "|").admin_tag == ("" if comment == "(null)" else comment)
+
+
+def test_a_short_line_is_an_error_naming_it():
+    with pytest.raises(SlurmError, match="unexpected line"):
+        parse_job_line("1|RUNNING|5")
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("5:00", 300), ("1:00:00", 3600), ("2-00:00:30", 172830),
+                                               ("UNLIMITED", math.inf), ("INVALID", math.inf)])  # fmt: skip
+def test_time_limits(text, seconds):
+    assert _limit_s(text) == seconds
