@@ -11,7 +11,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from mig_batch.mig.scores import FragVariant
-from mig_batch.placement.base import Migration, Placement, PlacementRequest, Policy, apply_migrations
+from mig_batch.placement.base import (
+    Migration,
+    Placement,
+    PlacementRequest,
+    Policy,
+    apply_migrations,
+    effective_plan,
+)
 from mig_batch.placement.cluster import Cluster
 from mig_batch.sim.workloads import Arrival
 
@@ -86,6 +93,7 @@ class Replay:
             self.cluster.release(heapq.heappop(departures)[1])
 
     def _apply(self, plan: list[Migration]) -> None:
+        plan = effective_plan(self.cluster, plan)  # count only instances that really move
         apply_migrations(self.cluster, plan)
         self.migrations += len(plan)
 
