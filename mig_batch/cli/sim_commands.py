@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -23,6 +24,7 @@ from mig_batch.sim.experiments import (
 from mig_batch.sim.plots import plot_load_sweep, plot_snapshot, plot_trace
 from mig_batch.sim.trace_experiment import POD_FILE, TRACE_POLICIES, TraceSetup, run_trace_experiment
 from mig_batch.sim.traces import read_pods
+from mig_batch.sim.verdict import ranked
 from mig_batch.sim.workloads import MFI_DISTRIBUTIONS
 
 DEFAULT_TRACE_DIR = "../shared/data/alibaba-gpu-2023"
@@ -154,46 +156,50 @@ def cmd_simulate_placement(args: argparse.Namespace) -> int:
     return 0
 
 
-def render_snapshot(snapshot: dict[str, dict[str, dict[str, float]]], setup: MfiSetup) -> None:
+def render_snapshot(snapshot: dict[str, dict[str, dict[str, Any]]], setup: MfiSetup) -> None:
     protocol = "MFI" if setup.departures else "fill (no departures)"
+    served = "accepted slice-slots" if setup.departures else "accepted slices"
     console.print(
         f"[bold]{protocol} experiment[/]: {setup.gpus} x {setup.model}, {setup.runs} runs per distribution, "
-        f"seeds {setup.seed}..{setup.seed + setup.runs - 1}; numbers at {SNAPSHOT_DEMAND:.0%} demand (means)"
+        f"seeds {setup.seed}..{setup.seed + setup.runs - 1}; numbers at {SNAPSHOT_DEMAND:.0%} demand (means); "
+        f"ranked by served demand ({served}), policies that starve a profile last"
     )
     for distribution, per_policy in snapshot.items():
         table = Table(title=distribution, title_justify="left")
-        for col in ("policy", "acceptance", "allocated workloads", "allocated slices", "active GPUs", "mean F"):
-            table.add_column(col, justify="right" if col != "policy" else "left")
-        ranked = sorted(per_policy.items(), key=lambda kv: (-kv[1]["accepted"], kv[1]["active_gpus"]))
-        best = ranked[0][1]["accepted"]
-        for policy, m in ranked:
-            style = "bold green" if m["accepted"] >= best - 1e-9 else ""
+        columns = ("policy", "served", "acceptance", "allocated workloads", "allocated slices", "active GPUs")
+        for col in (*columns, "mean F", "starved"):
+            table.add_column(col, justify="left" if col in ("policy", "starved") else "right")
+        for rank, policy in enumerate(ranked(per_policy)):
+            m = per_policy[policy]
             table.add_row(
                 policy,
+                f"{m['served']:.1f}",
                 f"{m['acceptance_rate']:.3f}",
                 f"{m['accepted']:.1f}",
                 f"{m['allocated_slices']:.1f}",
                 f"{m['active_gpus']:.1f}",
                 f"{m['mean_frag']:.2f}",
-                style=style,
+                ", ".join(m["starved"]),
+                style="bold green" if rank == 0 and not m["starved"] else "red" if m["starved"] else "",
             )
         console.print(table)
-    winners = _summary(snapshot)
-    console.print(winners, highlight=False)
+    console.print(_summary(snapshot), highlight=False)
 
 
-def _summary(snapshot: dict[str, dict[str, dict[str, float]]]) -> str:
+def _summary(snapshot: dict[str, dict[str, dict[str, Any]]]) -> str:
     lines = []
     for distribution, per_policy in snapshot.items():
-        ranked = sorted(per_policy.items(), key=lambda kv: -kv[1]["accepted"])
-        (top, m1), (second, m2) = ranked[0], ranked[1] if len(ranked) > 1 else ranked[0]
-        ahead = (m1["accepted"] / m2["accepted"] - 1) * 100 if m2["accepted"] else 0.0
+        order = ranked(per_policy)
+        top, second = order[0], order[1] if len(order) > 1 else order[0]
+        m1, m2 = per_policy[top], per_policy[second]
+        ahead = (m1["served"] / m2["served"] - 1) * 100 if m2["served"] else 0.0
+        caveat = " (every policy starves a profile)" if m1["starved"] else ""
         if ahead < 0.05:
-            lines.append(f"{distribution}: {top} and {second} tie on accepted workloads ({m1['accepted']:.1f})")
+            lines.append(f"{distribution}: {top} and {second} tie on served demand ({m1['served']:.1f}){caveat}")
         else:
             lines.append(
-                f"{distribution}: {top} accepts most ({m1['accepted']:.1f}); "
-                f"next {second} ({m2['accepted']:.1f}, {ahead:+.1f}%)"
+                f"{distribution}: {top} serves most ({m1['served']:.1f}); "
+                f"next {second} ({m2['served']:.1f}, {ahead:+.1f}%){caveat}"
             )
     return "\n".join(lines)
 
@@ -236,26 +242,29 @@ def render_trace(result: dict) -> None:
     setup = result["setup"]
     console.print(
         f"[bold]GRMU experiment[/]: Alibaba 2023 trace, {setup['requests']} requests as {setup['model']} "
-        "profiles (GRMU §8.1), replayed in time"
+        "profiles (GRMU §8.1), replayed in time; ranked by served slice-hours, policies that starve a "
+        f"profile (accepted at < half {setup['starvation_reference']}'s rate) last"
     )
     for gpus, per_policy in result["results"].items():
         profiles = list(next(iter(per_policy.values()))["arrived_by_profile"])
         table = Table(title=f"{gpus} GPUs", title_justify="left")
-        for col in ("policy", "accepted", "acceptance", *profiles, "slice-h", "active GPU-h", "norm.", "migr."):
-            table.add_column(col, justify="left" if col == "policy" else "right")
-        ranked = sorted(per_policy.items(), key=lambda kv: (-kv[1]["accepted"], kv[1]["active_gpu_hours"]))
-        best = ranked[0][1]["accepted"]
-        for policy, s in ranked:
+        columns = ("policy", "served slice-h", "accepted", "acceptance", *profiles, "active GPU-h", "norm.", "migr.")
+        for col in (*columns, "starved"):
+            table.add_column(col, justify="left" if col in ("policy", "starved") else "right")
+        order = ranked(per_policy)
+        for rank, policy in enumerate(order):
+            s = per_policy[policy]
             table.add_row(
                 policy,
+                f"{s['served']:.0f}",
                 str(s["accepted"]),
                 f"{s['acceptance_rate']:.3f}",
-                *(f"{s['acceptance_by_profile'][p]:.2f}" for p in profiles),
-                f"{s['allocated_slice_hours']:.0f}",
+                *(f"{s['acceptance_by_profile'].get(p, 0):.2f}" for p in profiles),
                 f"{s['active_gpu_hours']:.0f}",
                 f"{s['active_gpu_hours_normalized']:.3f}",
                 str(s["migrations"]),
-                style="bold green" if s["accepted"] == best else "",
+                ", ".join(s["starved"]),
+                style="bold green" if rank == 0 and not s["starved"] else "red" if s["starved"] else "",
             )
         console.print(table)
 
