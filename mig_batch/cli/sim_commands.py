@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,17 +37,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = kinds.add_parser("placement", help="online placement policies (MFI and GRMU protocols)")
     p.add_argument(
         "--experiment",
-        choices=["mfi", "fill", "grmu"],
+        choices=["mfi", "fill", "grmu", "robust"],
         default="mfi",
         help="mfi: MFI §VI (durations U[1,T]); fill: nothing leaves, as in FGD's protocol; "
-        "grmu: GRMU §8, the Alibaba 2023 trace replayed in time (default mfi)",
+        "grmu: GRMU §8, the Alibaba 2023 trace replayed in time; robust: every trace variant and fill mix "
+        "x 8/16/32/64 GPUs, a win/tie/loss matrix by served demand (default mfi)",
     )
-    p.add_argument("--runs", type=int, default=500, help="runs per distribution (MFI used 500; mfi/fill)")
+    p.add_argument(
+        "--runs",
+        type=int,
+        default=None,
+        help="runs per distribution (mfi/fill: default 500, as MFI; robust: fill seeds per cell, default 100)",
+    )
+    p.add_argument("--quick", action="store_true", help="robust: 8 and 16 GPUs, three trace variants, 2 seeds")
     p.add_argument(
         "--gpus",
         default=None,
         help="mfi/fill: GPUs in the cluster (default 100); grmu: comma-separated cluster sizes cut from the "
-        "trace's hosts, 'all' for all 6,212 (default 8,16,32,all)",
+        "trace's hosts, 'all' for all 6,212 (default 8,16,32,all); robust: comma-separated (default 8,16,32,64)",
     )
     p.add_argument("--gpu", default=None, help="GPU model (default A100-80GB; grmu: A100-40GB as in GRMU)")
     p.add_argument(
@@ -116,7 +124,10 @@ def _progress(disable: bool) -> Progress:
 def cmd_simulate_placement(args: argparse.Namespace) -> int:
     if args.experiment == "grmu":
         return _simulate_trace(args)
+    if args.experiment == "robust":
+        return _simulate_robust(args)
     gpus = _positive(args.gpus or "100", "--gpus")
+    args.runs = 500 if args.runs is None else args.runs
     if args.runs < 1:
         raise ValueError("--runs must be at least 1")
     if not SNAPSHOT_DEMAND <= args.max_demand <= 3:
@@ -267,6 +278,74 @@ def render_trace(result: dict) -> None:
                 style="bold green" if rank == 0 and not s["starved"] else "red" if s["starved"] else "",
             )
         console.print(table)
+
+
+def _simulate_robust(args: argparse.Namespace) -> int:
+    from mig_batch.sim.plots import plot_robust
+    from mig_batch.sim.robust import RobustSetup, quick_setup, run_robust
+
+    if not (args.trace_dir / POD_FILE).is_file():
+        raise ValueError(
+            f"the robust experiment needs {POD_FILE} (and the other pod lists) in {args.trace_dir}; point "
+            "--trace-dir (or $MIG_BATCH_TRACE_DIR) at the Alibaba cluster-trace-gpu-v2023 csv folder"
+        )
+    policies = _csv(args.policies or ",".join(TRACE_POLICIES))
+    setup = quick_setup(args.trace_dir, policies) if args.quick else RobustSetup(args.trace_dir, policies=policies)
+    if args.gpus:
+        setup = replace(setup, gpu_counts=tuple(_positive(part, "--gpus") for part in _csv(args.gpus)))
+    if args.runs is not None:
+        setup = replace(setup, fill_runs=_positive(str(args.runs), "--runs"))
+    if args.distributions != ",".join(MFI_DISTRIBUTIONS):
+        setup = replace(setup, mixes=_csv(args.distributions))
+    with _progress(args.json) as progress:
+        task = progress.add_task("runs", total=None)
+        result = run_robust(
+            setup, workers=args.workers, progress=lambda done, total: progress.update(task, completed=done, total=total)
+        )
+    args.out.mkdir(parents=True, exist_ok=True)
+    json_path = args.out / "robust.json"
+    result["files"] = [str(plot_robust(result, args.out / "robust_heatmap.png")), str(json_path)]
+    json_path.write_text(json.dumps(result, indent=1))
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        render_robust(result)
+        console.print("heat-map and numbers: " + ", ".join(result["files"]), highlight=False, soft_wrap=True)
+    return 0
+
+
+def render_robust(result: dict) -> None:
+    setup = result["setup"]
+    aliases = ", ".join(f"{a} = {b}" for a, b in setup["aliases"].items()) or "none"
+    console.print(
+        f"[bold]Robustness suite[/]: {len(result['cells'])} cells (trace variants {', '.join(setup['variants'])}; "
+        f"fill mixes {', '.join(setup['mixes'])}, {setup['fill_runs']} seeds) x {setup['gpu_counts']} GPUs. "
+        f"Identical after dropping multi-GPU pods, counted once: {aliases}. Judged by served demand; a tie is "
+        f"within {setup['tie_pct']} % of the best policy that starves no profile; starving is a loss.",
+        highlight=False,
+    )
+    table = Table(title="win / tie / loss per policy", title_justify="left")
+    for col in ("policy", "wins", "ties", "losses", "starved cells", "worst gap %", "worst cell", "mean gap %",
+                "mean served / best"):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("policy", "worst cell") else "right")
+    summary = result["summary"]
+    for policy in sorted(summary, key=lambda p: (summary[p]["worst_gap_pct"], -summary[p]["mean_served_vs_best"])):
+        s = summary[policy]
+        table.add_row(policy, str(s["wins"]), str(s["ties"]), str(s["losses"]), str(s["starved_cells"]),
+                      f"{s['worst_gap_pct']:.2f}", s["worst_cell"], f"{s['mean_gap_pct']:.2f}",
+                      f"{s['mean_served_vs_best']:.4f}")  # fmt: skip
+    console.print(table)
+    cells = Table(title="gap to the best served demand, % (S: starves a profile)", title_justify="left")
+    cells.add_column("cell")
+    for policy in setup["policies"]:
+        cells.add_column(policy, justify="right")
+    for cell in result["cells"]:
+        row = []
+        for policy in setup["policies"]:
+            v = cell["verdict"][policy]
+            row.append("best" if v["outcome"] == "win" else f"{v['gap_pct']:.2f}{' S' if v['starved'] else ''}")
+        cells.add_row(cell["name"], *row)
+    console.print(cells)
 
 
 ATOMIZE_COLUMNS = (
