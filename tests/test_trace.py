@@ -11,7 +11,7 @@ from mig_batch.mig.models import get_model
 from mig_batch.placement.cluster import Cluster
 from mig_batch.placement.policies import make_policy
 from mig_batch.sim.engine import run_timeline
-from mig_batch.sim.trace_experiment import trace_cluster
+from mig_batch.sim.trace_experiment import TraceSetup, run_trace_experiment, trace_cluster
 from mig_batch.sim.traces import (
     TraceError,
     TraceNode,
@@ -23,6 +23,7 @@ from mig_batch.sim.traces import (
     read_pods,
     trace_arrivals,
 )
+from mig_batch.sim.verdict import ranked, starved_profiles
 
 A100_40 = get_model("A100-40GB")
 TRACE_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "alibaba-gpu-2023"
@@ -155,3 +156,35 @@ def test_cli_atomize_on_trace_windows(tmp_path, capsys):
     assert [w["offered_load"] for w in saved["workloads"]] == pytest.approx([0.9, 0.9])
     assert all(m["finished"] == 40 for m in mean.values())
     assert (out / "atomize.png").stat().st_size > 0
+
+
+def test_a_policy_that_refuses_whole_gpus_is_marked_starved_and_ranked_last(tmp_path):
+    # every third pod asks for a whole GPU; GRMU with no heavy basket can never place one
+    rows = [
+        f"p{i},1000,1024,1,{1000 if i % 3 == 0 else (i * 263) % 400 + 1},,LS,Running,{i * 900},{i * 900 + 7200}"
+        for i in range(120)
+    ]
+    trace = write_trace(tmp_path, rows, ["n0,64000,1,4,T4"])
+    setup = TraceSetup(
+        trace_dir=trace, gpu_counts=(4,), policies=("mfi", "grmu"), policy_options={"grmu": {"heavy_share": 0.0}}
+    )
+    per_policy = run_trace_experiment(setup)["results"]["4"]
+    assert set(per_policy) == {"mfi", "grmu", "nvidia"}  # the starvation reference is always run
+    assert per_policy["grmu"]["acceptance_by_profile"]["7g.40gb"] == 0
+    assert per_policy["grmu"]["starved"] == ["7g.40gb"]
+    assert per_policy["nvidia"]["starved"] == []
+    assert ranked(per_policy)[-1] == "grmu"
+    for summary in per_policy.values():  # served slice-hours: 2 h per accepted pod x its slices
+        assert summary["served"] > 0 and summary["served"] % 2 == 0
+
+
+def test_starvation_is_judged_against_half_the_reference_rate():
+    reference = {"7g.40gb": 0.8, "1g.5gb": 1.0}
+    assert starved_profiles({"7g.40gb": 0.41, "1g.5gb": 1.0}, reference) == []
+    assert starved_profiles({"7g.40gb": 0.39, "1g.5gb": 1.0}, reference) == ["7g.40gb"]
+    per_policy = {
+        "counts": {"served": 90.0, "accepted": 500, "starved": ["7g.40gb"]},
+        "serves": {"served": 100.0, "accepted": 300, "starved": []},
+        "less": {"served": 95.0, "accepted": 400, "starved": []},
+    }
+    assert ranked(per_policy) == ["serves", "less", "counts"]

@@ -6,7 +6,9 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -23,6 +25,7 @@ from mig_batch.sim.experiments import (
 from mig_batch.sim.plots import plot_load_sweep, plot_snapshot, plot_trace
 from mig_batch.sim.trace_experiment import POD_FILE, TRACE_POLICIES, TraceSetup, run_trace_experiment
 from mig_batch.sim.traces import read_pods
+from mig_batch.sim.verdict import ranked
 from mig_batch.sim.workloads import MFI_DISTRIBUTIONS
 
 DEFAULT_TRACE_DIR = "../shared/data/alibaba-gpu-2023"
@@ -34,17 +37,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = kinds.add_parser("placement", help="online placement policies (MFI and GRMU protocols)")
     p.add_argument(
         "--experiment",
-        choices=["mfi", "fill", "grmu"],
+        choices=["mfi", "fill", "grmu", "robust"],
         default="mfi",
         help="mfi: MFI §VI (durations U[1,T]); fill: nothing leaves, as in FGD's protocol; "
-        "grmu: GRMU §8, the Alibaba 2023 trace replayed in time (default mfi)",
+        "grmu: GRMU §8, the Alibaba 2023 trace replayed in time; robust: every trace variant and fill mix "
+        "x 8/16/32/64 GPUs, a win/tie/loss matrix by served demand (default mfi)",
     )
-    p.add_argument("--runs", type=int, default=500, help="runs per distribution (MFI used 500; mfi/fill)")
+    p.add_argument(
+        "--runs",
+        type=int,
+        default=None,
+        help="runs per distribution (mfi/fill: default 500, as MFI; robust: fill seeds per cell, default 100)",
+    )
+    p.add_argument("--quick", action="store_true", help="robust: 8 and 16 GPUs, three trace variants, 2 seeds")
     p.add_argument(
         "--gpus",
         default=None,
         help="mfi/fill: GPUs in the cluster (default 100); grmu: comma-separated cluster sizes cut from the "
-        "trace's hosts, 'all' for all 6,212 (default 8,16,32,all)",
+        "trace's hosts, 'all' for all 6,212 (default 8,16,32,all); robust: comma-separated (default 8,16,32,64)",
     )
     p.add_argument("--gpu", default=None, help="GPU model (default A100-80GB; grmu: A100-40GB as in GRMU)")
     p.add_argument(
@@ -114,7 +124,10 @@ def _progress(disable: bool) -> Progress:
 def cmd_simulate_placement(args: argparse.Namespace) -> int:
     if args.experiment == "grmu":
         return _simulate_trace(args)
+    if args.experiment == "robust":
+        return _simulate_robust(args)
     gpus = _positive(args.gpus or "100", "--gpus")
+    args.runs = 500 if args.runs is None else args.runs
     if args.runs < 1:
         raise ValueError("--runs must be at least 1")
     if not SNAPSHOT_DEMAND <= args.max_demand <= 3:
@@ -154,46 +167,50 @@ def cmd_simulate_placement(args: argparse.Namespace) -> int:
     return 0
 
 
-def render_snapshot(snapshot: dict[str, dict[str, dict[str, float]]], setup: MfiSetup) -> None:
+def render_snapshot(snapshot: dict[str, dict[str, dict[str, Any]]], setup: MfiSetup) -> None:
     protocol = "MFI" if setup.departures else "fill (no departures)"
+    served = "accepted slice-slots" if setup.departures else "accepted slices"
     console.print(
         f"[bold]{protocol} experiment[/]: {setup.gpus} x {setup.model}, {setup.runs} runs per distribution, "
-        f"seeds {setup.seed}..{setup.seed + setup.runs - 1}; numbers at {SNAPSHOT_DEMAND:.0%} demand (means)"
+        f"seeds {setup.seed}..{setup.seed + setup.runs - 1}; numbers at {SNAPSHOT_DEMAND:.0%} demand (means); "
+        f"ranked by served demand ({served}), policies that starve a profile last"
     )
     for distribution, per_policy in snapshot.items():
         table = Table(title=distribution, title_justify="left")
-        for col in ("policy", "acceptance", "allocated workloads", "allocated slices", "active GPUs", "mean F"):
-            table.add_column(col, justify="right" if col != "policy" else "left")
-        ranked = sorted(per_policy.items(), key=lambda kv: (-kv[1]["accepted"], kv[1]["active_gpus"]))
-        best = ranked[0][1]["accepted"]
-        for policy, m in ranked:
-            style = "bold green" if m["accepted"] >= best - 1e-9 else ""
+        columns = ("policy", "served", "acceptance", "allocated workloads", "allocated slices", "active GPUs")
+        for col in (*columns, "mean F", "starved"):
+            table.add_column(col, justify="left" if col in ("policy", "starved") else "right")
+        for rank, policy in enumerate(ranked(per_policy)):
+            m = per_policy[policy]
             table.add_row(
                 policy,
+                f"{m['served']:.1f}",
                 f"{m['acceptance_rate']:.3f}",
                 f"{m['accepted']:.1f}",
                 f"{m['allocated_slices']:.1f}",
                 f"{m['active_gpus']:.1f}",
                 f"{m['mean_frag']:.2f}",
-                style=style,
+                ", ".join(m["starved"]),
+                style="bold green" if rank == 0 and not m["starved"] else "red" if m["starved"] else "",
             )
         console.print(table)
-    winners = _summary(snapshot)
-    console.print(winners, highlight=False)
+    console.print(_summary(snapshot), highlight=False)
 
 
-def _summary(snapshot: dict[str, dict[str, dict[str, float]]]) -> str:
+def _summary(snapshot: dict[str, dict[str, dict[str, Any]]]) -> str:
     lines = []
     for distribution, per_policy in snapshot.items():
-        ranked = sorted(per_policy.items(), key=lambda kv: -kv[1]["accepted"])
-        (top, m1), (second, m2) = ranked[0], ranked[1] if len(ranked) > 1 else ranked[0]
-        ahead = (m1["accepted"] / m2["accepted"] - 1) * 100 if m2["accepted"] else 0.0
+        order = ranked(per_policy)
+        top, second = order[0], order[1] if len(order) > 1 else order[0]
+        m1, m2 = per_policy[top], per_policy[second]
+        ahead = (m1["served"] / m2["served"] - 1) * 100 if m2["served"] else 0.0
+        caveat = " (every policy starves a profile)" if m1["starved"] else ""
         if ahead < 0.05:
-            lines.append(f"{distribution}: {top} and {second} tie on accepted workloads ({m1['accepted']:.1f})")
+            lines.append(f"{distribution}: {top} and {second} tie on served demand ({m1['served']:.1f}){caveat}")
         else:
             lines.append(
-                f"{distribution}: {top} accepts most ({m1['accepted']:.1f}); "
-                f"next {second} ({m2['accepted']:.1f}, {ahead:+.1f}%)"
+                f"{distribution}: {top} serves most ({m1['served']:.1f}); "
+                f"next {second} ({m2['served']:.1f}, {ahead:+.1f}%){caveat}"
             )
     return "\n".join(lines)
 
@@ -236,28 +253,99 @@ def render_trace(result: dict) -> None:
     setup = result["setup"]
     console.print(
         f"[bold]GRMU experiment[/]: Alibaba 2023 trace, {setup['requests']} requests as {setup['model']} "
-        "profiles (GRMU §8.1), replayed in time"
+        "profiles (GRMU §8.1), replayed in time; ranked by served slice-hours, policies that starve a "
+        f"profile (accepted at < half {setup['starvation_reference']}'s rate) last"
     )
     for gpus, per_policy in result["results"].items():
         profiles = list(next(iter(per_policy.values()))["arrived_by_profile"])
         table = Table(title=f"{gpus} GPUs", title_justify="left")
-        for col in ("policy", "accepted", "acceptance", *profiles, "slice-h", "active GPU-h", "norm.", "migr."):
-            table.add_column(col, justify="left" if col == "policy" else "right")
-        ranked = sorted(per_policy.items(), key=lambda kv: (-kv[1]["accepted"], kv[1]["active_gpu_hours"]))
-        best = ranked[0][1]["accepted"]
-        for policy, s in ranked:
+        columns = ("policy", "served slice-h", "accepted", "acceptance", *profiles, "active GPU-h", "norm.", "migr.")
+        for col in (*columns, "starved"):
+            table.add_column(col, justify="left" if col in ("policy", "starved") else "right")
+        order = ranked(per_policy)
+        for rank, policy in enumerate(order):
+            s = per_policy[policy]
             table.add_row(
                 policy,
+                f"{s['served']:.0f}",
                 str(s["accepted"]),
                 f"{s['acceptance_rate']:.3f}",
-                *(f"{s['acceptance_by_profile'][p]:.2f}" for p in profiles),
-                f"{s['allocated_slice_hours']:.0f}",
+                *(f"{s['acceptance_by_profile'].get(p, 0):.2f}" for p in profiles),
                 f"{s['active_gpu_hours']:.0f}",
                 f"{s['active_gpu_hours_normalized']:.3f}",
                 str(s["migrations"]),
-                style="bold green" if s["accepted"] == best else "",
+                ", ".join(s["starved"]),
+                style="bold green" if rank == 0 and not s["starved"] else "red" if s["starved"] else "",
             )
         console.print(table)
+
+
+def _simulate_robust(args: argparse.Namespace) -> int:
+    from mig_batch.sim.plots import plot_robust
+    from mig_batch.sim.robust import RobustSetup, quick_setup, run_robust
+
+    if not (args.trace_dir / POD_FILE).is_file():
+        raise ValueError(
+            f"the robust experiment needs {POD_FILE} (and the other pod lists) in {args.trace_dir}; point "
+            "--trace-dir (or $MIG_BATCH_TRACE_DIR) at the Alibaba cluster-trace-gpu-v2023 csv folder"
+        )
+    policies = _csv(args.policies or ",".join(TRACE_POLICIES))
+    setup = quick_setup(args.trace_dir, policies) if args.quick else RobustSetup(args.trace_dir, policies=policies)
+    if args.gpus:
+        setup = replace(setup, gpu_counts=tuple(_positive(part, "--gpus") for part in _csv(args.gpus)))
+    if args.runs is not None:
+        setup = replace(setup, fill_runs=_positive(str(args.runs), "--runs"))
+    if args.distributions != ",".join(MFI_DISTRIBUTIONS):
+        setup = replace(setup, mixes=_csv(args.distributions))
+    with _progress(args.json) as progress:
+        task = progress.add_task("runs", total=None)
+        result = run_robust(
+            setup, workers=args.workers, progress=lambda done, total: progress.update(task, completed=done, total=total)
+        )
+    args.out.mkdir(parents=True, exist_ok=True)
+    json_path = args.out / "robust.json"
+    result["files"] = [str(plot_robust(result, args.out / "robust_heatmap.png")), str(json_path)]
+    json_path.write_text(json.dumps(result, indent=1))
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        render_robust(result)
+        console.print("heat-map and numbers: " + ", ".join(result["files"]), highlight=False, soft_wrap=True)
+    return 0
+
+
+def render_robust(result: dict) -> None:
+    setup = result["setup"]
+    aliases = ", ".join(f"{a} = {b}" for a, b in setup["aliases"].items()) or "none"
+    console.print(
+        f"[bold]Robustness suite[/]: {len(result['cells'])} cells (trace variants {', '.join(setup['variants'])}; "
+        f"fill mixes {', '.join(setup['mixes'])}, {setup['fill_runs']} seeds) x {setup['gpu_counts']} GPUs. "
+        f"Identical after dropping multi-GPU pods, counted once: {aliases}. Judged by served demand; a tie is "
+        f"within {setup['tie_pct']} % of the best policy that starves no profile; starving is a loss.",
+        highlight=False,
+    )
+    table = Table(title="win / tie / loss per policy", title_justify="left")
+    for col in ("policy", "wins", "ties", "losses", "starved cells", "worst gap %", "worst cell", "mean gap %",
+                "mean served / best"):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("policy", "worst cell") else "right")
+    summary = result["summary"]
+    for policy in sorted(summary, key=lambda p: (summary[p]["worst_gap_pct"], -summary[p]["mean_served_vs_best"])):
+        s = summary[policy]
+        table.add_row(policy, str(s["wins"]), str(s["ties"]), str(s["losses"]), str(s["starved_cells"]),
+                      f"{s['worst_gap_pct']:.2f}", s["worst_cell"], f"{s['mean_gap_pct']:.2f}",
+                      f"{s['mean_served_vs_best']:.4f}")  # fmt: skip
+    console.print(table)
+    cells = Table(title="gap to the best served demand, % (S: starves a profile)", title_justify="left")
+    cells.add_column("cell")
+    for policy in setup["policies"]:
+        cells.add_column(policy, justify="right")
+    for cell in result["cells"]:
+        row = []
+        for policy in setup["policies"]:
+            v = cell["verdict"][policy]
+            row.append("best" if v["outcome"] == "win" else f"{v['gap_pct']:.2f}{' S' if v['starved'] else ''}")
+        cells.add_row(cell["name"], *row)
+    console.print(cells)
 
 
 ATOMIZE_COLUMNS = (

@@ -102,6 +102,37 @@ class Policy(ABC):
         return {"policy": self.name}
 
 
+def occupancy_after(cluster: Cluster, plan: list[Migration]) -> dict[int, int]:
+    """The occupancy mask of every GPU the plan touches, as it would be after the plan (pure)."""
+    masks = {}
+    for move in plan:
+        masks.setdefault(move.from_gid, cluster.gpus[move.from_gid].mask)
+        masks.setdefault(move.to_gid, cluster.gpus[move.to_gid].mask)
+    for move in plan:
+        gpu = cluster.gpus[move.from_gid]
+        masks[move.from_gid] &= ~cluster.tables[gpu.model].window(gpu.instances[move.job][0], move.from_start)
+    for move in plan:
+        gpu = cluster.gpus[move.from_gid]
+        target = cluster.gpus[move.to_gid]
+        masks[move.to_gid] |= cluster.tables[target.model].window(gpu.instances[move.job][0], move.to_start)
+    return masks
+
+
+def effective_plan(cluster: Cluster, plan: list[Migration]) -> list[Migration]:
+    """``plan`` without moves that go nowhere, or [] when it would leave every GPU's occupancy as it is.
+
+    Trading places between same-size instances frees nothing (issue 20: GRMU's rebuild swapped two
+    1g.5gb instances 6 <-> 4 on every rejection), so such a plan is no plan and counts no migration.
+    """
+    moves = [m for m in plan if (m.from_gid, m.from_start) != (m.to_gid, m.to_start)]
+    if not moves:
+        return []
+    after = occupancy_after(cluster, moves)
+    if all(cluster.gpus[gid].mask == mask for gid, mask in after.items()):
+        return []
+    return moves
+
+
 def apply_migrations(cluster: Cluster, plan: list[Migration]) -> None:
     """Execute a plan as one step: free every moved instance, then create them at their targets."""
     profiles = {}

@@ -6,7 +6,9 @@
   GPU joins it. A GPU that becomes empty returns to the pool.
 - Defragmentation (Alg. 4), after a rejected light request: the light GPU with the highest GRMU
   fragmentation value has its instances re-placed on a mock empty GPU with the default placement
-  (largest first, then by current start); the instances whose start differs are migrated.
+  (largest first, then by current start). A rebuild with the GPU's current occupancy is dropped
+  (it would only swap same-size instances); otherwise same-size instances are matched to the new
+  slots so that only instances that really change start move.
 - Consolidation (Alg. 5), every ``consolidation_interval`` time units (None: off, GRMU's trace
   setting): light GPUs holding one half-GPU instance (3g or 4g) are paired; the later one's
   instance moves onto the earlier, emptying a GPU.
@@ -50,6 +52,23 @@ def grmu_fragmentation(tables: ModelTables, mask: int) -> float:
             packed |= profile.window(starts[0])
         score += (model.memory_slices - packed.bit_count()) / profile.memory_slices
     return score
+
+
+def _fewest_moves(instances: dict[str, tuple[str, int]], slots: list[tuple[str, int]]) -> dict[str, tuple[int, int]]:
+    """job -> (current start, target start): same-profile instances are interchangeable, so a job
+    whose current start is one of its profile's target slots stays there; the rest fill the others."""
+    free = list(slots)
+    target = {}
+    for job, (profile, start) in instances.items():
+        if (profile, start) in free:
+            free.remove((profile, start))
+            target[job] = (start, start)
+    for job, (profile, start) in sorted(instances.items(), key=lambda item: item[1][1]):
+        if job not in target:
+            slot = next(s for s in free if s[0] == profile)
+            free.remove(slot)
+            target[job] = (start, slot[1])
+    return target
 
 
 class Grmu(Policy):
@@ -112,17 +131,19 @@ class Grmu(Policy):
             worst.instances.items(),
             key=lambda item: (-tables.model.profile(item[1][0]).memory_slices, item[1][1]),
         )
-        mock, target = 0, {}
-        for job, (profile, _start) in order:
+        mock, slots = 0, []
+        for _job, (profile, _start) in order:
             choice = max_cc_choice(tables, tables.index(profile), mock)
             if choice is None:
                 return []  # the default placement cannot rebuild this GPU; leave it alone
-            target[job] = choice[1]
+            slots.append((profile, choice[1]))
             mock |= tables.window(profile, choice[1])
+        if mock == worst.mask:
+            return []  # same occupancy: the rebuild would only reshuffle same-size instances
         return [
-            Migration(job, worst.gid, start, worst.gid, target[job])
-            for job, (_profile, start) in worst.instances.items()
-            if target[job] != start
+            Migration(job, worst.gid, start, worst.gid, target)
+            for job, (start, target) in _fewest_moves(worst.instances, slots).items()
+            if target != start
         ]
 
     # -- consolidation ---------------------------------------------------------------------------

@@ -9,9 +9,17 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from mig_batch.mig.scores import FragVariant
-from mig_batch.placement.base import Migration, Placement, PlacementRequest, Policy, apply_migrations
+from mig_batch.placement.base import (
+    Migration,
+    Placement,
+    PlacementRequest,
+    Policy,
+    apply_migrations,
+    effective_plan,
+)
 from mig_batch.placement.cluster import Cluster
 from mig_batch.sim.workloads import Arrival
 
@@ -27,8 +35,12 @@ class Snapshot:
     mean_frag: float  # mean F over GPUs (MFI Alg. 1 as printed)
     mean_frag_partial: float
     migrations: int  # instances moved so far by the policy's defragmentation/consolidation plans
+    accepted_slices: int  # memory slices of every accepted request (served demand when nothing leaves)
+    accepted_slice_time: int  # slices x duration of every accepted request (served demand with departures)
+    arrived_by_profile: dict[str, int]
+    accepted_by_profile: dict[str, int]
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -40,23 +52,29 @@ METRICS = (
     "mean_frag",
     "mean_frag_partial",
     "migrations",
+    "accepted_slices",
+    "accepted_slice_time",
 )
 
 
-def _snapshot(
-    cluster: Cluster, demand: float, arrived: int, accepted: int, frag_sums: dict[FragVariant, int], migrations: int
-) -> Snapshot:
+def _snapshot(replay: Replay, demand: float) -> Snapshot:
+    cluster = replay.cluster
     n = len(cluster.gpus)
+    frag_sums = _frag_sums(cluster)
     return Snapshot(
         demand=demand,
-        arrived=arrived,
-        accepted=accepted,
-        acceptance_rate=accepted / arrived if arrived else 1.0,
+        arrived=replay.arrived,
+        accepted=replay.accepted,
+        acceptance_rate=replay.accepted / replay.arrived if replay.arrived else 1.0,
         active_gpus=cluster.active_gpus(),
         allocated_slices=cluster.allocated_slices(),
         mean_frag=frag_sums[FragVariant.PRINTED] / n,
         mean_frag_partial=frag_sums[FragVariant.PARTIAL] / n,
-        migrations=migrations,
+        migrations=replay.migrations,
+        accepted_slices=replay.accepted_slices,
+        accepted_slice_time=replay.accepted_slice_time,
+        arrived_by_profile=dict(replay.arrived_by_profile),
+        accepted_by_profile=dict(replay.accepted_by_profile),
     )
 
 
@@ -78,6 +96,9 @@ class Replay:
         self.cluster, self.policy, self.model = cluster, policy, model
         self.departures: list[tuple[int, str]] = []
         self.arrived = self.accepted = self.migrations = 0
+        self.accepted_slices = self.accepted_slice_time = 0
+        self.arrived_by_profile: dict[str, int] = {}
+        self.accepted_by_profile: dict[str, int] = {}
 
     def advance_to(self, time: int) -> None:
         """Free every instance whose job has left by ``time``."""
@@ -86,6 +107,7 @@ class Replay:
             self.cluster.release(heapq.heappop(departures)[1])
 
     def _apply(self, plan: list[Migration]) -> None:
+        plan = effective_plan(self.cluster, plan)  # count only instances that really move
         apply_migrations(self.cluster, plan)
         self.migrations += len(plan)
 
@@ -94,12 +116,17 @@ class Replay:
         self.advance_to(arrival.slot)
         self._apply(self.policy.periodic(self.cluster, arrival.slot))
         self.arrived += 1
-        request = PlacementRequest.single(arrival.job, self.model, arrival.profile)
+        profile = arrival.profile
+        self.arrived_by_profile[profile] = self.arrived_by_profile.get(profile, 0) + 1
+        request = PlacementRequest.single(arrival.job, self.model, profile)
         decision = self.policy.decide(self.cluster, request)
         if isinstance(decision, Placement):
             self.cluster.allocate(decision.gid, arrival.job, decision.profile, decision.start)
             heapq.heappush(self.departures, (arrival.slot + arrival.duration, arrival.job))
             self.accepted += 1
+            self.accepted_by_profile[profile] = self.accepted_by_profile.get(profile, 0) + 1
+            self.accepted_slices += arrival.slices
+            self.accepted_slice_time += arrival.slices * arrival.duration
             return True
         self._apply(self.policy.after_rejection(self.cluster, request))
         return False
@@ -119,11 +146,7 @@ def run_online(
         requested += arrival.slices
         demand = requested / capacity
         while pending and demand >= pending[0] - 1e-12:
-            snapshots.append(
-                _snapshot(
-                    cluster, pending.pop(0), replay.arrived, replay.accepted, _frag_sums(cluster), replay.migrations
-                )
-            )
+            snapshots.append(_snapshot(replay, pending.pop(0)))
     return snapshots
 
 
@@ -145,6 +168,7 @@ class Timeline:
     arrived: int
     accepted: int
     migrations: int
+    accepted_slice_time: int  # slices x duration (seconds) of every accepted request: the demand served
 
 
 def run_timeline(cluster: Cluster, policy: Policy, model: str, arrivals: Sequence[Arrival], period: int) -> Timeline:
@@ -153,8 +177,6 @@ def run_timeline(cluster: Cluster, policy: Policy, model: str, arrivals: Sequenc
         raise ValueError("the sampling period must be at least 1")
     replay = Replay(cluster, policy, model)
     samples: list[TimelineSample] = []
-    arrived_by: dict[str, int] = {}
-    accepted_by: dict[str, int] = {}
 
     def sample(time: int) -> None:
         replay.advance_to(time)
@@ -174,8 +196,14 @@ def run_timeline(cluster: Cluster, policy: Policy, model: str, arrivals: Sequenc
         while next_sample < arrival.slot:
             sample(next_sample)
             next_sample += period
-        arrived_by[arrival.profile] = arrived_by.get(arrival.profile, 0) + 1
-        if replay.offer(arrival):
-            accepted_by[arrival.profile] = accepted_by.get(arrival.profile, 0) + 1
+        replay.offer(arrival)
     sample(next_sample)
-    return Timeline(samples, arrived_by, accepted_by, replay.arrived, replay.accepted, replay.migrations)
+    return Timeline(
+        samples,
+        dict(replay.arrived_by_profile),
+        dict(replay.accepted_by_profile),
+        replay.arrived,
+        replay.accepted,
+        replay.migrations,
+        replay.accepted_slice_time,
+    )

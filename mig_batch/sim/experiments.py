@@ -10,13 +10,14 @@ import statistics
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mig_batch.mig.models import get_model
 from mig_batch.placement.cluster import Cluster
 from mig_batch.placement.policies import make_policy
 from mig_batch.sim.engine import METRICS, run_online
+from mig_batch.sim.verdict import REFERENCE_POLICY, acceptance_by_profile, mark_starvation
 from mig_batch.sim.workloads import MFI_DISTRIBUTIONS, mfi_arrivals
 
 PAPER_POLICIES = ("mfi", "ff", "rr", "bf-bi", "wf-bi")
@@ -38,6 +39,11 @@ class MfiSetup:
     distributions: tuple[str, ...] = tuple(MFI_DISTRIBUTIONS)
     checkpoints: tuple[float, ...] = demand_checkpoints(1.0)
     departures: bool = True  # False: the FGD "fill" protocol, nothing leaves
+
+    @property
+    def served_metric(self) -> str:
+        """Served demand: accepted slices x duration with departures; accepted slices when nothing leaves."""
+        return "accepted_slice_time" if self.departures else "accepted_slices"
 
 
 def _one_run(setup: MfiSetup, distribution: str, run: int) -> dict[str, list[dict[str, float]]]:
@@ -69,6 +75,8 @@ def run_mfi_experiment(
     """Mean and standard deviation of every metric per distribution, policy and demand checkpoint."""
     for name in setup.policies:
         make_policy(name)  # unknown names fail before any work starts
+    if REFERENCE_POLICY not in setup.policies:  # starvation is judged against it
+        setup = replace(setup, policies=(*setup.policies, REFERENCE_POLICY))
     for distribution in setup.distributions:
         if distribution not in MFI_DISTRIBUTIONS:
             raise ValueError(f"unknown distribution {distribution!r}; known: {', '.join(MFI_DISTRIBUTIONS)}")
@@ -97,6 +105,8 @@ def run_mfi_experiment(
             "distributions": list(setup.distributions),
             "checkpoints": list(setup.checkpoints),
             "departures": setup.departures,
+            "served_metric": setup.served_metric,
+            "starvation_reference": REFERENCE_POLICY,
         },
         "results": {
             d: {p: _aggregate(runs, setup.checkpoints) for p, runs in per.items()} for d, per in collected.items()
@@ -113,13 +123,34 @@ def _aggregate(runs: Sequence[Sequence[dict[str, float]]], checkpoints: Sequence
             means.append(statistics.fmean(values) if values else float("nan"))
             stds.append(statistics.pstdev(values) if len(values) > 1 else 0.0)
         out[metric] = {"mean": means, "std": stds}
+    pooled = []  # per checkpoint: acceptance of each profile over all runs' requests together
+    for i in range(len(checkpoints)):
+        arrived: dict[str, int] = {}
+        accepted: dict[str, int] = {}
+        for run in runs:
+            if i < len(run):
+                for profile, n in run[i]["arrived_by_profile"].items():
+                    arrived[profile] = arrived.get(profile, 0) + n
+                for profile, n in run[i]["accepted_by_profile"].items():
+                    accepted[profile] = accepted.get(profile, 0) + n
+        pooled.append(acceptance_by_profile(arrived, accepted))
+    out["acceptance_by_profile"] = pooled
     return out
 
 
-def at_demand(result: dict[str, Any], demand: float = SNAPSHOT_DEMAND) -> dict[str, dict[str, dict[str, float]]]:
-    """metric means per distribution and policy at one demand checkpoint."""
-    index = result["setup"]["checkpoints"].index(demand)
-    return {
-        d: {p: {m: v["mean"][index] for m, v in metrics.items()} for p, metrics in per.items()}
-        for d, per in result["results"].items()
-    }
+def at_demand(result: dict[str, Any], demand: float = SNAPSHOT_DEMAND) -> dict[str, dict[str, dict[str, Any]]]:
+    """Metric means per distribution and policy at one demand checkpoint, with ``served`` (the
+    protocol's served demand), ``acceptance_by_profile`` and ``starved`` profiles."""
+    setup = result["setup"]
+    index = setup["checkpoints"].index(demand)
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for d, per in result["results"].items():
+        out[d] = {}
+        for p, metrics in per.items():
+            summary: dict[str, Any] = {m: v["mean"][index] for m, v in metrics.items() if m in METRICS}
+            summary["served"] = summary[setup.get("served_metric", "accepted_slices")]
+            summary["acceptance_by_profile"] = metrics["acceptance_by_profile"][index]
+            out[d][p] = summary
+        if setup.get("starvation_reference", REFERENCE_POLICY) in out[d]:
+            mark_starvation(out[d], setup.get("starvation_reference", REFERENCE_POLICY))
+    return out

@@ -107,3 +107,28 @@ def plot_atomize(result: dict[str, Any], path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_robust(result: dict[str, Any], path: Path) -> Path:
+    """Heat-map of each policy's gap to the best served demand, cell by cell; S marks starvation."""
+    cells = result["cells"]
+    policies = result["setup"]["policies"]
+    gaps = [[cell["verdict"][p]["gap_pct"] for p in policies] for cell in cells]
+    top = max(2.0, min(25.0, max(max(row) for row in gaps)))  # a colour scale that still shows 0.2 %
+    fig, ax = plt.subplots(figsize=(1.1 * len(policies) + 3, 0.24 * len(cells) + 1.6))
+    image = ax.imshow(gaps, aspect="auto", cmap="Reds", vmin=0, vmax=top)
+    for i, cell in enumerate(cells):
+        for j, policy in enumerate(policies):
+            verdict = cell["verdict"][policy]
+            mark = " S" if verdict["starved"] else ""
+            text = f"{verdict['gap_pct']:.1f}{mark}" if verdict["outcome"] != "win" else "best"
+            ax.text(j, i, text, ha="center", va="center", fontsize=6,
+                    color="white" if verdict["gap_pct"] > top * 0.6 else "black")  # fmt: skip
+    ax.set_xticks(range(len(policies)), policies, fontsize=8)
+    ax.set_yticks(range(len(cells)), [cell["name"] for cell in cells], fontsize=6)
+    ax.xaxis.tick_top()
+    fig.colorbar(image, ax=ax, label="% below the best served demand (no starvation)", shrink=0.6)
+    setup = result["setup"]
+    ax.set_title(f"gap to the best, tie within {setup['tie_pct']} %; S: starves a profile "
+                 f"(< half {setup['starvation_reference']}'s rate)", fontsize=8, pad=24)  # fmt: skip
+    return _save(fig, path)

@@ -4,7 +4,8 @@ Every policy sees the same arrivals; the cluster is the trace's GPU hosts in fil
 first hosts holding ``gpus`` GPUs (None: all 6,212). GRMU's text omits its host count, and on all
 6,212 GPUs the trace never asks for more than about 41 GPUs at once, so nothing is ever rejected;
 smaller cuts create the contention the paper's figures show. Metrics, as GRMU §8.3: acceptance overall
-and per profile, active hardware sampled hourly and its area under the curve, migrations.
+and per profile, active hardware sampled hourly and its area under the curve, migrations; and, as
+issue 20 asks, served demand (accepted slice-hours) and starved profiles (mig_batch.sim.verdict).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from mig_batch.placement.cluster import Cluster, Gpu
 from mig_batch.placement.policies import make_policy
 from mig_batch.sim.engine import Timeline, run_timeline
 from mig_batch.sim.traces import TraceNode, read_nodes, read_pods, trace_arrivals
+from mig_batch.sim.verdict import REFERENCE_POLICY, acceptance_by_profile, mark_starvation
 from mig_batch.sim.workloads import Arrival
 
 TRACE_POLICIES = ("nvidia", "bf-cc", "mcc", "mecc", "grmu", "mfi", "emfi")
@@ -70,13 +72,13 @@ def _summarise(timeline: Timeline, n_gpus: int, period: int) -> dict[str, Any]:
         "arrived": timeline.arrived,
         "accepted": timeline.accepted,
         "acceptance_rate": timeline.accepted / timeline.arrived if timeline.arrived else 1.0,
-        "acceptance_by_profile": {
-            p: timeline.accepted_by_profile.get(p, 0) / n for p, n in sorted(timeline.arrived_by_profile.items())
-        },
+        "acceptance_by_profile": acceptance_by_profile(timeline.arrived_by_profile, timeline.accepted_by_profile),
         "arrived_by_profile": dict(sorted(timeline.arrived_by_profile.items())),
+        # served demand: slices x lifetime of every accepted pod, in slice-hours (the ranking metric)
+        "served": timeline.accepted_slice_time / HOUR,
         "active_gpu_hours": sum(active) * hours,  # area under the active-hardware curve
         "mean_active_rate": sum(active) / len(active) / n_gpus if active else 0.0,
-        # memory-slice hours held by accepted jobs: the work served, which acceptance counts ignore
+        # memory-slice hours held, sampled hourly up to the last arrival (GRMU-style area under curve)
         "allocated_slice_hours": sum(s.allocated_slices for s in timeline.samples) * hours,
         "migrations": timeline.migrations,
         "series": {
@@ -87,12 +89,24 @@ def _summarise(timeline: Timeline, n_gpus: int, period: int) -> dict[str, Any]:
     }
 
 
+def replay_trace(
+    arrivals: Sequence[Arrival],
+    nodes: Sequence[TraceNode],
+    model: str,
+    gpus: int | None,
+    policy: str,
+    options: dict[str, Any],
+    period: int = HOUR,
+) -> dict[str, Any]:
+    """One policy on one cluster cut: the summary of its timeline."""
+    cluster = trace_cluster(nodes, model, gpus)
+    timeline = run_timeline(cluster, make_policy(policy, **options), get_model(model).name, arrivals, period)
+    return _summarise(timeline, len(cluster.gpus), period)
+
+
 def _task(args: tuple[TraceSetup, list[Arrival], list[TraceNode], int | None, str, dict[str, Any]]) -> dict[str, Any]:
     setup, arrivals, nodes, gpus, policy, options = args
-    cluster = trace_cluster(nodes, setup.model, gpus)
-    model = get_model(setup.model).name
-    timeline = run_timeline(cluster, make_policy(policy, **options), model, arrivals, setup.period)
-    return _summarise(timeline, len(cluster.gpus), setup.period)
+    return replay_trace(arrivals, nodes, setup.model, gpus, policy, options, setup.period)
 
 
 def run_trace_experiment(
@@ -104,7 +118,8 @@ def run_trace_experiment(
     options = {**default_policy_options(arrivals), **setup.policy_options}
     for name in setup.policies:
         make_policy(name, **options.get(name, {}))  # unknown names or options fail before any work
-    keys = [(gpus, policy) for gpus in setup.gpu_counts for policy in setup.policies]
+    policies = list(dict.fromkeys([*setup.policies, REFERENCE_POLICY]))  # starvation needs the reference
+    keys = [(gpus, policy) for gpus in setup.gpu_counts for policy in policies]
     tasks = [(setup, arrivals, nodes, gpus, policy, options.get(policy, {})) for gpus, policy in keys]
     results: dict[str, dict[str, Any]] = {}
     with ExitStack() as stack:
@@ -117,6 +132,7 @@ def run_trace_experiment(
             if progress:
                 progress(done, len(tasks))
     for per_policy in results.values():
+        mark_starvation(per_policy)
         top = max(s["active_gpu_hours"] for s in per_policy.values()) or 1.0
         for summary in per_policy.values():
             summary["active_gpu_hours_normalized"] = summary["active_gpu_hours"] / top  # GRMU Table 6 style
@@ -128,7 +144,8 @@ def run_trace_experiment(
             "node_file": setup.node_file,
             "model": model.name,
             "gpu_counts": [s for s in results],
-            "policies": list(setup.policies),
+            "policies": policies,
+            "starvation_reference": REFERENCE_POLICY,
             "policy_options": options,
             "requests": len(arrivals),
             "period_s": setup.period,

@@ -83,6 +83,27 @@ def read_pods(path: Path) -> list[TracePod]:
     return pods
 
 
+def read_variant_pods(path: Path, timed: Sequence[TracePod]) -> list[TracePod]:
+    """A pod list of any trace variant. The ``multigpu*`` files have no time columns: their pods take
+    creation and deletion times from ``timed`` (the default trace) by name; the added pods, which
+    the default trace lacks, must all ask for more than one GPU and are dropped here, as GRMU §8.1
+    drops every multi-GPU pod."""
+    with_times = _rows(path, ("name",))
+    if with_times and "creation_time" in with_times[0]:
+        return read_pods(path)
+    times = {p.name: p for p in timed}
+    pods = []
+    for line, row in enumerate(_rows(path, POD_COLUMNS[:3]), 2):
+        num_gpu, gpu_milli = (_int(path, line, c, row[c]) for c in POD_COLUMNS[1:3])
+        known = times.get(row["name"])
+        if known is None:
+            if num_gpu * gpu_milli / 1000 <= 1:
+                raise TraceError(f"{path}:{line}: pod {row['name']} has no time columns and is not in the timed trace")
+            continue
+        pods.append(TracePod(row["name"], num_gpu, gpu_milli, known.creation, known.deletion, known.qos))
+    return pods
+
+
 def read_nodes(path: Path) -> list[TraceNode]:
     """GPU nodes only (nodes with no GPU cannot host a MIG request)."""
     nodes = []
