@@ -17,6 +17,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from mig_batch.errors import MigBatchError
 from mig_batch.mig.models import GpuModel, Profile
 
 MIB = 1 << 20
@@ -26,7 +27,7 @@ _MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT])(I?B)?\s*$", re.IGNORECA
 MEMORY_FORMS = "a number with a unit: 18G, 18GiB, 18GB, 18000M"
 
 
-class RequestError(ValueError):
+class RequestError(MigBatchError, ValueError):
     """A request that cannot be read or cannot be met; the message says what would be accepted."""
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from mig_batch.batch.states import ACTIVE, check_decision
+from mig_batch.errors import MigBatchError
 
 SCHEMA_VERSION = 3
 
@@ -125,7 +126,7 @@ CREATE TABLE IF NOT EXISTS events (
 """
 
 
-class StateError(RuntimeError):
+class StateError(MigBatchError, RuntimeError):
     pass
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from mig_batch.cli.output import console, emit, fail
+from mig_batch.cli.guard import DEBUG_HELP, LOG_LEVELS, log_level, run_guarded
+from mig_batch.cli.output import console, emit
 from mig_batch.config import ConfigError, SiteConfig, load_config
 from mig_batch.mig.models import all_models, get_model
 from mig_batch.slurm.install import install, job_submit_lua
@@ -152,22 +153,30 @@ def _render_status(gpus: list[dict]) -> None:
 
 def daemon_main(argv: Sequence[str] | None = None) -> int:
     """``mig-batchd``: the controller loop."""
+    return run_guarded(_daemon, argv, "mig-batchd")
+
+
+def _daemon(argv: list[str]) -> int:
+    from mig_batch.batch.system import BatchError
     from mig_batch.controller.daemon import Controller
     from mig_batch.slurm.commands import SlurmCli
 
     parser = argparse.ArgumentParser(prog="mig-batchd", description="mig_batch controller: places managed jobs.")
     parser.add_argument("--config", help="site config (default: MIG_BATCH_CONFIG or /etc/mig-batch/mig-batch.yaml)")
     parser.add_argument("--once", action="store_true", help="one pass, then exit")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", type=log_level, default="INFO", help=f"one of {', '.join(LOG_LEVELS)}")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        config = load_config(args.config)
-        controller = Controller(config, Store(config.state), SlurmCli(config.slurm_bin))
-    except (ConfigError, ValueError) as exc:
-        return fail(str(exc))
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = load_config(args.config)
+    controller = Controller(config, Store(config.state), SlurmCli(config.slurm_bin))
     if args.once:
-        stats = controller.step()
+        try:
+            stats = controller.step()
+        except BatchError as exc:
+            where = f"slurm_bin {config.slurm_bin!r}" if config.slurm_bin else "Slurm's commands on PATH"
+            raise BatchError(f"{exc}; check that slurmctld is up and that {where} (from the site config) "
+                             "holds squeue, scontrol and sinfo") from exc  # fmt: skip
         console.print(f"placed {stats.placed}, waiting {stats.waiting}, ended {stats.ended}, "
                       f"{stats.seconds * 1e3:.1f} ms", highlight=False)  # fmt: skip
         return 0

@@ -17,10 +17,11 @@ from typing import Any
 
 import yaml
 
+from mig_batch.errors import MigBatchError
 from mig_batch.planner.problem import Task
 
 
-class QueueFileError(ValueError):
+class QueueFileError(MigBatchError, ValueError):
     pass
 
 
