@@ -167,11 +167,12 @@ def cmd_bench_controller(args: argparse.Namespace) -> int:
     from mig_batch.bench.controller import bench_controller
     from mig_batch.slurm.local_cluster import LocalCluster
 
+    if not (1 <= args.jobs <= 100_000 and 1 <= args.nodes <= 64 and 1 <= args.gpus_per_node <= 1024):
+        raise ValueError("--jobs must be 1..100000, --nodes 1..64 and --gpus-per-node 1..1024 "
+                         f"(got {args.jobs}, {args.nodes}, {args.gpus_per_node})")  # fmt: skip
     why = LocalCluster.available()
     if why:
         raise ValueError(f"bench controller needs a local Slurm: {why}")
-    if args.jobs < 1 or args.nodes < 1 or args.gpus_per_node < 1:
-        raise ValueError("--jobs, --nodes and --gpus-per-node must be at least 1")
     runs = {r.mode: r for r in bench_controller(args.jobs, args.gpus_per_node, args.nodes)}
     ratios = {f"mig/{base}": runs["mig"].jobs_per_s / runs[base].jobs_per_s for base in ("bare", "noop")
               if runs[base].jobs_per_s}  # fmt: skip

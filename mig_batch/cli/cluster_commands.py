@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -62,7 +64,26 @@ def _maybe_config(path: str | None) -> SiteConfig | None:
         return None  # no site config yet: every model
 
 
+def check_hook_python(python: str) -> None:
+    """The shims run ``python`` as root with a minimal PATH: it must be an absolute path to an executable
+    that can import mig_batch, or every Prolog would fail on the node."""
+    path = Path(python)
+    if not path.is_absolute():
+        raise ValueError(f"--python {python!r} must be an absolute path (the hooks run with a minimal PATH)")
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise ValueError(f"--python {python} is not an executable file; give the Python that has mig_batch "
+                         f"installed (default: {sys.executable})")  # fmt: skip
+    try:
+        proc = subprocess.run([python, "-c", "import mig_batch"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ValueError(f"--python {python} could not be run: {exc}") from None
+    if proc.returncode != 0:
+        raise ValueError(f"--python {python} cannot import mig_batch; install mig_batch into it or give the Python "
+                         f"that has it (default: {sys.executable})")  # fmt: skip
+
+
 def cmd_install(args: argparse.Namespace) -> int:
+    check_hook_python(args.python)
     config = load_config(args.config)
     written = install(args.dest, args.python, str(Path(args.config).resolve()), str(config.job_dir),
                       str(config.agent_socket), _models(config, False))  # fmt: skip
@@ -73,7 +94,7 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    store = Store(config.state)
+    store = Store(config.state, create=False)
     try:
         decisions: dict[tuple[str, int], list] = {}
         for d in store.decisions(ACTIVE):
@@ -100,7 +121,7 @@ def cmd_offers(args: argparse.Namespace) -> int:
     if args.last <= 0:
         raise ValueError(f"--last must be a positive number of offers (got {args.last})")
     config = load_config(args.config)
-    store = Store(config.state)
+    store = Store(config.state, create=False)
     try:
         data = {"chains": [vars(c) for c in store.chains()], "offers": store.offers(args.last)}
     finally:

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from mig_batch.cli.output import console
+from mig_batch.mig.models import get_model
 from mig_batch.sim.experiments import (
     PAPER_POLICIES,
     SNAPSHOT_DEMAND,
@@ -111,6 +112,22 @@ def _progress(disable: bool) -> Progress:
     )
 
 
+def make_out_dir(path: Path) -> None:
+    """Create the output folder up front, so a bad --out fails before the simulation, not after it."""
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out {path} is a file; give a folder (it is created if missing)")
+    path.mkdir(parents=True, exist_ok=True)
+    if not os.access(path, os.W_OK):
+        raise ValueError(f"--out {path} is not writable; give a folder you can write to")
+
+
+def _check_common(args: argparse.Namespace, default_model: str) -> None:
+    get_model(args.gpu or default_model)  # UnknownModelError lists the known ones
+    if args.workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {args.workers}")
+    make_out_dir(args.out)
+
+
 def cmd_simulate_placement(args: argparse.Namespace) -> int:
     if args.experiment == "grmu":
         return _simulate_trace(args)
@@ -119,6 +136,7 @@ def cmd_simulate_placement(args: argparse.Namespace) -> int:
         raise ValueError("--runs must be at least 1")
     if not SNAPSHOT_DEMAND <= args.max_demand <= 3:
         raise ValueError(f"--max-demand must be between {SNAPSHOT_DEMAND} and 3, got {args.max_demand}")
+    _check_common(args, "A100-80GB")
     setup = MfiSetup(
         model=args.gpu or "A100-80GB",
         gpus=gpus,
@@ -202,6 +220,7 @@ def _simulate_trace(args: argparse.Namespace) -> int:
     sizes = tuple(
         None if part.lower() == "all" else _positive(part, "--gpus") for part in _csv(args.gpus or "8,16,32,all")
     )
+    _check_common(args, "A100-40GB")
     setup = TraceSetup(
         trace_dir=args.trace_dir,
         model=args.gpu or "A100-40GB",
@@ -277,6 +296,7 @@ def cmd_simulate_atomize(args: argparse.Namespace) -> int:
         raise ValueError(f"--grant-policy {args.grant_policy!r} is not one of {', '.join(GRANT_POLICIES)}")
     if min(args.gpus, args.hours, args.seeds, args.trace_jobs, args.load) <= 0:
         raise ValueError("--gpus, --hours, --seeds, --trace-jobs and --load must be positive")
+    make_out_dir(args.out)
     setup = AtomizeSetup(gpus=args.gpus, hours=args.hours, grant_policy=args.grant_policy, eps=args.eps,
                          trace_jobs=args.trace_jobs, load=args.load)  # fmt: skip
     pods = None

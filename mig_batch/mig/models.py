@@ -44,6 +44,9 @@ class UnknownModelError(MigBatchError, KeyError):
     def __str__(self) -> str:
         return f"unknown GPU model {self.name!r}; known models: {', '.join(self.known)}"
 
+    def __reduce__(self) -> tuple:  # travels back from a worker process (pickle re-calls __init__)
+        return type(self), (self.name, self.known)
+
 
 @dataclass(frozen=True)
 class Profile:
