@@ -63,8 +63,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.set_defaults(handler=cmd_bench_controller)
 
 
+def cluster_sizes(text: str) -> list[int]:
+    """``--sizes 100,1000``: positive whole numbers of GPUs."""
+    try:
+        sizes = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"--sizes takes comma-separated positive numbers of GPUs like 100,1000; got {text!r}")
+    return sizes
+
+
 def cmd_bench_placement(args: argparse.Namespace) -> int:
-    sizes = [int(s) for s in args.sizes.split(",") if s]
+    sizes = cluster_sizes(args.sizes)
     if not sizes or min(sizes) < 1 or not 0 <= args.load < 1 or args.decisions < 1:
         raise ValueError("--sizes must be positive integers, --load in [0, 1), --decisions at least 1")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -91,7 +102,7 @@ def cmd_bench_placement(args: argparse.Namespace) -> int:
 def cmd_bench_moldable(args: argparse.Namespace) -> int:
     from mig_batch.bench.moldable import bench_moldable
 
-    sizes = [int(s) for s in args.sizes.split(",") if s]
+    sizes = cluster_sizes(args.sizes)
     if not sizes or min(sizes) < 1 or not 0 <= args.load < 1 or args.jobs < 1:
         raise ValueError("--sizes must be positive integers, --load in [0, 1), --jobs at least 1")
     rows = bench_moldable(sizes, args.jobs, load=args.load)
