@@ -90,6 +90,7 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("mig-batch", ["bench", "moldable", "--load", "1.5"], "--load"),
     ("mig-batch", ["bench", "controller", "--jobs", "0"], "--jobs"),
     ("mig-batch", ["bench", "controller", "--nodes", "100000"], "--nodes"),
+    ("mig-batch", ["bench", "startup", "--runs", "0"], "--runs"),
     # slurm, status, offers
     ("mig-batch", ["slurm", "gen-lua", "--config", "{t}/missing.yaml"], "cannot read"),
     ("mig-batch", ["slurm", "gen-lua", "--config", "{t}/bad.yaml"], "not valid YAML"),

@@ -9,8 +9,6 @@ from pathlib import Path
 
 from rich.table import Table
 
-from mig_batch.bench.placement import bench_placement
-from mig_batch.bench.planner import bench_gaps, bench_planners, subset_workload, synthetic_workloads
 from mig_batch.cli.output import console
 from mig_batch.planner.planners import PLANNERS
 from mig_batch.planner.problem import gpu_scheme
@@ -61,6 +59,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--gpus-per-node", type=int, default=48, help="emulated A100-80GB per node")
     c.add_argument("--json", action="store_true")
     c.set_defaults(handler=cmd_bench_controller)
+    s = kinds.add_parser("startup", help="start-up time of mig-batch and migsub against python -c pass (ratios)")
+    s.add_argument("--runs", type=int, default=7, help="fresh processes per command (median; default 7)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(handler=cmd_bench_startup)
 
 
 def cluster_sizes(text: str) -> list[int]:
@@ -75,6 +77,8 @@ def cluster_sizes(text: str) -> list[int]:
 
 
 def cmd_bench_placement(args: argparse.Namespace) -> int:
+    from mig_batch.bench.placement import bench_placement
+
     sizes = cluster_sizes(args.sizes)
     if not sizes or min(sizes) < 1 or not 0 <= args.load < 1 or args.decisions < 1:
         raise ValueError("--sizes must be positive integers, --load in [0, 1), --decisions at least 1")
@@ -136,6 +140,9 @@ def _print_gaps(gaps: list, stats: list, batch: int) -> None:
 
 
 def cmd_bench_planner(args: argparse.Namespace) -> int:
+    # OR-Tools (the exact solver) loads only for this command
+    from mig_batch.bench.planner import bench_gaps, bench_planners, subset_workload, synthetic_workloads
+
     if args.datasets < 1 or args.batch < 1:
         raise ValueError("--datasets and --batch must be at least 1")
     planners = [p.strip() for p in args.planners.split(",") if p.strip()]
@@ -171,6 +178,24 @@ def cmd_bench_planner(args: argparse.Namespace) -> int:
     console.print(table)
     if gaps:
         _print_gaps(gaps, stats, args.gap_batch)
+    return 0
+
+
+def cmd_bench_startup(args: argparse.Namespace) -> int:
+    from mig_batch.bench.startup import bench_startup
+
+    if not 1 <= args.runs <= 100:
+        raise ValueError(f"--runs must be 1..100 fresh processes per command, got {args.runs}")
+    rows = bench_startup(args.runs)
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+        return 0
+    table = Table(title=f"start-up, median of {args.runs} fresh processes")
+    for col in ("command", "median ms", "min ms", "x python -c pass"):
+        table.add_column(col, justify="left" if col == "command" else "right")
+    for r in rows:
+        table.add_row(r.command, f"{r.median_s * 1e3:.0f}", f"{r.min_s * 1e3:.0f}", f"{r.ratio:.1f}")
+    console.print(table)
     return 0
 
 

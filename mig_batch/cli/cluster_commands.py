@@ -16,8 +16,6 @@ from mig_batch.cli.guard import DEBUG_HELP, LOG_LEVELS, log_level, run_guarded
 from mig_batch.cli.output import console, emit
 from mig_batch.config import ConfigError, SiteConfig, load_config
 from mig_batch.mig.models import all_models, get_model
-from mig_batch.slurm.install import install, job_submit_lua
-from mig_batch.state import ACTIVE, Store
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -50,6 +48,8 @@ def _models(config: SiteConfig | None, every: bool):
 
 
 def cmd_gen_lua(args: argparse.Namespace) -> int:
+    from mig_batch.slurm.install import job_submit_lua
+
     config = None if args.all_models else _maybe_config(args.config)
     sys.stdout.write(job_submit_lua(_models(config, args.all_models)))
     return 0
@@ -83,6 +83,8 @@ def check_hook_python(python: str) -> None:
 
 
 def cmd_install(args: argparse.Namespace) -> int:
+    from mig_batch.slurm.install import install
+
     check_hook_python(args.python)
     config = load_config(args.config)
     written = install(args.dest, args.python, str(Path(args.config).resolve()), str(config.job_dir),
@@ -93,6 +95,8 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from mig_batch.state import ACTIVE, Store
+
     config = load_config(args.config)
     store = Store(config.state, create=False)
     try:
@@ -118,6 +122,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_offers(args: argparse.Namespace) -> int:
+    from mig_batch.state import Store
+
     if args.last <= 0:
         raise ValueError(f"--last must be a positive number of offers (got {args.last})")
     config = load_config(args.config)
@@ -181,6 +187,7 @@ def _daemon(argv: list[str]) -> int:
     from mig_batch.batch.system import BatchError
     from mig_batch.controller.daemon import Controller
     from mig_batch.slurm.commands import SlurmCli
+    from mig_batch.state import Store
 
     parser = argparse.ArgumentParser(prog="mig-batchd", description="mig_batch controller: places managed jobs.")
     parser.add_argument("--config", help="site config (default: MIG_BATCH_CONFIG or /etc/mig-batch/mig-batch.yaml)")

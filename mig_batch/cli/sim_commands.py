@@ -21,7 +21,6 @@ from mig_batch.sim.experiments import (
     demand_checkpoints,
     run_mfi_experiment,
 )
-from mig_batch.sim.plots import plot_load_sweep, plot_snapshot, plot_trace
 from mig_batch.sim.trace_experiment import POD_FILE, TRACE_POLICIES, TraceSetup, run_trace_experiment
 from mig_batch.sim.traces import read_pods
 from mig_batch.sim.workloads import MFI_DISTRIBUTIONS
@@ -152,6 +151,8 @@ def cmd_simulate_placement(args: argparse.Namespace) -> int:
         result = run_mfi_experiment(
             setup, workers=args.workers, progress=lambda done, total: progress.update(task, completed=done)
         )
+    from mig_batch.sim.plots import plot_load_sweep, plot_snapshot  # matplotlib: only when plotting
+
     snapshot = at_demand(result, SNAPSHOT_DEMAND)
     result["at_85_percent_demand"] = snapshot
 
@@ -238,6 +239,8 @@ def _simulate_trace(args: argparse.Namespace) -> int:
         result = run_trace_experiment(
             setup, workers=args.workers, progress=lambda done, total: progress.update(task, completed=done)
         )
+    from mig_batch.sim.plots import plot_trace  # matplotlib: only when plotting
+
     args.out.mkdir(parents=True, exist_ok=True)
     files = [str(plot_trace(result, gpus, args.out / f"grmu_{gpus}_gpus.png")) for gpus in result["results"]]
     json_path = args.out / "grmu.json"
