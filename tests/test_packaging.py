@@ -81,3 +81,12 @@ def test_installed_wheel_works_outside_the_checkout(wheel: Path, tmp_path: Path)
     prolog = (away / "slurm" / "mig-batch-prolog").read_text()
     assert not re.search(r"@[A-Z_]+@", prolog), "a placeholder was left unfilled"
     assert str(env_dir) in prolog, "the Prolog shim should run the installed hook client"
+
+
+@pytest.mark.skipif(not os.environ.get("MIG_BATCH_EXPECT_INSTALLED"), reason="set by CI's run against the wheel")
+def test_the_suite_runs_against_the_installed_wheel() -> None:
+    """In CI's wheel run, the tests must exercise the installed package, not the checkout next to them."""
+    import mig_batch
+
+    assert not Path(mig_batch.__file__).resolve().is_relative_to(REPO), f"mig_batch came from {mig_batch.__file__}"
+    assert (Path(mig_batch.__file__).parent / "_plugins" / "slurm" / "job_submit.lua.in").is_file()
