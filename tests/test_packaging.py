@@ -46,7 +46,6 @@ def test_wheel_holds_the_runtime_files(wheel: Path) -> None:
     assert not missing, f"the wheel lacks {missing}"
 
 
-@pytest.mark.slow
 def test_installed_wheel_works_outside_the_checkout(wheel: Path, tmp_path: Path) -> None:
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=False).create(env_dir)
