@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from mig_batch.errors import MigBatchError
 from mig_batch.mig.models import UnknownModelError, get_model
 from mig_batch.placement.policies import policy_names
 
@@ -17,7 +18,7 @@ BACKENDS = ("nvml", "emulated")
 LIVE_POLICIES = [p for p in policy_names() if p != "grmu"]  # grmu migrates running jobs: not live yet
 
 
-class ConfigError(ValueError):
+class ConfigError(MigBatchError, ValueError):
     pass
 
 

@@ -17,6 +17,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from mig_batch.errors import MigBatchError
 from mig_batch.mig.models import GpuModel, Profile
 
 MIB = 1 << 20
@@ -26,7 +27,7 @@ _MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT])(I?B)?\s*$", re.IGNORECA
 MEMORY_FORMS = "a number with a unit: 18G, 18GiB, 18GB, 18000M"
 
 
-class RequestError(ValueError):
+class RequestError(MigBatchError, ValueError):
     """A request that cannot be read or cannot be met; the message says what would be accepted."""
 
 
@@ -181,8 +182,9 @@ def parse_gres(spec: str) -> MigRequest:
     if not match or match.group(2) is None:
         raise RequestError(f"cannot read MIG request {spec!r}; accepted forms: {GRES_FORMS}")
     kind, what, count = match.group(1).lower(), match.group(2), int(match.group(3) or 1)
-    if count < 1:
-        raise RequestError(f"MIG request {spec!r} asks for {count} instances; at least 1 is needed")
+    if count != 1:  # job_submit.lua refuses the same: one MIG instance per job
+        raise RequestError(f"MIG request {spec!r} asks for {count} instances; a job gets one MIG instance "
+                           f"(leave the count out or give :1)")  # fmt: skip
     if _PROFILE_RE.match(what):
         return MigRequest(profiles=(what.lower(),), count=count)
     if kind == "gpu":
@@ -275,7 +277,10 @@ def parse_moldable(text: str, memory: str | None = None) -> MoldableRequest:
         size, sep, value = item.partition("=") if "=" in item else item.partition(":")
         if not sep:
             raise RequestError(f"moldable entry {item!r} needs a size and a time, like 3g=120s or 3g.40gb=2m")
-        times[size.strip().lower()] = parse_duration(value)
+        size = size.strip().lower()
+        if size in times:
+            raise RequestError(f"moldable size {size!r} is given twice in {text!r}; give each size once")
+        times[size] = parse_duration(value)
     if not times:
         raise RequestError("a moldable request needs sizes with predicted times, like 1g=300,2g=160,3g=110")
     return MoldableRequest(times=times, memory_mib=parse_memory(memory) if memory else None)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from mig_batch.batch.states import ACTIVE, check_decision
+from mig_batch.errors import MigBatchError
 
 SCHEMA_VERSION = 3
 
@@ -125,7 +126,7 @@ CREATE TABLE IF NOT EXISTS events (
 """
 
 
-class StateError(RuntimeError):
+class StateError(MigBatchError, RuntimeError):
     pass
 
 
@@ -187,11 +188,21 @@ class InstanceRecord:
 
 
 class Store:
-    def __init__(self, path: Path | str):
+    def __init__(self, path: Path | str, create: bool = True):
+        """Open the store at ``path``; ``create=False`` (readers such as ``mig-batch status``) refuses to make
+        a new one, so a wrong path is reported instead of answered with an empty store."""
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
-        self.db.execute("PRAGMA journal_mode=WAL")
+        if not create and not self.path.is_file():
+            raise StateError(f"no mig_batch store at {self.path}: mig-batchd creates it on the controller host; "
+                             "run this there, or set state: in the site config (--config) to its path")  # fmt: skip
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
+            self.db.execute("PRAGMA journal_mode=WAL")
+        except (OSError, sqlite3.Error) as exc:
+            why = getattr(exc, "strerror", None) or str(exc)
+            raise StateError(f"cannot open the mig_batch store {self.path}: {why}; set state: in the site config "
+                             "to a file on a writable local disk") from None  # fmt: skip
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA busy_timeout=30000")
         version = self.db.execute("PRAGMA user_version").fetchone()[0]

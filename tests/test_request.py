@@ -104,7 +104,7 @@ def test_explicit_profile_too_small_for_memory():
     ("spec", "expected"),
     [
         ("gpu:3g.40gb:1", MigRequest(profiles=("3g.40gb",))),
-        ("gres:gpu:1g.10gb:2", MigRequest(profiles=("1g.10gb",), count=2)),
+        ("gres:gpu:1g.10gb:1", MigRequest(profiles=("1g.10gb",))),
         ("mig:3g.40gb", MigRequest(profiles=("3g.40gb",))),
         ("mig:20G", MigRequest(memory_mib=20480)),
         ("mig:3g", MigRequest(compute=parse_compute("3g"))),
@@ -115,7 +115,7 @@ def test_parse_gres(spec, expected):
     assert parse_gres(spec) == expected
 
 
-@pytest.mark.parametrize("spec", ["gpu", "mig", "gpu:20G", "mig:lots", "tpu:1", "mig:3g.40gb:0"])
+@pytest.mark.parametrize("spec", ["gpu", "mig", "gpu:20G", "mig:lots", "tpu:1", "mig:3g.40gb:0", "mig:3g.40gb:2"])
 def test_parse_gres_rejects(spec):
     with pytest.raises(RequestError):
         parse_gres(spec)

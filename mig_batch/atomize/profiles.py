@@ -27,10 +27,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mig_batch.errors import MigBatchError
+
 ENVELOPE_MODES = ("functional", "pointwise")
 
 
-class ProfileError(ValueError):
+class ProfileError(MigBatchError, ValueError):
     pass
 
 

@@ -15,10 +15,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from mig_batch.errors import MigBatchError
+
 MANAGED_PREFIX = "mig-batch:"
 
 
-class BatchError(RuntimeError):
+class BatchError(MigBatchError, RuntimeError):
     """A batch-system call failed; the message names the call and the batch system's answer."""
 
 

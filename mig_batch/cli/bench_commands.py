@@ -9,8 +9,6 @@ from pathlib import Path
 
 from rich.table import Table
 
-from mig_batch.bench.placement import bench_placement
-from mig_batch.bench.planner import bench_gaps, bench_planners, subset_workload, synthetic_workloads
 from mig_batch.cli.output import console
 from mig_batch.planner.planners import PLANNERS
 from mig_batch.planner.problem import gpu_scheme
@@ -61,10 +59,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--gpus-per-node", type=int, default=48, help="emulated A100-80GB per node")
     c.add_argument("--json", action="store_true")
     c.set_defaults(handler=cmd_bench_controller)
+    s = kinds.add_parser("startup", help="start-up time of mig-batch and migsub against python -c pass (ratios)")
+    s.add_argument("--runs", type=int, default=7, help="fresh processes per command (median; default 7)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(handler=cmd_bench_startup)
+
+
+def cluster_sizes(text: str) -> list[int]:
+    """``--sizes 100,1000``: positive whole numbers of GPUs."""
+    try:
+        sizes = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"--sizes takes comma-separated positive numbers of GPUs like 100,1000; got {text!r}")
+    return sizes
 
 
 def cmd_bench_placement(args: argparse.Namespace) -> int:
-    sizes = [int(s) for s in args.sizes.split(",") if s]
+    from mig_batch.bench.placement import bench_placement
+
+    sizes = cluster_sizes(args.sizes)
     if not sizes or min(sizes) < 1 or not 0 <= args.load < 1 or args.decisions < 1:
         raise ValueError("--sizes must be positive integers, --load in [0, 1), --decisions at least 1")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -91,7 +106,7 @@ def cmd_bench_placement(args: argparse.Namespace) -> int:
 def cmd_bench_moldable(args: argparse.Namespace) -> int:
     from mig_batch.bench.moldable import bench_moldable
 
-    sizes = [int(s) for s in args.sizes.split(",") if s]
+    sizes = cluster_sizes(args.sizes)
     if not sizes or min(sizes) < 1 or not 0 <= args.load < 1 or args.jobs < 1:
         raise ValueError("--sizes must be positive integers, --load in [0, 1), --jobs at least 1")
     rows = bench_moldable(sizes, args.jobs, load=args.load)
@@ -125,6 +140,9 @@ def _print_gaps(gaps: list, stats: list, batch: int) -> None:
 
 
 def cmd_bench_planner(args: argparse.Namespace) -> int:
+    # OR-Tools (the exact solver) loads only for this command
+    from mig_batch.bench.planner import bench_gaps, bench_planners, subset_workload, synthetic_workloads
+
     if args.datasets < 1 or args.batch < 1:
         raise ValueError("--datasets and --batch must be at least 1")
     planners = [p.strip() for p in args.planners.split(",") if p.strip()]
@@ -163,15 +181,34 @@ def cmd_bench_planner(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_startup(args: argparse.Namespace) -> int:
+    from mig_batch.bench.startup import bench_startup
+
+    if not 1 <= args.runs <= 100:
+        raise ValueError(f"--runs must be 1..100 fresh processes per command, got {args.runs}")
+    rows = bench_startup(args.runs)
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+        return 0
+    table = Table(title=f"start-up, median of {args.runs} fresh processes")
+    for col in ("command", "median ms", "min ms", "x python -c pass"):
+        table.add_column(col, justify="left" if col == "command" else "right")
+    for r in rows:
+        table.add_row(r.command, f"{r.median_s * 1e3:.0f}", f"{r.min_s * 1e3:.0f}", f"{r.ratio:.1f}")
+    console.print(table)
+    return 0
+
+
 def cmd_bench_controller(args: argparse.Namespace) -> int:
     from mig_batch.bench.controller import bench_controller
     from mig_batch.slurm.local_cluster import LocalCluster
 
+    if not (1 <= args.jobs <= 100_000 and 1 <= args.nodes <= 64 and 1 <= args.gpus_per_node <= 1024):
+        raise ValueError("--jobs must be 1..100000, --nodes 1..64 and --gpus-per-node 1..1024 "
+                         f"(got {args.jobs}, {args.nodes}, {args.gpus_per_node})")  # fmt: skip
     why = LocalCluster.available()
     if why:
         raise ValueError(f"bench controller needs a local Slurm: {why}")
-    if args.jobs < 1 or args.nodes < 1 or args.gpus_per_node < 1:
-        raise ValueError("--jobs, --nodes and --gpus-per-node must be at least 1")
     runs = {r.mode: r for r in bench_controller(args.jobs, args.gpus_per_node, args.nodes)}
     ratios = {f"mig/{base}": runs["mig"].jobs_per_s / runs[base].jobs_per_s for base in ("bare", "noop")
               if runs[base].jobs_per_s}  # fmt: skip

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from rich.table import Table
 
-from mig_batch.cli.output import console, emit, fail
+from mig_batch.cli.guard import DEBUG_HELP, LOG_LEVELS, log_level, run_guarded
+from mig_batch.cli.output import console, emit
 from mig_batch.config import ConfigError, SiteConfig, load_config
 from mig_batch.mig.models import all_models, get_model
-from mig_batch.slurm.install import install, job_submit_lua
-from mig_batch.state import ACTIVE, Store
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,6 +48,8 @@ def _models(config: SiteConfig | None, every: bool):
 
 
 def cmd_gen_lua(args: argparse.Namespace) -> int:
+    from mig_batch.slurm.install import job_submit_lua
+
     config = None if args.all_models else _maybe_config(args.config)
     sys.stdout.write(job_submit_lua(_models(config, args.all_models)))
     return 0
@@ -61,7 +64,28 @@ def _maybe_config(path: str | None) -> SiteConfig | None:
         return None  # no site config yet: every model
 
 
+def check_hook_python(python: str) -> None:
+    """The shims run ``python`` as root with a minimal PATH: it must be an absolute path to an executable
+    that can import mig_batch, or every Prolog would fail on the node."""
+    path = Path(python)
+    if not path.is_absolute():
+        raise ValueError(f"--python {python!r} must be an absolute path (the hooks run with a minimal PATH)")
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise ValueError(f"--python {python} is not an executable file; give the Python that has mig_batch "
+                         f"installed (default: {sys.executable})")  # fmt: skip
+    try:
+        proc = subprocess.run([python, "-c", "import mig_batch"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ValueError(f"--python {python} could not be run: {exc}") from None
+    if proc.returncode != 0:
+        raise ValueError(f"--python {python} cannot import mig_batch; install mig_batch into it or give the Python "
+                         f"that has it (default: {sys.executable})")  # fmt: skip
+
+
 def cmd_install(args: argparse.Namespace) -> int:
+    from mig_batch.slurm.install import install
+
+    check_hook_python(args.python)
     config = load_config(args.config)
     written = install(args.dest, args.python, str(Path(args.config).resolve()), str(config.job_dir),
                       str(config.agent_socket), _models(config, False))  # fmt: skip
@@ -71,8 +95,10 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from mig_batch.state import ACTIVE, Store
+
     config = load_config(args.config)
-    store = Store(config.state)
+    store = Store(config.state, create=False)
     try:
         decisions: dict[tuple[str, int], list] = {}
         for d in store.decisions(ACTIVE):
@@ -96,10 +122,12 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_offers(args: argparse.Namespace) -> int:
+    from mig_batch.state import Store
+
     if args.last <= 0:
         raise ValueError(f"--last must be a positive number of offers (got {args.last})")
     config = load_config(args.config)
-    store = Store(config.state)
+    store = Store(config.state, create=False)
     try:
         data = {"chains": [vars(c) for c in store.chains()], "offers": store.offers(args.last)}
     finally:
@@ -152,22 +180,31 @@ def _render_status(gpus: list[dict]) -> None:
 
 def daemon_main(argv: Sequence[str] | None = None) -> int:
     """``mig-batchd``: the controller loop."""
+    return run_guarded(_daemon, argv, "mig-batchd")
+
+
+def _daemon(argv: list[str]) -> int:
+    from mig_batch.batch.system import BatchError
     from mig_batch.controller.daemon import Controller
     from mig_batch.slurm.commands import SlurmCli
+    from mig_batch.state import Store
 
     parser = argparse.ArgumentParser(prog="mig-batchd", description="mig_batch controller: places managed jobs.")
     parser.add_argument("--config", help="site config (default: MIG_BATCH_CONFIG or /etc/mig-batch/mig-batch.yaml)")
     parser.add_argument("--once", action="store_true", help="one pass, then exit")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", type=log_level, default="INFO", help=f"one of {', '.join(LOG_LEVELS)}")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        config = load_config(args.config)
-        controller = Controller(config, Store(config.state), SlurmCli(config.slurm_bin))
-    except (ConfigError, ValueError) as exc:
-        return fail(str(exc))
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = load_config(args.config)
+    controller = Controller(config, Store(config.state), SlurmCli(config.slurm_bin))
     if args.once:
-        stats = controller.step()
+        try:
+            stats = controller.step()
+        except BatchError as exc:
+            where = f"slurm_bin {config.slurm_bin!r}" if config.slurm_bin else "Slurm's commands on PATH"
+            raise BatchError(f"{exc}; check that slurmctld is up and that {where} (from the site config) "
+                             "holds squeue, scontrol and sinfo") from exc  # fmt: skip
         console.print(f"placed {stats.placed}, waiting {stats.waiting}, ended {stats.ended}, "
                       f"{stats.seconds * 1e3:.1f} ms", highlight=False)  # fmt: skip
         return 0

@@ -19,8 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mig_batch.cli.guard import DEBUG_HELP, run_guarded
 from mig_batch.cli.output import console, fail
 from mig_batch.config import ConfigError, load_config
+from mig_batch.errors import MigBatchError
 from mig_batch.mig.models import UnknownModelError, all_models, get_model
 from mig_batch.request import (
     MigRequest,
@@ -35,7 +37,7 @@ from mig_batch.request import (
 from mig_batch.subjob import SLURM_SIGNAL_MARGIN_S, next_job_spec
 
 
-class DirectiveError(ValueError):
+class DirectiveError(MigBatchError, ValueError):
     pass
 
 
@@ -240,7 +242,12 @@ def sbatch_command(spec: JobSpec, chain: Chain | None = None) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    return run_guarded(_run, argv, "migsub")
+
+
+def _run(argv: list[str]) -> int:
     parser = _option_parser()
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     parser.add_argument("script", type=Path, help="the batch script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     args = parser.parse_args(argv)

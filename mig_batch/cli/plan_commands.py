@@ -10,7 +10,6 @@ from rich.table import Table
 
 from mig_batch.cli.output import console
 from mig_batch.planner.bounds import lower_bound, p_opt
-from mig_batch.planner.gantt import plot_plan
 from mig_batch.planner.multi import check_multi
 from mig_batch.planner.plan import check_plan
 from mig_batch.planner.planners import PLANNERS, make_multi_plan, make_plan
@@ -44,6 +43,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return _plan_multi(args, scheme, tasks)
     plan = make_plan(args.planner, scheme, tasks)
     makespan = check_plan(scheme, tasks, plan)
+    from mig_batch.planner.gantt import plot_plan  # matplotlib: only when plotting
     bound = lower_bound(scheme, tasks)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"{args.queue.stem}_{args.planner}"
@@ -72,6 +72,7 @@ def _plan_multi(args: argparse.Namespace, scheme: GpuScheme, tasks: list[Task]) 
     schemes = [scheme] * args.gpus
     multi = make_multi_plan(args.planner, schemes, tasks)
     makespan = check_multi(schemes, tasks, multi)
+    from mig_batch.planner.gantt import plot_plan  # matplotlib: only when plotting
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"{args.queue.stem}_{args.planner}_{args.gpus}gpus"
     per_gpu = []

@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from mig_batch.cli.output import console
+from mig_batch.mig.models import get_model
 from mig_batch.sim.experiments import (
     PAPER_POLICIES,
     SNAPSHOT_DEMAND,
@@ -22,7 +23,6 @@ from mig_batch.sim.experiments import (
     demand_checkpoints,
     run_mfi_experiment,
 )
-from mig_batch.sim.plots import plot_load_sweep, plot_snapshot, plot_trace
 from mig_batch.sim.trace_experiment import POD_FILE, TRACE_POLICIES, TraceSetup, run_trace_experiment
 from mig_batch.sim.traces import read_pods
 from mig_batch.sim.verdict import ranked
@@ -121,6 +121,22 @@ def _progress(disable: bool) -> Progress:
     )
 
 
+def make_out_dir(path: Path) -> None:
+    """Create the output folder up front, so a bad --out fails before the simulation, not after it."""
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out {path} is a file; give a folder (it is created if missing)")
+    path.mkdir(parents=True, exist_ok=True)
+    if not os.access(path, os.W_OK):
+        raise ValueError(f"--out {path} is not writable; give a folder you can write to")
+
+
+def _check_common(args: argparse.Namespace, default_model: str) -> None:
+    get_model(args.gpu or default_model)  # UnknownModelError lists the known ones
+    if args.workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {args.workers}")
+    make_out_dir(args.out)
+
+
 def cmd_simulate_placement(args: argparse.Namespace) -> int:
     if args.experiment == "grmu":
         return _simulate_trace(args)
@@ -132,6 +148,7 @@ def cmd_simulate_placement(args: argparse.Namespace) -> int:
         raise ValueError("--runs must be at least 1")
     if not SNAPSHOT_DEMAND <= args.max_demand <= 3:
         raise ValueError(f"--max-demand must be between {SNAPSHOT_DEMAND} and 3, got {args.max_demand}")
+    _check_common(args, "A100-80GB")
     setup = MfiSetup(
         model=args.gpu or "A100-80GB",
         gpus=gpus,
@@ -147,6 +164,8 @@ def cmd_simulate_placement(args: argparse.Namespace) -> int:
         result = run_mfi_experiment(
             setup, workers=args.workers, progress=lambda done, total: progress.update(task, completed=done)
         )
+    from mig_batch.sim.plots import plot_load_sweep, plot_snapshot  # matplotlib: only when plotting
+
     snapshot = at_demand(result, SNAPSHOT_DEMAND)
     result["at_85_percent_demand"] = snapshot
 
@@ -219,6 +238,7 @@ def _simulate_trace(args: argparse.Namespace) -> int:
     sizes = tuple(
         None if part.lower() == "all" else _positive(part, "--gpus") for part in _csv(args.gpus or "8,16,32,all")
     )
+    _check_common(args, "A100-40GB")
     setup = TraceSetup(
         trace_dir=args.trace_dir,
         model=args.gpu or "A100-40GB",
@@ -236,6 +256,8 @@ def _simulate_trace(args: argparse.Namespace) -> int:
         result = run_trace_experiment(
             setup, workers=args.workers, progress=lambda done, total: progress.update(task, completed=done)
         )
+    from mig_batch.sim.plots import plot_trace  # matplotlib: only when plotting
+
     args.out.mkdir(parents=True, exist_ok=True)
     files = [str(plot_trace(result, gpus, args.out / f"grmu_{gpus}_gpus.png")) for gpus in result["results"]]
     json_path = args.out / "grmu.json"
@@ -365,6 +387,7 @@ def cmd_simulate_atomize(args: argparse.Namespace) -> int:
         raise ValueError(f"--grant-policy {args.grant_policy!r} is not one of {', '.join(GRANT_POLICIES)}")
     if min(args.gpus, args.hours, args.seeds, args.trace_jobs, args.load) <= 0:
         raise ValueError("--gpus, --hours, --seeds, --trace-jobs and --load must be positive")
+    make_out_dir(args.out)
     setup = AtomizeSetup(gpus=args.gpus, hours=args.hours, grant_policy=args.grant_policy, eps=args.eps,
                          trace_jobs=args.trace_jobs, load=args.load)  # fmt: skip
     pods = None

@@ -10,8 +10,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+from mig_batch.errors import MigBatchError
 
-class GpuBackendError(RuntimeError):
+
+class GpuBackendError(MigBatchError, RuntimeError):
     pass
 
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mig_batch.errors import MigBatchError
 from mig_batch.mig.models import GpuModel, Profile
 
 
-class PlacementError(ValueError):
+class PlacementError(MigBatchError, ValueError):
     """A place/remove that MIG would refuse; ``reason`` is a short machine-readable tag."""
 
     def __init__(self, reason: str, message: str):

@@ -15,6 +15,9 @@ from typing import Any
 
 import yaml
 
+from mig_batch.errors import MigBatchError
+from mig_batch.resources import resource_path
+
 NVML_PROFILE_ENUMS = (
     "1_SLICE",
     "2_SLICE",
@@ -29,17 +32,20 @@ NVML_PROFILE_ENUMS = (
 )
 
 
-class ModelError(ValueError):
+class ModelError(MigBatchError, ValueError):
     """A GPU model file is malformed; the message names file, profile and field."""
 
 
-class UnknownModelError(KeyError):
+class UnknownModelError(MigBatchError, KeyError):
     def __init__(self, name: str, known: list[str]):
         self.name, self.known = name, known
         super().__init__(name)
 
     def __str__(self) -> str:
         return f"unknown GPU model {self.name!r}; known models: {', '.join(self.known)}"
+
+    def __reduce__(self) -> tuple:  # travels back from a worker process (pickle re-calls __init__)
+        return type(self), (self.name, self.known)
 
 
 @dataclass(frozen=True)
@@ -118,11 +124,7 @@ class GpuModel:
 
 def builtin_gpu_dir() -> Path:
     """The GPU model files shipped with mig_batch (repo checkout or installed wheel)."""
-    package = Path(__file__).resolve().parent.parent
-    for candidate in (package / "_etc" / "gpus", package.parent / "etc" / "gpus"):
-        if candidate.is_dir():
-            return candidate
-    raise FileNotFoundError(f"mig_batch's GPU model files are missing (looked in {package}/_etc/gpus)")
+    return resource_path("etc", "gpus")
 
 
 def config_dirs() -> list[Path]:

@@ -14,12 +14,13 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from mig_batch.errors import MigBatchError
 from mig_batch.planner.problem import GpuScheme, Slot, Task
 
 EPS = 1e-9
 
 
-class PlanError(ValueError):
+class PlanError(MigBatchError, ValueError):
     """A plan that breaks a rule of the model; the message names the rule and the event."""
 
 

@@ -17,10 +17,11 @@ from typing import Any
 
 import yaml
 
+from mig_batch.errors import MigBatchError
 from mig_batch.planner.problem import Task
 
 
-class QueueFileError(ValueError):
+class QueueFileError(MigBatchError, ValueError):
     pass
 
 
@@ -41,6 +42,9 @@ def _time(value: Any, where: str) -> float:
     return float(value)
 
 
+MAX_TASKS = 10_000  # one batch; the planners are polynomial but not free, and `count:` multiplies entries
+
+
 def parse_queue(data: Any, source: str = "queue") -> tuple[str | None, list[Task]]:
     if not isinstance(data, dict) or not isinstance(data.get("tasks"), list) or not data["tasks"]:
         raise QueueFileError(f"{source}: expected a mapping with a non-empty 'tasks' list")
@@ -55,6 +59,9 @@ def parse_queue(data: Any, source: str = "queue") -> tuple[str | None, list[Task
         count = entry.get("count", 1)
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise QueueFileError(f"{where} ({name}): count must be a positive integer, got {count!r}")
+        if len(tasks) + count > MAX_TASKS:  # checked before the copies are made: count: 1000000 must not run away
+            raise QueueFileError(f"{where} ({name}): the queue would hold {len(tasks) + count} tasks; at most "
+                                 f"{MAX_TASKS:,} are planned at once (split the queue or lower count)")  # fmt: skip
         tasks += [Task(name if count == 1 else f"{name}-{k}", times) for k in range(count)]
     return (str(gpu) if gpu is not None else None), tasks
 

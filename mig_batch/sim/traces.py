@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from mig_batch.errors import MigBatchError
 from mig_batch.mig.models import GpuModel
 from mig_batch.sim.workloads import Arrival
 
@@ -23,7 +24,7 @@ POD_COLUMNS = ("name", "num_gpu", "gpu_milli", "creation_time", "deletion_time")
 NODE_COLUMNS = ("sn", "gpu")
 
 
-class TraceError(ValueError):
+class TraceError(MigBatchError, ValueError):
     """A trace file that is missing, malformed or lacks a column we need."""
 
 

@@ -53,21 +53,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def agent_main(argv: Sequence[str] | None = None) -> int:
     """``mig-batch-agent``: the node agent of a Slurm node (run as root by systemd)."""
+    from mig_batch.cli.guard import run_guarded
+
+    return run_guarded(_agent, argv, "mig-batch-agent")
+
+
+def _agent(argv: list[str]) -> int:
+    from mig_batch.cli.guard import DEBUG_HELP, LOG_LEVELS, log_level
     from mig_batch.node.service import serve
 
     parser = argparse.ArgumentParser(prog="mig-batch-agent", description="mig_batch node agent for a Slurm node")
     parser.add_argument("--config", help="site config (default: MIG_BATCH_CONFIG or /etc/mig-batch/mig-batch.yaml)")
     parser.add_argument("--node", default=socket.gethostname().split(".")[0],
                         help="this node's Slurm NodeName (default: the short host name)")  # fmt: skip
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", type=log_level, default="INFO", help=f"one of {', '.join(LOG_LEVELS)}")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        config = load_config(args.config)
-        agent = make_agent(config, args.node)
-    except Exception as exc:
-        print(f"mig-batch-agent: {exc}", file=sys.stderr)
-        return 2
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = load_config(args.config)
+    agent = make_agent(config, args.node)
     serve(config.agent_socket, agent, config.reconcile_interval_s)
     return 0
 

@@ -8,10 +8,8 @@ from pathlib import Path
 
 from mig_batch.mig.models import GpuModel
 from mig_batch.node import hook_client
+from mig_batch.resources import resource_path
 
-ROOT = Path(__file__).resolve().parents[2]
-LUA_TEMPLATE = ROOT / "plugins" / "slurm" / "job_submit.lua.in"
-WRAPPERS = ROOT / "wrappers"
 SHIMS = ("mig-batch-prolog", "mig-batch-epilog", "mig-batch-taskprolog", "mig-batch-subjob")
 
 
@@ -27,7 +25,8 @@ def profile_table(models: Iterable[GpuModel]) -> str:
 
 
 def job_submit_lua(models: Iterable[GpuModel]) -> str:
-    return LUA_TEMPLATE.read_text().replace("--@PROFILES@", profile_table(models))
+    template = resource_path("plugins", "slurm", "job_submit.lua.in").read_text()
+    return template.replace("--@PROFILES@", profile_table(models))
 
 
 def install(dest: Path, python: str, config: str, job_dir: str, agent_socket: str,
@@ -37,7 +36,7 @@ def install(dest: Path, python: str, config: str, job_dir: str, agent_socket: st
     values = {"@PYTHON@": python, "@CONFIG@": config, "@JOB_DIR@": job_dir, "@SOCKET@": agent_socket,
               "@HOOK_CLIENT@": str(Path(hook_client.__file__).resolve())}  # fmt: skip
     for name in SHIMS:
-        text = (WRAPPERS / f"{name}.in").read_text()
+        text = resource_path("wrappers", f"{name}.in").read_text()
         for key, value in values.items():
             text = text.replace(key, value)
         path = dest / name

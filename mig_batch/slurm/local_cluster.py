@@ -19,8 +19,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mig_batch.errors import MigBatchError
 
-class ClusterError(RuntimeError):
+
+class ClusterError(MigBatchError, RuntimeError):
     pass
 
 

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+from mig_batch.errors import MigBatchError
+
 EXIT_DONE = 0
 EXIT_CONTINUE = 75  # EX_TEMPFAIL: checkpointed, more work left
 EXIT_NOT_PREPARED = 76  # the runner found no instance/deadline: the node's prolog did not run for this start
@@ -40,7 +42,7 @@ KEEP = 2  # checkpoints kept: the newest and the one before it
 _NAME = re.compile(r"^ckpt-(\d+)$")
 
 
-class SubjobError(RuntimeError):
+class SubjobError(MigBatchError, RuntimeError):
     pass
 
 

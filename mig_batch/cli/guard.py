@@ -1,0 +1,85 @@
+"""The one top-level error handler every entry point runs under: a message and exit status 2, never a
+traceback (``--debug`` or ``MIG_BATCH_DEBUG=1`` shows it)."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+
+from mig_batch.errors import MigBatchError
+
+DEBUG_HELP = "on an error, show the Python traceback too (also MIG_BATCH_DEBUG=1)"
+INTERNAL = "internal error"  # the bad-input test looks for this: a user-caused error must never read so
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def log_level(text: str) -> str:
+    """argparse type for ``--log-level``: one of the logging module's level names, any case."""
+    if text.upper() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a log level; accepted: {', '.join(LOG_LEVELS)}")
+    return text.upper()
+
+
+def wants_debug(args: Sequence[str]) -> bool:
+    """``--debug`` among the options (not after ``--``), or MIG_BATCH_DEBUG set."""
+    options = args[: args.index("--")] if "--" in args else args
+    return "--debug" in options or os.environ.get("MIG_BATCH_DEBUG", "") not in ("", "0")
+
+
+def add_debug_option(parser: argparse.ArgumentParser) -> None:
+    """``--debug`` on ``parser`` and on every subcommand under it, so it is accepted in any position."""
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                add_debug_option(sub)
+
+
+def describe(exc: BaseException) -> str:
+    """What went wrong, in a user's words."""
+    if isinstance(exc, MigBatchError):
+        return str(exc)
+    if isinstance(exc, OSError):
+        return describe_os_error(exc)
+    if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str) and " " in exc.args[0]:
+        return exc.args[0]  # a KeyError raised with a sentence (older code), not a bare missing key
+    if isinstance(exc, ValueError) and type(exc) is ValueError:
+        return str(exc)  # commands raise plain ValueError("--x must be ...") for option checks
+    return (f"{INTERNAL}: {type(exc).__name__}: {exc} (a bug in mig_batch; run again with --debug for the "
+            "traceback and report it)")  # fmt: skip
+
+
+def describe_os_error(exc: OSError) -> str:
+    where = exc.filename if exc.filename is not None else ""
+    if exc.errno == errno.ENOTDIR:
+        return f"{where}: a part of this path is a file, not a directory; give a path under a directory"
+    if exc.errno == errno.EACCES or exc.errno == errno.EPERM:
+        return f"{where}: permission denied; give a path you can write to (or run as the user that owns it)"
+    if exc.errno == errno.ENOENT:
+        return f"{where}: no such file or directory"
+    if exc.errno == errno.EROFS:
+        return f"{where}: read-only file system; give a writable path"
+    return f"{where}: {exc.strerror or exc}" if where else str(exc)
+
+
+def run_guarded(body: Callable[[list[str]], int], argv: Sequence[str] | None, prog: str) -> int:
+    """Run an entry point's ``body(args)``; user errors become ``prog: error: ...`` and exit 2."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return int(body(args) or 0)
+    except BrokenPipeError:  # output piped into head & co.: stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if wants_debug(args):
+            traceback.print_exc()
+        print(f"{prog}: error: {describe(exc)}", file=sys.stderr)
+        return 2

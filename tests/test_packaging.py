@@ -1,0 +1,91 @@
+"""The built wheel holds everything mig_batch reads at run time: a regular (not editable) install, run from
+outside the checkout, lists the GPU models and writes the Slurm plugin files."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = ("mig_batch/_etc/gpus/a100-80gb.yaml", "mig_batch/_etc/mig-batch.yaml",
+           "mig_batch/_etc/slurm/gres.conf.snippet",
+           "mig_batch/_etc/systemd/mig-batchd.service", "mig_batch/_etc/systemd/mig-batch-agent.service",
+           "mig_batch/_plugins/slurm/job_submit.lua.in", "mig_batch/_wrappers/mig-batch-prolog.in",
+           "mig_batch/_wrappers/mig-batch-epilog.in", "mig_batch/_wrappers/mig-batch-taskprolog.in",
+           "mig_batch/_wrappers/mig-batch-subjob.in")  # fmt: skip
+
+
+def _run(*command: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:
+    proc = subprocess.run([str(c) for c in command], cwd=cwd, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, f"{command} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("hatchling", reason="building the wheel needs hatchling (pip install '.[test]')")
+    out = tmp_path_factory.mktemp("dist")
+    # no build isolation: the test must not need the network; hatchling comes from the test extras
+    _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", out, REPO, cwd=REPO)
+    (built,) = out.glob("mig_batch-*.whl")
+    return built
+
+
+def test_wheel_holds_the_runtime_files(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    missing = [name for name in SHIPPED if name not in names]
+    assert not missing, f"the wheel lacks {missing}"
+
+
+def test_installed_wheel_works_outside_the_checkout(wheel: Path, tmp_path: Path) -> None:
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    bin_dir = env_dir / "bin"
+    # the dependencies come from this interpreter's site-packages (a plain path entry: its .pth files, the
+    # editable install of mig_batch among them, are not processed), so no network is needed
+    site = Path(sysconfig.get_paths(vars={"base": str(env_dir), "platbase": str(env_dir)})["purelib"])
+    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    _run(sys.executable, "-m", "pip", "--python", bin_dir / "python", "install", "-q", "--no-deps", "--no-index",
+         wheel, cwd=tmp_path)  # fmt: skip
+    away = tmp_path / "elsewhere"
+    away.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MIG_BATCH_GPU_DIRS", "MIG_BATCH_CONFIG")}
+
+    where = _run(bin_dir / "python", "-c", "import mig_batch; print(mig_batch.__file__)", cwd=away, env=env)
+    assert Path(where.strip()).is_relative_to(env_dir), f"mig_batch came from {where}, not the wheel's install"
+
+    assert _run(bin_dir / "mig-batch", "--version", cwd=away, env=env).strip() == "mig-batch 0.1.0"
+    models = json.loads(_run(bin_dir / "mig-batch", "gpus", "--json", cwd=away, env=env))
+    assert {"A100-80GB", "H100-80GB", "A30-24GB"} <= {m["model"] for m in models}
+    assert all(Path(m["file"]).is_relative_to(env_dir) for m in models)
+
+    lua = _run(bin_dir / "mig-batch", "slurm", "gen-lua", "--all-models", cwd=away, env=env)
+    assert '["A100-80GB"]' in lua and "function slurm_job_submit" in lua
+
+    config = away / "mig-batch.yaml"
+    config.write_text((REPO / "etc" / "mig-batch.yaml").read_text())
+    _run(bin_dir / "mig-batch", "slurm", "install", away / "slurm", "--config", config, cwd=away, env=env)
+    written = sorted(p.name for p in (away / "slurm").iterdir())
+    assert written == ["job_submit.lua", "mig-batch-epilog", "mig-batch-prolog", "mig-batch-subjob",
+                       "mig-batch-taskprolog"]  # fmt: skip
+    prolog = (away / "slurm" / "mig-batch-prolog").read_text()
+    assert not re.search(r"@[A-Z_]+@", prolog), "a placeholder was left unfilled"
+    assert str(env_dir) in prolog, "the Prolog shim should run the installed hook client"
+
+
+@pytest.mark.skipif(not os.environ.get("MIG_BATCH_EXPECT_INSTALLED"), reason="set by CI's run against the wheel")
+def test_the_suite_runs_against_the_installed_wheel() -> None:
+    """In CI's wheel run, the tests must exercise the installed package, not the checkout next to them."""
+    import mig_batch
+
+    assert not Path(mig_batch.__file__).resolve().is_relative_to(REPO), f"mig_batch came from {mig_batch.__file__}"
+    assert (Path(mig_batch.__file__).parent / "_plugins" / "slurm" / "job_submit.lua.in").is_file()

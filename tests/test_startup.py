@@ -1,0 +1,50 @@
+"""Light commands start without the heavy libraries: OR-Tools, matplotlib (and numpy/pandas behind them)
+load only in the commands that use them. Timing lives in `mig-batch bench startup`, not in a test."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mig_batch.cli.main import COMMANDS, build_parser
+
+HEAVY = ("matplotlib", "ortools", "numpy", "pandas")
+PROBE = """
+import contextlib, io, json, sys
+from mig_batch.cli.main import main
+with contextlib.redirect_stdout(io.StringIO()):
+    try:
+        main(sys.argv[1:])
+    except SystemExit:
+        pass
+print(json.dumps(sorted(m for m in {heavy} if m in sys.modules)))
+"""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["gpus", "--json"], ["translate", "--mem", "18G", "--json"], ["profiles", "A30-24GB", "--json"],
+     ["status", "--help"], ["slurm", "gen-lua", "--all-models"], ["plan", "--help"], ["bench", "planner", "--help"]],
+    ids=" ".join,
+)  # fmt: skip
+def test_light_commands_do_not_import_heavy_libraries(argv):
+    out = subprocess.run([sys.executable, "-c", PROBE.format(heavy=HEAVY), *argv], capture_output=True, text=True,
+                         timeout=60, check=True).stdout  # fmt: skip
+    assert json.loads(out.splitlines()[-1]) == [], f"mig-batch {' '.join(argv)} imported {out}"
+
+
+def test_the_probe_does_see_heavy_imports():
+    """The probe itself can fail: plotting a plan must load matplotlib."""
+    code = PROBE.format(heavy=HEAVY).replace("main(sys.argv[1:])", "import mig_batch.planner.gantt")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "matplotlib" in json.loads(out.splitlines()[-1])
+
+
+def test_the_command_table_matches_what_the_modules_register():
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    registered = {choice.dest: choice.help for choice in sub._choices_actions}
+    assert registered == {name: help_text for name, (_, help_text) in COMMANDS.items()}
