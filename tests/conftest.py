@@ -45,7 +45,8 @@ def nvml_emu_node(nvml_emu_library, tmp_path, monkeypatch):
 
     def make(models, mig_enabled=True, node="n1"):
         directory = tmp_path / f"nvml-{node}"
-        gpus = [nvml_emu.EmulatedGpu(all_models()[m] if isinstance(m, str) else m, mig_enabled) for m in models]
+        gpus = [m if isinstance(m, nvml_emu.EmulatedGpu) else nvml_emu.EmulatedGpu(all_models()[m], mig_enabled)
+                for m in models]  # fmt: skip
         nvml_emu.make_node(directory, node, gpus)
         monkeypatch.setenv(nvml_emu.NODE_ENV, str(directory))
         backend = NvmlNode()

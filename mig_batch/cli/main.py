@@ -7,13 +7,13 @@ import os
 import sys
 from collections.abc import Sequence
 
-from mig_batch.cli import bench_commands, cluster_commands, mig_commands, plan_commands, sim_commands
+from mig_batch.cli import bench_commands, cluster_commands, mig_commands, node_commands, plan_commands, sim_commands
 from mig_batch.cli.output import fail
 from mig_batch.mig.geometry import PlacementError
 from mig_batch.mig.models import ModelError, UnknownModelError
 from mig_batch.request import RequestError
 
-COMMAND_MODULES = (mig_commands, sim_commands, plan_commands, bench_commands, cluster_commands)
+COMMAND_MODULES = (mig_commands, sim_commands, plan_commands, bench_commands, cluster_commands, node_commands)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -26,7 +26,8 @@ from mig_batch.gpu.base import (
     NotFound,
     NotSupported,
 )
-from mig_batch.mig.models import GpuModel, UnknownModelError, get_model
+from mig_batch.mig.models import NVML_PROFILE_ENUMS, GpuModel, UnknownModelError, get_model
+from mig_batch.mig.probe import DriverGpu, DriverProfile
 
 
 def _nvml():
@@ -134,15 +135,9 @@ class NvmlNode(GpuBackend):
 
     def possible_starts(self, gpu: int, profile_id: int) -> list[tuple[int, int]]:
         """(start, size) of every placement the driver allows for a GPU instance profile id."""
-        nv = _nvml()
         handle = self._handle(gpu)
         with _errors():
-            # The driver writes every placement whatever count says, so ask for the count first.
-            count = ctypes.c_uint(0)
-            nv.nvmlDeviceGetGpuInstancePossiblePlacements(handle, profile_id, None, ctypes.byref(count))
-            array = (nv.c_nvmlGpuInstancePlacement_t * max(count.value, 1))()
-            nv.nvmlDeviceGetGpuInstancePossiblePlacements(handle, profile_id, array, ctypes.byref(count))
-            return [(array[k].start, array[k].size) for k in range(count.value)]
+            return list(_placements(handle, profile_id))
 
     def _mig_device(self, handle, gi_id: int):
         """The MIG device handle of a GPU instance (None without a compute instance)."""
@@ -230,3 +225,58 @@ class NvmlNode(GpuBackend):
 
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def read_driver_gpus() -> list[DriverGpu]:
+    """Every local GPU's MIG profiles as the driver states them (works with MIG mode off)."""
+    nv = _nvml()
+    with _errors():
+        nv.nvmlInit()
+    try:
+        out = []
+        with _errors():
+            for index in range(nv.nvmlDeviceGetCount()):
+                handle = nv.nvmlDeviceGetHandleByIndex(index)
+                try:
+                    current, _pending = nv.nvmlDeviceGetMigMode(handle)
+                except nv.NVMLError_NotSupported:
+                    current = nv.NVML_DEVICE_MIG_DISABLE  # a GPU without MIG
+                profiles = tuple(p for enum in NVML_PROFILE_ENUMS if (p := _driver_profile(handle, enum)) is not None)
+                name = _text(nv.nvmlDeviceGetName(handle))
+                out.append(DriverGpu(index, name, current == nv.NVML_DEVICE_MIG_ENABLE, profiles))
+        return out
+    finally:
+        nv.nvmlShutdown()
+
+
+def _driver_profile(handle, enum_name: str) -> DriverProfile | None:
+    nv = _nvml()
+    enum = getattr(nv, f"NVML_GPU_INSTANCE_PROFILE_{enum_name}", None)
+    if enum is None:
+        return None  # this nvidia-ml-py predates the enum
+    try:
+        with _errors():
+            info = nv.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum)
+    except NotSupported:
+        return None
+    return DriverProfile(
+        nvml_profile=enum_name,
+        profile_id=info.id,
+        name=_text(info.name).removeprefix("MIG "),
+        compute_slices=info.sliceCount,
+        instance_count=info.instanceCount,
+        memory_mib=int(info.memorySizeMB),
+        sms=info.multiprocessorCount,
+        placements=_placements(handle, info.id),
+    )
+
+
+def _placements(handle, profile_id: int) -> tuple[tuple[int, int], ...]:
+    """(start, size) of every placement the driver allows for a profile id."""
+    nv = _nvml()
+    # The driver writes every placement whatever count says (a short array overflows), so ask for the count first.
+    count = ctypes.c_uint(0)
+    nv.nvmlDeviceGetGpuInstancePossiblePlacements(handle, profile_id, None, ctypes.byref(count))
+    array = (nv.c_nvmlGpuInstancePlacement_t * max(count.value, 1))()
+    nv.nvmlDeviceGetGpuInstancePossiblePlacements(handle, profile_id, array, ctypes.byref(count))
+    return tuple((array[k].start, array[k].size) for k in range(count.value))
