@@ -12,3 +12,47 @@ MODEL_NAMES = sorted(all_models())
 @pytest.fixture(params=MODEL_NAMES)
 def model(request):
     return all_models()[request.param]
+
+
+@pytest.fixture(scope="session")
+def nvml_emu_library():
+    """The emulated libnvidia-ml.so.1, loaded so that pynvml's own ``CDLL("libnvidia-ml.so.1")`` finds it.
+
+    Found by name when its directory was on LD_LIBRARY_PATH at process start (the subprocess runs of
+    test_nvml_versions); otherwise preloaded by absolute path. Skips where this process already holds
+    a real driver's library (a GPU machine): a process keeps the first libnvidia-ml it loaded.
+    """
+    import os
+
+    from mig_batch.gpu import nvml_emu
+
+    library = nvml_emu.build_library()
+    if str(library.parent) not in os.environ.get("LD_LIBRARY_PATH", "").split(":"):
+        try:
+            nvml_emu.preload(library)
+        except RuntimeError as exc:
+            pytest.skip(str(exc))
+    return library
+
+
+@pytest.fixture
+def nvml_emu_node(nvml_emu_library, tmp_path, monkeypatch):
+    """make(models, mig_enabled=True) -> (NvmlNode over a fresh emulated node, its directory)."""
+    from mig_batch.gpu import nvml_emu
+    from mig_batch.gpu.nvml import NvmlNode
+
+    opened = []
+
+    def make(models, mig_enabled=True, node="n1"):
+        directory = tmp_path / f"nvml-{node}"
+        gpus = [m if isinstance(m, nvml_emu.EmulatedGpu) else nvml_emu.EmulatedGpu(all_models()[m], mig_enabled)
+                for m in models]  # fmt: skip
+        nvml_emu.make_node(directory, node, gpus)
+        monkeypatch.setenv(nvml_emu.NODE_ENV, str(directory))
+        backend = NvmlNode()
+        opened.append(backend)
+        return backend, directory
+
+    yield make
+    for backend in opened:
+        backend.close()

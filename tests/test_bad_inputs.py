@@ -37,6 +37,9 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("mig-batch", ["frag", "A100-80GB", "--state", "111111111111"], "out of range"),
     ("mig-batch", ["frag", "V100", "--state", "0"], "unknown GPU model"),
     # translate
+    ("mig-batch", ["node"], "required"),
+    ("mig-batch", ["node", "probe", "--write-model", "{t}/afile"], "not a writable directory"),
+    ("mig-batch", ["node", "probe", "--write-model", "{t}/none"], "not a writable directory"),
     ("mig-batch", ["translate"], "say what the job needs"),
     ("mig-batch", ["translate", "--mem", "lots"], "lots"),
     ("mig-batch", ["translate", "--mem=-5G"], "-5G"),

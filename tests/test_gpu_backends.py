@@ -1,4 +1,6 @@
-"""One behavioural suite for every available GPU backend (NVML only where a MIG GPU is present)."""
+"""One behavioural suite for every GPU backend: the emulated one, NvmlNode over the emulated
+libnvidia-ml (pynvml and its ctypes calls for real, every time), and NvmlNode on a real MIG GPU
+where one is free."""
 
 import multiprocessing
 import os
@@ -26,6 +28,8 @@ def _nvml_mig_gpu():
 
 def _backends():
     yield pytest.param("emulated", id="emulated")
+    yield pytest.param("nvml-emu:A100-40GB", id="nvml-emu-a100")
+    yield pytest.param("nvml-emu:H200-141GB", id="nvml-emu-h200")  # the model a real driver's answers checked
     yield pytest.param(
         "nvml", id="nvml", marks=pytest.mark.skipif(_nvml_mig_gpu() is None, reason="no free MIG-enabled GPU here")
     )
@@ -35,6 +39,13 @@ def _backends():
 def node(request, tmp_path):
     if request.param == "emulated":
         yield EmulatedNode(tmp_path, "n1", ["A100-40GB"]), 0
+        return
+    if request.param.startswith("nvml-emu:"):
+        if os.geteuid() != 0:
+            pytest.skip("NVML creates MIG instances for root only, the emulated library too")
+        make = request.getfixturevalue("nvml_emu_node")
+        backend, _directory = make([request.param.removeprefix("nvml-emu:")])
+        yield backend, 0
         return
     backend, gpu = _nvml_mig_gpu()
     yield backend, gpu

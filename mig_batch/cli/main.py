@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("bench_commands", "benchmarks that print numbers"),
     "slurm": ("cluster_commands", "Slurm integration: generate job_submit.lua, install the hook shims"),
     "status": ("cluster_commands", "every GPU's MIG slices and the jobs on them"),
+    "node": ("node_commands", "this node's GPUs as the driver sees them"),
     "offers": ("cluster_commands", "subjob chains (SJA): recent gap offers, every chain's reply, the grants"),
 }
 

@@ -135,7 +135,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         console.print(placement_chart(model), highlight=False)
         if not model.placements_verified:
             console.print("[yellow]placements inferred, not yet confirmed on a real GPU[/]")
-        if model.memory_source != "nvidia-smi":
+        if model.memory_source not in ("nvidia-smi", "nvml"):  # measured on a real GPU either way
             console.print("[yellow]memory sizes estimated; the NVML backend reads the real ones[/]")
 
     emit(data, args.json, render)

@@ -2,9 +2,11 @@
 
 Profile ids differ per GPU model and driver, so they are read from NVML by the profile's enum
 (NVML_GPU_INSTANCE_PROFILE_<n>_SLICE[_REV1|_GFX|...], from etc/gpus), never hard-coded. A GPU
-instance is created at an explicit placement (passed by reference: the C call takes a pointer), then
-one compute instance spanning it; the MIG UUID is read from the MIG device handle whose GI/CI ids
-match. NVML errors become the backend's errors (see ``base``).
+instance is created at an explicit placement, checked first against the driver's possible
+placements and passed by reference (the C call takes a pointer), then one compute instance spanning
+it; the MIG UUID is read from the MIG device handle whose GPU instance id matches. NVML errors become
+the backend's errors (see ``base``). Only calls that nvidia-ml-py 12.535 and 13.x both have are used.
+Tested against the emulated libnvidia-ml in ``mig_batch.gpu.nvml_emu``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from mig_batch.gpu.base import (
     GpuBackend,
@@ -23,7 +26,8 @@ from mig_batch.gpu.base import (
     NotFound,
     NotSupported,
 )
-from mig_batch.mig.models import GpuModel, UnknownModelError, get_model
+from mig_batch.mig.models import NVML_PROFILE_ENUMS, GpuModel, UnknownModelError, get_model
+from mig_batch.mig.probe import DriverGpu, DriverProfile
 
 
 def _nvml():
@@ -39,14 +43,19 @@ def _errors() -> Iterator[None]:
         yield
     except nv.NVMLError as exc:
         code = getattr(exc, "value", None)
-        kind = {
+        kind = {  # INVALID_ARGUMENT is not here: it means this code called NVML wrongly, never a full GPU
             nv.NVML_ERROR_INSUFFICIENT_RESOURCES: InsufficientResources,
             nv.NVML_ERROR_IN_USE: InUse,
             nv.NVML_ERROR_NOT_SUPPORTED: NotSupported,
             nv.NVML_ERROR_NOT_FOUND: NotFound,
-            nv.NVML_ERROR_INVALID_ARGUMENT: InsufficientResources,  # placement not allowed for the profile
         }.get(code, GpuBackendError)
         raise kind(f"NVML: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class GpuInstanceProfile:
+    id: int  # NVML's profile id on this GPU and driver
+    instance_count: int
 
 
 class NvmlNode(GpuBackend):
@@ -72,8 +81,8 @@ class NvmlNode(GpuBackend):
         except UnknownModelError:
             raise NotSupported(f"GPU {gpu} is a {name}, which no etc/gpus model lists as an alias") from None
 
-    def _profile_ids(self, gpu: int) -> dict[int, str]:
-        """NVML profile id -> profile name, for the profiles this GPU supports."""
+    def _profiles(self, gpu: int) -> dict[str, GpuInstanceProfile]:
+        """Profile name -> what the driver says of it, for the model's profiles this GPU offers."""
         nv = _nvml()
         handle, model = self._handle(gpu), self._model(gpu)
         out = {}
@@ -82,9 +91,11 @@ class NvmlNode(GpuBackend):
             if enum is None:
                 continue
             try:
-                out[nv.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum).id] = profile.name
-            except nv.NVMLError:
-                continue  # not supported by this GPU / driver
+                with _errors():
+                    info = nv.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum)  # v2 struct, in every nvidia-ml-py
+            except NotSupported:
+                continue  # not offered by this GPU / driver; any other error is a fault, and raised
+            out[profile.name] = GpuInstanceProfile(info.id, info.instanceCount)
         return out
 
     def gpus(self) -> list[GpuInfo]:
@@ -110,16 +121,23 @@ class NvmlNode(GpuBackend):
         handle = self._handle(gpu)
         out = []
         with _errors():
-            for profile_id, name in self._profile_ids(gpu).items():
-                capacity = nv.nvmlDeviceGetGpuInstanceProfileInfoById(handle, profile_id).instanceCount
-                array = (nv.c_nvmlGpuInstance_t * max(capacity, 1))()
+            for name, profile in self._profiles(gpu).items():
+                array = (nv.c_nvmlGpuInstance_t * max(profile.instance_count, 1))()
                 count = ctypes.c_uint(0)
-                nv.nvmlDeviceGetGpuInstances(handle, profile_id, array, ctypes.byref(count))
+                nv.nvmlDeviceGetGpuInstances(handle, profile.id, array, ctypes.byref(count))
                 for k in range(count.value):
                     info = nv.nvmlGpuInstanceGetInfo(array[k])
-                    out.append(MigInstance(gpu, info.id, 0, name, info.placement.start, info.placement.size,
-                                           self._uuid(handle, info.id)))  # fmt: skip
+                    mig = self._mig_device(handle, info.id)
+                    ci_id = nv.nvmlDeviceGetComputeInstanceId(mig) if mig is not None else 0
+                    uuid = _text(nv.nvmlDeviceGetUUID(mig)) if mig is not None else ""
+                    out.append(MigInstance(gpu, info.id, ci_id, name, info.placement.start, info.placement.size, uuid))
         return sorted(out, key=lambda i: i.start)
+
+    def possible_starts(self, gpu: int, profile_id: int) -> list[tuple[int, int]]:
+        """(start, size) of every placement the driver allows for a GPU instance profile id."""
+        handle = self._handle(gpu)
+        with _errors():
+            return list(_placements(handle, profile_id))
 
     def _mig_device(self, handle, gi_id: int):
         """The MIG device handle of a GPU instance (None without a compute instance)."""
@@ -133,23 +151,30 @@ class NvmlNode(GpuBackend):
                 return mig
         return None
 
-    def _uuid(self, handle, gi_id: int) -> str:
-        mig = self._mig_device(handle, gi_id)
-        return _text(_nvml().nvmlDeviceGetUUID(mig)) if mig is not None else ""
-
     def create(self, gpu: int, profile: str, start: int) -> MigInstance:
         nv = _nvml()
         handle, model = self._handle(gpu), self._model(gpu)
         if not model.has_profile(profile):
             raise NotSupported(f"{model.name} has no MIG profile {profile}")
         p = model.profile(profile)
-        ids = {name: pid for pid, name in self._profile_ids(gpu).items()}
-        if profile not in ids:
+        offered = self._profiles(gpu)
+        if profile not in offered:
             raise NotSupported(f"this GPU or driver does not offer {profile}")
+        with _errors():
+            current, _pending = nv.nvmlDeviceGetMigMode(handle)
+        if current != nv.NVML_DEVICE_MIG_ENABLE:
+            raise NotSupported(f"MIG mode is off on GPU {gpu}; an administrator enables it with "
+                               f"'nvidia-smi -i {gpu} -mig 1' (then a GPU reset)")  # fmt: skip
+        profile_id = offered[profile].id
+        allowed = self.possible_starts(gpu, profile_id)
+        if (start, p.memory_slices) not in allowed:
+            raise InsufficientResources(
+                f"{profile} cannot start at {start} on GPU {gpu}; the driver allows starts {[s for s, _ in allowed]}"
+            )
         with _errors():
             placement = nv.c_nvmlGpuInstancePlacement_t()
             placement.start, placement.size = start, p.memory_slices
-            gi = nv.nvmlDeviceCreateGpuInstanceWithPlacement(handle, ids[profile], ctypes.byref(placement))
+            gi = nv.nvmlDeviceCreateGpuInstanceWithPlacement(handle, profile_id, ctypes.byref(placement))
             try:
                 ci_enum = getattr(nv, f"NVML_COMPUTE_INSTANCE_PROFILE_{p.compute_slices}_SLICE")
                 ci_profile = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(
@@ -161,8 +186,10 @@ class NvmlNode(GpuBackend):
                 raise
             gi_info = nv.nvmlGpuInstanceGetInfo(gi)
             ci_info = nv.nvmlComputeInstanceGetInfo(ci)
+            mig = self._mig_device(handle, gi_info.id)
+            uuid = _text(nv.nvmlDeviceGetUUID(mig)) if mig is not None else ""
             return MigInstance(gpu, gi_info.id, ci_info.id, profile, gi_info.placement.start,
-                               gi_info.placement.size, self._uuid(handle, gi_info.id))  # fmt: skip
+                               gi_info.placement.size, uuid)  # fmt: skip
 
     def destroy(self, gpu: int, gi_id: int) -> None:
         nv = _nvml()
@@ -198,3 +225,58 @@ class NvmlNode(GpuBackend):
 
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def read_driver_gpus() -> list[DriverGpu]:
+    """Every local GPU's MIG profiles as the driver states them (works with MIG mode off)."""
+    nv = _nvml()
+    with _errors():
+        nv.nvmlInit()
+    try:
+        out = []
+        with _errors():
+            for index in range(nv.nvmlDeviceGetCount()):
+                handle = nv.nvmlDeviceGetHandleByIndex(index)
+                try:
+                    current, _pending = nv.nvmlDeviceGetMigMode(handle)
+                except nv.NVMLError_NotSupported:
+                    current = nv.NVML_DEVICE_MIG_DISABLE  # a GPU without MIG
+                profiles = tuple(p for enum in NVML_PROFILE_ENUMS if (p := _driver_profile(handle, enum)) is not None)
+                name = _text(nv.nvmlDeviceGetName(handle))
+                out.append(DriverGpu(index, name, current == nv.NVML_DEVICE_MIG_ENABLE, profiles))
+        return out
+    finally:
+        nv.nvmlShutdown()
+
+
+def _driver_profile(handle, enum_name: str) -> DriverProfile | None:
+    nv = _nvml()
+    enum = getattr(nv, f"NVML_GPU_INSTANCE_PROFILE_{enum_name}", None)
+    if enum is None:
+        return None  # this nvidia-ml-py predates the enum
+    try:
+        with _errors():
+            info = nv.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum)
+    except NotSupported:
+        return None
+    return DriverProfile(
+        nvml_profile=enum_name,
+        profile_id=info.id,
+        name=_text(info.name).removeprefix("MIG "),
+        compute_slices=info.sliceCount,
+        instance_count=info.instanceCount,
+        memory_mib=int(info.memorySizeMB),
+        sms=info.multiprocessorCount,
+        placements=_placements(handle, info.id),
+    )
+
+
+def _placements(handle, profile_id: int) -> tuple[tuple[int, int], ...]:
+    """(start, size) of every placement the driver allows for a profile id."""
+    nv = _nvml()
+    # The driver writes every placement whatever count says (a short array overflows), so ask for the count first.
+    count = ctypes.c_uint(0)
+    nv.nvmlDeviceGetGpuInstancePossiblePlacements(handle, profile_id, None, ctypes.byref(count))
+    array = (nv.c_nvmlGpuInstancePlacement_t * max(count.value, 1))()
+    nv.nvmlDeviceGetGpuInstancePossiblePlacements(handle, profile_id, array, ctypes.byref(count))
+    return tuple((array[k].start, array[k].size) for k in range(count.value))

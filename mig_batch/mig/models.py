@@ -61,6 +61,7 @@ class Profile:
     starts: tuple[int, ...]
     max_instances: int
     media_extension_of: str | None = None
+    sms: int | None = None  # streaming multiprocessors, as NVML reports them; optional (not all models state it)
 
     @property
     def is_media_extension(self) -> bool:
@@ -179,6 +180,9 @@ def _parse_profile(raw: Any, model_where: str, slices: tuple[int, int]) -> Profi
     media_of = raw.get("media_extension_of")
     if media_of is not None and not isinstance(media_of, str):
         raise ModelError(f"{where}: field 'media_extension_of' must be a profile name, got {media_of!r}")
+    sms = raw.get("sms")
+    if sms is not None and (not isinstance(sms, int) or isinstance(sms, bool) or sms <= 0):
+        raise ModelError(f"{where}: field 'sms' must be a positive integer, got {sms!r}")
     return Profile(
         name=name,
         nvml_profile=enum,
@@ -189,6 +193,7 @@ def _parse_profile(raw: Any, model_where: str, slices: tuple[int, int]) -> Profi
         starts=tuple(sorted(starts)),
         max_instances=max_instances,
         media_extension_of=media_of,
+        sms=sms,
     )
 
 

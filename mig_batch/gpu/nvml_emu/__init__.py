@@ -1,0 +1,215 @@
+"""An emulated libnvidia-ml.so.1 (C, ``nvml_emu.c``) and the files one emulated node is made of.
+
+The library is built with the system C compiler into a cache directory keyed by the source's hash
+(:func:`build_library`). A node is a directory (:func:`make_node`): ``gpus``, the GPUs and their MIG
+profile tables generated from etc/gpus models; ``state``, the instances now; ``history``, one JSON
+line per create/destroy. The library serves the node named by ``$MIG_BATCH_NVML_EMU_DIR``, read at
+``nvmlInit``.
+
+pynvml opens the library as ``CDLL("libnvidia-ml.so.1")``, i.e. by name through the dynamic loader,
+so a process finds the emulated library the way it finds the driver's: the directory holding it on
+``LD_LIBRARY_PATH`` when the process starts (:func:`library_env`). A running process (a test) can
+instead load it by absolute path first (:func:`preload`): the loader then answers pynvml's
+``dlopen("libnvidia-ml.so.1")`` with the already loaded object of that soname, and pynvml itself
+runs unchanged.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import subprocess
+import tempfile
+import uuid as uuidlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from mig_batch.mig.models import GpuModel, get_model
+
+SOURCE = Path(__file__).with_name("nvml_emu.c")
+LIBRARY_NAME = "libnvidia-ml.so.1"
+NODE_ENV = "MIG_BATCH_NVML_EMU_DIR"
+
+# NVML_GPU_INSTANCE_PROFILE_* values from nvml.h (part of NVML's ABI; pynvml repeats them)
+PROFILE_ENUM_VALUES = {
+    "1_SLICE": 0,
+    "2_SLICE": 1,
+    "3_SLICE": 2,
+    "4_SLICE": 3,
+    "7_SLICE": 4,
+    "8_SLICE": 5,
+    "6_SLICE": 6,
+    "1_SLICE_REV1": 7,
+    "2_SLICE_REV1": 8,
+    "1_SLICE_REV2": 9,
+}
+SMS_PER_COMPUTE_SLICE = 16  # only for models that do not state their SMs (Hopper's figure)
+
+
+class BuildError(RuntimeError):
+    """The emulated library could not be compiled; the message carries the compiler's output."""
+
+
+def _cache_root() -> Path:
+    explicit = os.environ.get("MIG_BATCH_NVML_EMU_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "mig-batch" / "nvml-emu"
+
+
+def build_library(cache: Path | None = None, compiler: str = "cc") -> Path:
+    """The emulated ``libnvidia-ml.so.1``, compiled once per source version; returns its path."""
+    source = SOURCE.read_bytes()
+    directory = (cache or _cache_root()) / hashlib.sha256(source).hexdigest()[:16]
+    library = directory / LIBRARY_NAME
+    if library.exists():
+        return library
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(dir=directory, suffix=".so")
+    os.close(fd)
+    command = [compiler, "-shared", "-fPIC", "-O2", "-std=c11", "-Wall", "-Wextra",
+               f"-Wl,-soname,{LIBRARY_NAME}", "-o", partial, str(SOURCE)]  # fmt: skip
+    try:
+        done = subprocess.run(command, capture_output=True, text=True)
+    except FileNotFoundError:
+        os.unlink(partial)
+        raise BuildError(f"no C compiler {compiler!r} to build the emulated NVML library") from None
+    if done.returncode != 0:
+        os.unlink(partial)
+        raise BuildError(f"{' '.join(command)} failed:\n{done.stderr}")
+    os.chmod(partial, 0o755)
+    os.replace(partial, library)  # atomic: concurrent builders all end with one whole library
+    return library
+
+
+def library_env(library: Path, node_dir: Path) -> dict[str, str]:
+    """Environment entries for a new process that should load ``library`` and serve ``node_dir``."""
+    search = [str(library.parent), *filter(None, os.environ.get("LD_LIBRARY_PATH", "").split(":"))]
+    return {"LD_LIBRARY_PATH": ":".join(search), NODE_ENV: str(node_dir)}
+
+
+def preload(library: Path) -> None:
+    """Load ``library`` into this process so that pynvml's ``CDLL("libnvidia-ml.so.1")`` gets it.
+
+    Refuses when pynvml already holds another library: a process keeps the first one it loaded.
+    """
+    import pynvml
+
+    loaded = ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+    held = pynvml.nvmlLib
+    if held is not None and held._handle != loaded._handle:
+        raise RuntimeError(f"pynvml already loaded {held._name}, not the emulated {library}")
+
+
+# ---------------------------------------------------------------------------------------------
+# the node's files
+
+
+@dataclass(frozen=True)
+class EmulatedGpu:
+    model: GpuModel
+    mig_enabled: bool = True
+    device_name: str = ""  # what nvmlDeviceGetName answers; default: the model's "NVIDIA ..." alias
+
+
+def device_name(model: GpuModel) -> str:
+    """The name a driver reports for ``model``: its first ``NVIDIA ...`` alias."""
+    return next((a for a in model.aliases if a.startswith("NVIDIA ")), f"NVIDIA {model.name}")
+
+
+def profile_rows(model: GpuModel) -> list[str]:
+    """The ``profile`` lines of one GPU: NVML's view of each MIG profile of the model."""
+    rows = []
+    for p in model.profiles:
+        sms = p.sms if p.sms is not None else p.compute_slices * SMS_PER_COMPUTE_SLICE
+        media = 1 if p.is_media_extension or p.memory_slices == model.memory_slices else 0
+        fields = [PROFILE_ENUM_VALUES[p.nvml_profile], p.profile_id, p.compute_slices, p.max_instances,
+                  p.memory_mib, sms, p.compute_slices, p.compute_slices, 0, p.compute_slices, media,
+                  p.memory_slices, ",".join(map(str, p.starts)), f"MIG {p.name}"]  # fmt: skip
+        rows.append("\t".join(["profile", *map(str, fields)]))
+    return rows
+
+
+def node_table(node: str, gpus: Sequence[EmulatedGpu]) -> str:
+    """The text of a node's ``gpus`` file (tab-separated; read by nvml_emu.c's ``load_table``)."""
+    lines = ["# emulated NVML node: written by mig_batch.gpu.nvml_emu.make_node", f"node\t{node}"]
+    for index, gpu in enumerate(gpus):
+        model = gpu.model
+        total = max(p.memory_mib for p in model.profiles)
+        name = gpu.device_name or device_name(model)
+        uuid = f"GPU-{uuidlib.uuid5(uuidlib.NAMESPACE_URL, f'mig-batch/{node}/{index}/{model.name}')}"
+        lines.append("\t".join(["gpu", str(index), name, uuid, str(total), str(int(gpu.mig_enabled)),
+                                str(model.memory_slices), str(model.compute_slices)]))  # fmt: skip
+        lines += profile_rows(model)
+    return "\n".join(lines) + "\n"
+
+
+def make_node(directory: Path, node: str, gpus: Sequence[str | GpuModel | EmulatedGpu]) -> Path:
+    """Create (or re-create, keeping instances) the emulated node in ``directory``; returns it."""
+    resolved = [g if isinstance(g, EmulatedGpu) else EmulatedGpu(g if isinstance(g, GpuModel) else get_model(g))
+                for g in gpus]  # fmt: skip
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    partial = directory / "gpus.tmp"
+    partial.write_text(node_table(node, resolved))
+    os.replace(partial, directory / "gpus")
+    return directory
+
+
+# ---------------------------------------------------------------------------------------------
+# reading what happened (the tests' audit)
+
+
+@dataclass(frozen=True)
+class Lifetime:
+    """One GPU instance from creation to destruction (``destroyed`` None while it lives)."""
+
+    node: str
+    gpu: int
+    gi_id: int
+    profile: str
+    start: int
+    size: int
+    key: str
+    created: float
+    destroyed: float | None
+
+
+def read_history(directory: Path) -> list[dict]:
+    path = Path(directory) / "history"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def lifetimes(directory: Path) -> list[Lifetime]:
+    """Every GPU instance the node ever had, from its history file."""
+    open_: dict[str, dict] = {}
+    done = []
+    for event in read_history(directory):
+        if event["op"] == "create":
+            open_[event["uuid"]] = event
+        elif event["op"] == "destroy":
+            made = open_.pop(event["uuid"])
+            done.append(_lifetime(made, event["time"]))
+    return done + [_lifetime(made, None) for made in open_.values()]
+
+
+def _lifetime(made: dict, destroyed: float | None) -> Lifetime:
+    return Lifetime(made["node"], made["gpu"], made["gi_id"], made["profile"], made["start"], made["size"],
+                    made["uuid"], made["time"], destroyed)  # fmt: skip
+
+
+def live_instances(directory: Path) -> list[tuple[int, int]]:
+    """(GPU, GPU instance id) of every instance in the node's state file now."""
+    path = Path(directory) / "state"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        fields = line.split()
+        if fields[0] == "gi":
+            out.append((int(fields[1]), int(fields[2])))
+    return out

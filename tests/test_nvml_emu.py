@@ -1,0 +1,204 @@
+"""The emulated libnvidia-ml through the real pynvml: what a real H200 driver answered (docs/real-gpu),
+NVML's return codes, one node shared by processes, and the history the audit reads."""
+
+import ctypes
+import json
+import multiprocessing
+import os
+from pathlib import Path
+
+import pynvml as nv
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mig_batch.gpu import nvml_emu
+from mig_batch.gpu.base import InsufficientResources, NotSupported
+from mig_batch.gpu.nvml import NvmlNode
+from mig_batch.mig.models import get_model
+
+REAL_H200 = Path(__file__).resolve().parents[1] / "docs" / "real-gpu" / "nvml-13.615.71.json"
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="NVML creates MIG instances for root only")
+
+
+def _code(call, *args) -> int:
+    try:
+        call(*args)
+    except nv.NVMLError as exc:
+        return exc.value
+    return nv.NVML_SUCCESS
+
+
+def test_h200_answers_what_the_real_driver_answered(nvml_emu_node):
+    nvml_emu_node(["H200-141GB"], mig_enabled=False)
+    real = json.loads(REAL_H200.read_text())["gpus"][0]
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    assert nv.nvmlDeviceGetName(h) == real["name"]["result"]
+    assert nv.nvmlDeviceGetMigMode(h) == real["mig_mode"]["result"] == [0, 0]
+    assert nv.nvmlDeviceGetMaxMigDeviceCount(h) == real["max_mig_device_count"]["result"] == 0
+    compared = 0
+    for enum_name, answers in real["gpu_instance_profiles"].items():
+        enum, want = answers["enum"], answers["default_call"]
+        if not want["ok"]:  # unsupported enums: the same error (NOT_SUPPORTED, or INVALID_ARGUMENT past the known)
+            assert _code(nv.nvmlDeviceGetGpuInstanceProfileInfo, h, enum) == want["value"], enum_name
+            continue
+        got = nv.nvmlDeviceGetGpuInstanceProfileInfo(h, enum)
+        # the fields a model holds (engine counts other than OFA/encoders are derived, not modelled)
+        for field in ("version", "id", "sliceCount", "instanceCount", "multiprocessorCount", "memorySizeMB",
+                      "encoderCount", "ofaCount", "name"):  # fmt: skip
+            value = getattr(got, field)
+            assert (value.decode() if isinstance(value, bytes) else value) == want["result"][field], (enum_name, field)
+        v1 = nv.nvmlDeviceGetGpuInstanceProfileInfo(h, enum, version=1)
+        assert (v1.id, v1.memorySizeMB) == (want["result"]["id"], want["result"]["memorySizeMB"])
+        compared += 1
+    assert compared == 7
+    for profile_id, answers in real["per_profile_id"].items():
+        placements = answers["possible_placements"]
+        count = ctypes.c_uint(0)
+        nv.nvmlDeviceGetGpuInstancePossiblePlacements(h, int(profile_id), None, ctypes.byref(count))
+        assert count.value == placements["C_four_args_None_count0"]["count_out"]
+        array = (nv.c_nvmlGpuInstancePlacement_t * 32)()
+        count = ctypes.c_uint(1)  # the driver ignores the count passed in and writes all placements
+        nv.nvmlDeviceGetGpuInstancePossiblePlacements(h, int(profile_id), array, ctypes.byref(count))
+        written = [{"start": array[k].start, "size": array[k].size} for k in range(count.value)]
+        assert written == placements["D_four_args_count32"]["placements"], profile_id
+        legacy = nv._nvmlGetFunctionPointer("nvmlDeviceGetGpuInstancePossiblePlacements")
+        assert legacy(h, int(profile_id), array, ctypes.byref(count)) == placements["G_raw_symbol_v1"].get(
+            "nvml_return", 0
+        ), profile_id
+        assert (
+            nv.nvmlDeviceGetGpuInstanceRemainingCapacity(h, int(profile_id)) == answers["remaining_capacity"]["result"]
+        )
+        instances = (nv.c_nvmlGpuInstance_t * 8)()
+        nv.nvmlDeviceGetGpuInstances(h, int(profile_id), instances, ctypes.byref(count))
+        assert count.value == answers["get_gpu_instances"]["count_out"] == 0
+
+
+def test_versioned_structs_are_checked(nvml_emu_node):
+    nvml_emu_node(["A100-40GB"])
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    info_v = nv._nvmlGetFunctionPointer("nvmlDeviceGetGpuInstanceProfileInfoV")
+    v1 = nv.c_nvmlGpuInstanceProfileInfo_t()  # a v1 struct where the V call wants a versioned one
+    assert info_v(h, nv.NVML_GPU_INSTANCE_PROFILE_1_SLICE, ctypes.byref(v1)) == nv.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    v3 = (ctypes.c_uint * 38)(0x03000098)  # the v3 layout, 152 bytes, as hand-built on the real H200
+    assert info_v(h, nv.NVML_GPU_INSTANCE_PROFILE_1_SLICE, ctypes.byref(v3)) == nv.NVML_SUCCESS
+    assert (v3[0], v3[1], v3[10]) == (0, 19, 4864)  # version overwritten with 0, id, memorySizeMB
+
+
+@root_only
+def test_return_codes_of_create_and_destroy(nvml_emu_node):
+    nvml_emu_node(["A100-40GB", "A100-40GB"])
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    one = nv.nvmlDeviceGetGpuInstanceProfileInfo(h, nv.NVML_GPU_INSTANCE_PROFILE_1_SLICE).id
+    two = nv.nvmlDeviceGetGpuInstanceProfileInfo(h, nv.NVML_GPU_INSTANCE_PROFILE_2_SLICE).id
+
+    def at(start, size):
+        placement = nv.c_nvmlGpuInstancePlacement_t()
+        placement.start, placement.size = start, size
+        return ctypes.byref(placement)
+
+    create = nv.nvmlDeviceCreateGpuInstanceWithPlacement
+    assert _code(create, h, two, at(1, 2)) == nv.NVML_ERROR_INVALID_ARGUMENT  # 2g starts at even slices
+    assert _code(create, h, one, at(0, 2)) == nv.NVML_ERROR_INVALID_ARGUMENT  # size is not the profile's
+    gi = create(h, two, at(2, 2))
+    assert _code(create, h, one, at(3, 1)) == nv.NVML_ERROR_INSUFFICIENT_RESOURCES  # overlaps the 2g
+    ci = nv.nvmlGpuInstanceCreateComputeInstance(gi, nv.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE)
+    assert _code(nv.nvmlGpuInstanceCreateComputeInstance, gi, 0) == nv.NVML_ERROR_INSUFFICIENT_RESOURCES  # full
+    assert _code(nv.nvmlGpuInstanceDestroy, gi) == nv.NVML_ERROR_IN_USE  # a compute instance is on it
+    mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)
+    assert nv.nvmlDeviceGetGpuInstanceId(mig) == nv.nvmlGpuInstanceGetInfo(gi).id
+    assert nv.nvmlDeviceGetMemoryInfo(mig).total == 9856 * 2**20  # 2g.10gb's memory
+    assert nv.nvmlDeviceGetHandleByUUID(nv.nvmlDeviceGetUUID(mig).encode()) is not None
+    gi_id = nv.nvmlGpuInstanceGetInfo(gi).id
+    nv.nvmlComputeInstanceDestroy(ci)
+    nv.nvmlGpuInstanceDestroy(gi)
+    assert _code(nv.nvmlDeviceGetGpuInstanceById, h, gi_id) == nv.NVML_ERROR_NOT_FOUND
+    second = nv.nvmlDeviceCreateGpuInstance(nv.nvmlDeviceGetHandleByIndex(1), one)  # without a placement
+    assert nv.nvmlGpuInstanceGetInfo(second).placement.start == 0
+    nv.nvmlGpuInstanceDestroy(second)
+
+
+@root_only
+def test_mig_off_refuses_to_create(nvml_emu_node):
+    backend, _ = nvml_emu_node(["A100-40GB"], mig_enabled=False)
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    one = nv.nvmlDeviceGetGpuInstanceProfileInfo(h, nv.NVML_GPU_INSTANCE_PROFILE_1_SLICE).id
+    assert _code(nv.nvmlDeviceCreateGpuInstance, h, one) == nv.NVML_ERROR_NOT_SUPPORTED
+    assert backend.gpus()[0].mig_enabled is False
+    with pytest.raises(NotSupported, match="MIG mode is off on GPU 0"):
+        backend.create(0, "1g.5gb", 0)
+
+
+def test_a_non_root_create_gets_no_permission(nvml_emu_node):
+    nvml_emu_node(["A100-40GB"])
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    one = nv.nvmlDeviceGetGpuInstanceProfileInfo(h, nv.NVML_GPU_INSTANCE_PROFILE_1_SLICE).id
+    if os.geteuid() != 0:
+        assert _code(nv.nvmlDeviceCreateGpuInstance, h, one) == nv.NVML_ERROR_NO_PERMISSION
+        return
+    child = os.fork()
+    if child == 0:  # the library is initialised already; only the caller's identity changes
+        os.setuid(65534)
+        os._exit(_code(nv.nvmlDeviceCreateGpuInstance, h, one))
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == nv.NVML_ERROR_NO_PERMISSION
+
+
+def _grab(args):
+    directory, start = args
+    os.environ[nvml_emu.NODE_ENV] = str(directory)
+    try:
+        NvmlNode().create(0, "1g.5gb", start)
+        return True
+    except InsufficientResources:
+        return False
+
+
+@root_only
+def test_processes_share_one_node(nvml_emu_node):
+    backend, directory = nvml_emu_node(["A100-40GB"])
+    with multiprocessing.get_context("fork").Pool(4) as pool:
+        results = pool.map(_grab, [(directory, s) for s in range(7) for _ in range(3)])
+    assert sum(results) == 7  # each 1g start taken exactly once, across processes
+    assert sorted(i.start for i in backend.instances(0)) == list(range(7))
+    assert len({i.uuid for i in backend.instances(0)}) == 7
+    for inst in backend.instances(0):
+        backend.destroy(0, inst.gi_id)
+    lives = nvml_emu.lifetimes(directory)
+    assert len(lives) == 7 and all(life.destroyed is not None for life in lives)
+    assert nvml_emu.live_instances(directory) == []
+
+
+@root_only
+@settings(max_examples=25)
+@given(st.lists(st.tuples(st.sampled_from(["1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"]),
+                          st.integers(0, 7), st.booleans()), max_size=12))  # fmt: skip
+def test_the_library_agrees_with_the_model_on_every_create(nvml_emu_library, tmp_path_factory, ops):
+    """Any sequence of creates and destroys: NVML accepts exactly what the model's geometry allows."""
+    model = get_model("A100-40GB")
+    directory = nvml_emu.make_node(tmp_path_factory.mktemp("node"), "n1", ["A100-40GB"])
+    os.environ[nvml_emu.NODE_ENV] = str(directory)
+    try:
+        backend = NvmlNode()
+        held: dict[int, tuple[str, int]] = {}  # gi id -> (profile, start)
+        for profile, start, destroy_first in ops:
+            if destroy_first and held:
+                gi_id = min(held)
+                backend.destroy(0, gi_id)
+                del held[gi_id]
+            p = model.profile(profile)
+            used = 0
+            for name, s in held.values():
+                used |= model.profile(name).window(s)
+            fits = start in p.starts and not used & p.window(start)
+            fits = fits and sum(name == profile for name, _ in held.values()) < p.max_instances
+            try:
+                inst = backend.create(0, profile, start)
+                held[inst.gi_id] = (profile, start)
+                assert fits, f"NVML made {profile}@{start} over {held}"
+            except InsufficientResources:
+                assert not fits, f"NVML refused {profile}@{start} with {held}"
+        assert {(i.profile, i.start) for i in backend.instances(0)} == set(held.values())
+        backend.close()
+    finally:
+        del os.environ[nvml_emu.NODE_ENV]
