@@ -7,7 +7,6 @@ from mig_batch.batch.fake import FakeBatch
 from mig_batch.batch.system import JobState
 from mig_batch.batch.tags import AgentTag, NodeReport, parse_place
 from mig_batch.config import SiteConfig
-from mig_batch.controller import daemon
 from mig_batch.controller.daemon import Controller
 from mig_batch.state import Store
 
@@ -16,8 +15,7 @@ BIG = "mig-batch:v1;req=7g.80gb"
 
 
 @pytest.fixture
-def site(tmp_path, monkeypatch):
-    monkeypatch.setattr(daemon, "NODE_POLL_S", 0.0)  # read the nodes every pass
+def site(tmp_path):
     return SiteConfig(state=tmp_path / "state.db", nodes={"n1": ("A100-80GB",), "n2": ("A100-80GB",)})
 
 
@@ -179,3 +177,34 @@ def test_a_job_released_to_a_node_that_then_goes_down_is_decided_again_elsewhere
     assert store.decision(job).state == "requeued" and batch.job(job).held
     c.step()
     assert parse_place(batch.job(job).admin_tag).node != node and store.count_decisions(job) == 2
+
+
+def nodes_of(store, jobs):
+    return [store.decision(j).node for j in jobs]
+
+
+def test_a_node_without_idle_cpus_takes_no_placement_while_another_has_them(site):
+    batch = FakeBatch(["n1", "n2"], cpus_per_node=2)
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    first = [batch.add(RIGID) for _ in range(4)]
+    c.step()
+    assert sorted(nodes_of(store, first)) == ["n1", "n1", "n2", "n2"]  # MFI alone puts three on n1 (below)
+    for job in first[:2]:
+        made(batch, job)
+    later = batch.add(RIGID)  # n1: 0 idle (2 running); n2: 2 idle, both promised to released jobs
+    c.step()
+    assert store.decision(later).node in ("n1", "n2")  # every node full: placed as before, it waits for CPUs
+    batch.finish(first[0])
+    batch.finish(first[1])
+    last = batch.add(RIGID, cpus=2)
+    c.step()
+    assert store.decision(last).node == "n1"  # n1 has its two CPUs back; n2's are promised
+
+
+def test_without_cpu_figures_placement_is_mfi_alone(site, batch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    jobs = [batch.add(RIGID) for _ in range(4)]
+    c.step()
+    assert nodes_of(store, jobs) == ["n1", "n1", "n1", "n2"]

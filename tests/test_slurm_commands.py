@@ -7,12 +7,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mig_batch.batch.system import JobState
-from mig_batch.slurm.commands import FIELDS, SlurmError, _limit_s, parse_job_line
+from mig_batch.slurm.commands import FIELDS, SlurmError, _limit_s, parse_job_line, parse_node_line
 
-FAILED = "2|FAILED|4294901758|0|n1|1795407940|1795407942|1795407942|UNLIMITED|768|NonZeroExitCode|(null)|"
-KILLED = "3|FAILED|4294901757|0|n1|1795407940|1795407942|1795407942|UNLIMITED|9|JobLaunchFailure|(null)|"
-HELD = "4|PENDING|0|0||1795407940|N/A|N/A|1-02:03:00|0|JobHeldUser|mig-batch:v1;gres=mig:1g.10gb|"
-RUNNING = "1|RUNNING|4294901759|1000|n1|1795407940|1795407942|NONE|30:00|0|None|x|"
+FAILED = "2|FAILED|4294901758|0|n1|1795407940|1795407942|1795407942|UNLIMITED|768|NonZeroExitCode|1|(null)|"
+KILLED = "3|FAILED|4294901757|0|n1|1795407940|1795407942|1795407942|UNLIMITED|9|JobLaunchFailure|1|(null)|"
+HELD = "4|PENDING|0|0||1795407940|N/A|N/A|1-02:03:00|0|JobHeldUser|4|mig-batch:v1;gres=mig:1g.10gb|"
+RUNNING = "1|RUNNING|4294901759|1000|n1|1795407940|1795407942|NONE|30:00|0|None|1|x|"
 
 
 def test_a_finished_job_has_its_exit_status_and_times():
@@ -29,6 +29,7 @@ def test_a_held_job_has_no_forecast_start_and_its_tag():
     job = parse_job_line(HELD)
     assert job.state == JobState.HELD and job.start_time == 0.0 and job.node == ""
     assert job.admin_tag == "mig-batch:v1;gres=mig:1g.10gb" and job.time_limit_s == 26 * 3600 + 3 * 60
+    assert job.cpus == 4
 
 
 def test_a_running_job():
@@ -51,3 +52,12 @@ def test_a_short_line_is_an_error_naming_it():
                                                ("UNLIMITED", math.inf), ("INVALID", math.inf)])  # fmt: skip
 def test_time_limits(text, seconds):
     assert _limit_s(text) == seconds
+
+
+def test_node_lines_as_sinfo_prints_them():
+    up = parse_node_line("n1|mixed|3/13/0/16|(null)|")
+    assert (up.node, up.up, up.cpus_idle, up.agent_tag) == ("n1", True, 13, "")
+    assert not parse_node_line("n2|idle+drain|0/0/16/16|(null)|").up
+    down = parse_node_line("n3|down|0/0/16/16|mig-batch:agent;started=1;reconciled=2;strays=0|")
+    assert not down.up and down.agent_tag == "mig-batch:agent;started=1;reconciled=2;strays=0"
+    assert not parse_node_line("n4|idle+not_responding|0/16/0/16|(null)|").up

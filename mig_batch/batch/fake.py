@@ -16,9 +16,10 @@ from mig_batch.batch.tags import NodeReport, parse_place, with_report
 
 
 class FakeBatch:
-    def __init__(self, nodes: Sequence[str]):
+    def __init__(self, nodes: Sequence[str], cpus_per_node: int | None = None):
         self._jobs: dict[str, BatchJob] = {}
         self._nodes = {n: NodeStatus(n, True) for n in nodes}
+        self.cpus_per_node = cpus_per_node  # None: CPUs unknown, as a batch system that does not say
         self.refuse: set[str] = set()
         self.calls: list[tuple[str, ...]] = []
         self.clock = 1_000.0
@@ -29,7 +30,15 @@ class FakeBatch:
         return list(self._jobs.values())
 
     def nodes(self) -> list[NodeStatus]:
-        return list(self._nodes.values())
+        if self.cpus_per_node is None:
+            return list(self._nodes.values())
+        held: dict[str, int] = {}
+        for j in self._jobs.values():
+            if j.running:
+                held[j.node] = held.get(j.node, 0) + j.cpus
+        return [
+            dataclasses.replace(n, cpus_idle=self.cpus_per_node - held.get(n.node, 0)) for n in self._nodes.values()
+        ]
 
     def pin_and_release(self, pins: Sequence[Pin]) -> dict[str, str]:
         failed = {}
@@ -72,11 +81,12 @@ class FakeBatch:
         return self.add(" ".join(argv))
 
     # the scheduler's side, for tests
-    def add(self, tag: str, user_id: int = 1000, time_limit_s: float = 3600.0) -> str:
+    def add(self, tag: str, user_id: int = 1000, time_limit_s: float = 3600.0, cpus: int = 1) -> str:
         job = str(self._next)
         self._next += 1
         self.clock += 1
-        self._jobs[job] = BatchJob(job, JobState.HELD, tag, user_id, submit_time=self.clock, time_limit_s=time_limit_s)
+        self._jobs[job] = BatchJob(job, JobState.HELD, tag, user_id, submit_time=self.clock, time_limit_s=time_limit_s,
+                                   cpus=cpus)  # fmt: skip
         return job
 
     def job(self, job: str) -> BatchJob | None:

@@ -45,6 +45,7 @@ class BatchJob:
     exit_status: int = 0  # the script's exit status, 128 + N when signal N ended it
     outcome: str = ""  # how it finished, in the batch system's words (COMPLETED, CANCELLED, ...)
     reason: str = ""  # why it waits, in the batch system's words
+    cpus: int = 1  # CPUs it asked for: a node without them idle cannot start it
 
     @property
     def managed(self) -> bool:
@@ -77,6 +78,7 @@ class NodeStatus:
     node: str
     up: bool  # the batch system can run jobs there (not down, not failing)
     agent_tag: str = ""  # what the node's agent published (see tags.NodeAgentTag)
+    cpus_idle: int | None = None  # CPUs no job holds now; None: the batch system does not say
 
 
 @dataclass(frozen=True)

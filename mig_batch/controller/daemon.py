@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from mig_batch.atomize.gaps import GpuTimeline, Hold, cluster_timelines, reservation, with_hold
 from mig_batch.batch.states import CHAIN_OVER, DECIDABLE, DecisionState
-from mig_batch.batch.system import BatchError, BatchJob, BatchSystem, JobState, Pin
+from mig_batch.batch.system import BatchError, BatchJob, BatchSystem, JobState, NodeStatus, Pin
 from mig_batch.batch.tags import (
     JobTag,
     NodeReport,
@@ -46,7 +46,6 @@ from mig_batch.placement.policies import make_policy
 from mig_batch.state import ChainRecord, Decision, InstanceRecord, Store
 
 log = logging.getLogger("mig-batchd")
-NODE_POLL_S = 2.0  # how often the nodes' states are read (one batch-system call)
 
 
 @dataclass
@@ -80,7 +79,8 @@ class Controller:
         self._predicted: dict[str, float | None] = {}  # job -> predicted seconds of its moldable instance
         self.chains = ChainDriver(config, store, self.view)
         self._down_since: dict[str, float] = {}  # fenced nodes: when the batch system reported them down
-        self._nodes_read = -math.inf
+        self._room: dict[str, int] = {}  # node -> CPUs idle and not promised to a released job (when known)
+        self._fenced_nodes: set[str] = set()  # nodes whose GPUs the view hides now: down, or no CPU idle
         self._reported: set[str] = {r.job for r in store.instances()}  # jobs whose node report is recorded
         for d in store.decisions():
             self._occupy(d)
@@ -112,8 +112,10 @@ class Controller:
         t0 = time.perf_counter()
         stats = PassStats()
         jobs = {j.job_id: j for j in self.batch.jobs()}
-        self._watch_nodes()
+        nodes = self.batch.nodes()
+        self._watch_nodes(nodes)
         pins = self._follow(jobs, stats)
+        self._measure_room(nodes, jobs)
         waiting = sorted((j for j in jobs.values() if j.managed and j.held and self._needs_decision(j.job_id)),
                          key=lambda j: j.order)  # fmt: skip
         decided: list[Decision] = []
@@ -173,32 +175,51 @@ class Controller:
         self.store.set_states(released, DecisionState.RELEASED)
         stats.placed += len(released)
 
-    def _watch_nodes(self) -> None:
+    def _watch_nodes(self, nodes: list[NodeStatus]) -> None:
         """Fence the GPUs of nodes the batch system reports down; lift the fence once the node's agent
         has reconciled since (its stray instances are gone, its slices known again)."""
         now = time.time()
-        if now - self._nodes_read < NODE_POLL_S:
-            return
-        self._nodes_read = now
-        for node in self.batch.nodes():
+        for node in nodes:
             if node.node not in self.config.nodes:
                 continue
             agent = parse_agent_tag(node.agent_tag)
             if not node.up:
                 if node.node not in self._down_since:
                     self._down_since[node.node] = now
-                    self._fence(node.node, True)
                     self.store.event(None, "node-down", node=node.node)
             elif node.node in self._down_since and agent is not None \
                     and agent.reconciled >= self._down_since[node.node]:  # fmt: skip
                 del self._down_since[node.node]
-                self._fence(node.node, False)
                 self.store.event(None, "node-back", node=node.node, strays=agent.strays)
+        self._apply_fences()
 
-    def _fence(self, node: str, fenced: bool) -> None:
+    def _measure_room(self, nodes: list[NodeStatus], jobs: dict[str, BatchJob]) -> None:
+        """CPUs each node can still give a job now: idle, less those of jobs released to it and not yet
+        started. A job pinned to a node without them waits there while another node idles, so such
+        nodes take no placement this pass (unless every node is full: see ``_place``)."""
+        self._room = {n.node: n.cpus_idle for n in nodes if n.cpus_idle is not None and n.node in self.config.nodes}
+        for job in jobs.values():
+            if job.state is JobState.PENDING and job.managed and job.job_id in self.view.job_gpu:
+                node = self.view.gpus[self.view.job_gpu[job.job_id]].host
+                if node in self._room:
+                    self._room[node] -= job.cpus
+        self._apply_fences()
+
+    def _use_room(self, node: str, cpus: int) -> None:
+        if node in self._room:
+            self._room[node] -= cpus
+            if self._room[node] <= 0:
+                self._apply_fences()
+
+    def _apply_fences(self) -> None:
+        full = {n for n, cpus in self._room.items() if cpus <= 0}
+        if full and full >= set(self._room) - set(self._down_since):
+            full = set()  # every node is full: place as before, the jobs wait for CPUs where MIG fits best
+        wanted = set(self._down_since) | full
         for gpu in self.view.gpus:
-            if gpu.host == node:
-                (self.view.fence if fenced else self.view.unfence)(gpu.gid)
+            if (gpu.host in wanted) != (gpu.host in self._fenced_nodes):
+                (self.view.fence if gpu.host in wanted else self.view.unfence)(gpu.gid)
+        self._fenced_nodes = wanted
 
     def _unlinked(self, job: BatchJob, tag: JobTag) -> bool:
         """A job naming a known chain it is not (yet) linked to. One naming an unknown chain (a lost
@@ -429,7 +450,10 @@ class Controller:
             self.store.event(job.job_id, "unplaceable", error=profiles)
             return None
         decision = self.policy.decide(self.view, PlacementRequest(job.job_id, profiles))
-        return self._decide(job, tag, decision, self.config.policy) if isinstance(decision, Placement) else None
+        if not isinstance(decision, Placement):
+            return None
+        self._use_room(decision.host, job.cpus)
+        return self._decide(job, tag, decision, self.config.policy)
 
     def _decide(self, job: BatchJob, tag: JobTag, p: Placement, policy: str) -> Decision:
         """Take the placement in the view and record it, before Slurm hears of it."""

@@ -1,4 +1,4 @@
-"""The Slurm side of the batch-system seam, over Slurm's commands (squeue/sinfo --json, scontrol,
+"""The Slurm side of the batch-system seam, over Slurm's commands (squeue/sinfo one line per record, scontrol,
 sbatch, scancel): thin, no decisions.
 
 pyslurm has no release for Slurm 22.05, so the CLI is the adapter. Every call has a timeout and
@@ -8,7 +8,6 @@ raises :class:`SlurmError` (a ``BatchError``) with the command and Slurm's messa
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -45,7 +44,7 @@ def _exit_status(wait_status: int) -> int:
 # One line per job, admin_comment last so that it may hold any character; epoch times through
 # SLURM_TIME_FORMAT. squeue --json is ~4 KB a job and ignores --jobs in 22.05: too slow to poll.
 FIELDS = ("JobID", "State", "PriorityLong", "UserID", "NodeList", "SubmitTime", "StartTime", "EndTime",
-          "TimeLimit", "exit_code", "Reason", "admin_comment")  # fmt: skip
+          "TimeLimit", "exit_code", "Reason", "NumCPUs", "admin_comment")  # fmt: skip
 FORMAT = ",".join(f"{f}:|" for f in FIELDS)
 
 
@@ -54,7 +53,7 @@ def parse_job_line(line: str) -> BatchJob:
     f = line.split("|", len(FIELDS) - 1)
     if len(f) != len(FIELDS):
         raise SlurmError(f"squeue printed an unexpected line: {line!r}")
-    job_id, state, priority, uid, nodes, submit, start, end, limit, exit_code, reason, comment = f
+    job_id, state, priority, uid, nodes, submit, start, end, limit, exit_code, reason, cpus, comment = f
     comment = comment[:-1] if comment.endswith("|") else comment
     pending = state == "PENDING"  # its start time is a forecast
     return BatchJob(
@@ -70,7 +69,25 @@ def parse_job_line(line: str) -> BatchJob:
         exit_status=_exit_status(_int(exit_code)),
         outcome=state,
         reason=reason,
+        cpus=max(1, _int(cpus, 1)),
     )
+
+
+NODE_FIELDS = ("NodeList", "StateComplete", "CPUsState", "Comment")  # the comment last: any character
+NODE_FORMAT = ",".join(f"{f}:|" for f in NODE_FIELDS)
+
+
+def parse_node_line(line: str) -> NodeStatus:
+    """One line of ``sinfo -h -N -O NODE_FORMAT``: ``n1|idle+drain|0/0/16/16|<comment>|``."""
+    f = line.split("|", len(NODE_FIELDS) - 1)
+    if len(f) != len(NODE_FIELDS):
+        raise SlurmError(f"sinfo printed an unexpected line: {line!r}")
+    name, state, cpus, comment = f
+    comment = comment[:-1] if comment.endswith("|") else comment
+    base, *flags = state.upper().rstrip("*~#!%$@^-").split("+")
+    counts = cpus.split("/")  # allocated/idle/other/total
+    return NodeStatus(name, base in NODE_UP and not set(flags) & NODE_TROUBLE, "" if comment == "(null)" else comment,
+                      _int(counts[1], 0) if len(counts) == 4 else None)  # fmt: skip
 
 
 def _int(text: str, default: int = 0) -> int:
@@ -120,14 +137,9 @@ class SlurmCli:
         return self._squeue()
 
     def nodes(self) -> list[NodeStatus]:
-        data = _json(self._run("sinfo", "--json"), "sinfo --json")
-        out = []
-        for n in data.get("nodes", []):
-            state = str(n.get("state", "")).upper()
-            flags = {str(f).upper() for f in n.get("state_flags") or ()}
-            out.append(NodeStatus(str(n.get("name", "")), state in NODE_UP and not flags & NODE_TROUBLE,
-                                  str(n.get("comment") or "")))  # fmt: skip
-        return out
+        """Every node once (sinfo -N lists a node once per partition)."""
+        out = self._run("sinfo", "-h", "-N", "-O", NODE_FORMAT)
+        return list({n.node: n for n in map(parse_node_line, filter(str.strip, out.splitlines()))}.values())
 
     def pin_and_release(self, pins: Sequence[Pin]) -> dict[str, str]:
         """All pins through one scontrol process (commands on stdin), then one release of the pinned."""
@@ -191,10 +203,3 @@ class SlurmCli:
 
 def _quote(value: str) -> str:
     return f'"{value}"' if any(c.isspace() for c in value) else value
-
-
-def _json(text: str, what: str) -> dict:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SlurmError(f"{what} printed no JSON ({exc})") from None
