@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "slurm": ("cluster_commands", "Slurm integration: generate job_submit.lua, install the hook shims"),
     "status": ("cluster_commands", "every GPU's MIG slices and the jobs on them"),
     "offers": ("cluster_commands", "subjob chains (SJA): recent gap offers, every chain's reply, the grants"),
+    "events": ("ops_commands", "the controller's event log: placements, requeues, node problems..."),
+    "doctor": ("ops_commands", "check a controller or node set-up and say what to fix"),
 }
 
 
