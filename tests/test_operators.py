@@ -77,7 +77,6 @@ def run_cli(capsys, argv: list[str]) -> tuple[int, str]:
 
 def events(config: SiteConfig, capsys, *options: str) -> tuple[int, str]:
     return run_cli(capsys, ["events", "--config", config.path, *options])
-    return code, captured.out + captured.err
 
 
 def test_an_unwritable_journal_reaches_the_events_of_the_job_with_the_reason(site, batch, capsys):
