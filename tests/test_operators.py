@@ -23,6 +23,7 @@ from mig_batch.controller.daemon import Controller
 from mig_batch.gpu.base import GpuBackendError
 from mig_batch.gpu.emulated import EmulatedNode
 from mig_batch.mig.models import get_model
+from mig_batch.node import hook_client
 from mig_batch.node.agent import NodeAgent
 from mig_batch.node.journal import Journal
 from mig_batch.node.service import AgentServer
@@ -97,6 +98,24 @@ def test_an_unwritable_journal_reaches_the_events_of_the_job_with_the_reason(sit
     assert "journal" in problem["reason"]
     requeued = Store(site.state).events(job=job, kind="requeued")
     assert requeued and requeued[-1]["node"] == "n1" and "NotADirectoryError" in requeued[-1]["reason"]
+
+
+def test_a_failed_prolog_is_a_warning_in_the_nodes_syslog_with_the_job_id(site, batch, monkeypatch):
+    controller = Controller(site, Store(site.state), batch)
+    job = released(controller, batch)
+    server = AgentServer(site.agent_socket, node_agent(site, batch, FailingGpu(site.emulated_dir, "n1")))
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    logged: list[tuple[int, str]] = []
+    monkeypatch.setattr(hook_client.syslog, "openlog", lambda *args: None)
+    monkeypatch.setattr(hook_client.syslog, "syslog", lambda level, text: logged.append((level, text)))
+    try:
+        assert hook_client.main(["hook_client.py", "prolog", job, str(site.agent_socket)]) == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+    [(level, text)] = logged
+    assert level == hook_client.syslog.LOG_WARNING
+    assert text.startswith(f"job {job}: ") and "NVML: Unknown Error" in text
 
 
 class FailingGpu(EmulatedNode):
