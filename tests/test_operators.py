@@ -88,6 +88,7 @@ def test_an_unwritable_journal_reaches_the_events_of_the_job_with_the_reason(sit
     shutil.rmtree(journal)
     journal.write_text("a file where the journal directory should be\n")  # root can write anywhere else
     assert a.prolog(job).report.kind == "requeue"
+    assert all(EmulatedNode(site.emulated_dir, "n1").instances(g) == [] for g in (0, 1))  # not left as a stray
     controller.step()
     code, out = events(site, capsys, "--job", job)
     assert code == 0

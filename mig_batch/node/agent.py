@@ -143,7 +143,12 @@ class NodeAgent:
             inst = self.backend.create(local.gpu_index, local.profile, local.start)
             kind = "replaced"
         entry = Entry(job_id, inst.gpu, inst.gi_id, inst.profile, inst.start, inst.uuid, self.clock())
-        self.journal.add(entry)  # before the job can use it: a restart knows what it owns
+        try:
+            self.journal.add(entry)  # before the job can use it: a restart knows what it owns
+        except Exception:
+            with contextlib.suppress(GpuBackendError):  # unjournaled, it would be a stray until a reconcile
+                self.backend.destroy(inst.gpu, inst.gi_id)
+            raise
         report = NodeReport(kind, inst.gpu, inst.profile, inst.start, inst.gi_id, inst.uuid)
         return PrologResult(self._exports(entry, place), report)
 
