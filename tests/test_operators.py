@@ -84,21 +84,32 @@ def test_an_unwritable_journal_reaches_the_events_of_the_job_with_the_reason(sit
     controller = Controller(site, Store(site.state), batch)
     job = released(controller, batch)
     a = node_agent(site, batch)
-    journal = site.node_dir / "journal"
-    shutil.rmtree(journal)
-    journal.write_text("a file where the journal directory should be\n")  # root can write anywhere else
+    (site.node_dir / "journal" / f"{job}.tmp").mkdir()  # the entry cannot be written (root ignores modes)
     assert a.prolog(job).report.kind == "requeue"
     assert all(EmulatedNode(site.emulated_dir, "n1").instances(g) == [] for g in (0, 1))  # not left as a stray
     controller.step()
     code, out = events(site, capsys, "--job", job)
     assert code == 0
-    assert "node-problem" in out and "NotADirectoryError" in out and "n1" in out, out
+    assert "node-problem" in out and "IsADirectoryError" in out and "n1" in out, out
     code, out = events(site, capsys, "--job", job, "--kind", "node-problem", "--json")
     [problem] = json.loads(out)
     assert (problem["job"], problem["node"], problem["hook"]) == (job, "n1", "prolog")
     assert "journal" in problem["reason"]
     requeued = Store(site.state).events(job=job, kind="requeued")
-    assert requeued and requeued[-1]["node"] == "n1" and "NotADirectoryError" in requeued[-1]["reason"]
+    assert requeued and requeued[-1]["node"] == "n1" and "IsADirectoryError" in requeued[-1]["reason"]
+
+
+def test_a_journal_folder_that_is_a_file_reaches_the_events_too(site, batch, capsys):
+    controller = Controller(site, Store(site.state), batch)
+    job = released(controller, batch)
+    a = node_agent(site, batch)
+    journal = site.node_dir / "journal"
+    shutil.rmtree(journal)
+    journal.write_text("a file where the journal folder should be\n")
+    a.prolog(job)
+    controller.step()
+    code, out = events(site, capsys, "--job", job, "--kind", "node-problem")
+    assert code == 0 and "NotADirectoryError" in out and "journal" in out, out
 
 
 def test_a_failed_prolog_is_a_warning_in_the_nodes_syslog_with_the_job_id(site, batch, monkeypatch):
