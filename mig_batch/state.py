@@ -441,13 +441,25 @@ class Store:
         with self._tx() as db:
             self._event(db, job, kind, detail)
 
-    def events(self, job: str | None = None, kind: str | None = None) -> list[dict[str, Any]]:
+    def events(self, job: str | None = None, kind: str | None = None, node: str | None = None,
+               since: float | None = None, last: int | None = None) -> list[dict[str, Any]]:  # fmt: skip
+        """Events, oldest first: of ``job``, of ``kind``, about ``node`` (naming it, or of a job decided
+        there), at or after ``since`` (epoch seconds); only the newest ``last`` of them when given."""
         sql, args = "SELECT time, job, kind, detail FROM events WHERE 1=1", []
         if job is not None:
             sql, args = sql + " AND job=?", [*args, job]
         if kind is not None:
             sql, args = sql + " AND kind=?", [*args, kind]
-        rows = self.db.execute(sql + " ORDER BY id", args).fetchall()
+        if node is not None:
+            sql += " AND (json_extract(detail, '$.node')=? OR job IN (SELECT job FROM decisions WHERE node=?))"
+            args = [*args, node, node]
+        if since is not None:
+            sql, args = sql + " AND time>=?", [*args, since]
+        if last is not None:
+            sql, args = f"SELECT * FROM ({sql} ORDER BY id DESC LIMIT ?)", [*args, last]
+            rows = self.db.execute(sql, args).fetchall()[::-1]
+        else:
+            rows = self.db.execute(sql + " ORDER BY id", args).fetchall()
         return [{"time": t, "job": j, "kind": k, **json.loads(d)} for t, j, k, d in rows]
 
     @staticmethod

@@ -94,7 +94,7 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("mig-batch", ["bench", "controller", "--jobs", "0"], "--jobs"),
     ("mig-batch", ["bench", "controller", "--nodes", "100000"], "--nodes"),
     ("mig-batch", ["bench", "startup", "--runs", "0"], "--runs"),
-    # slurm, status, offers
+    # slurm, status, offers, events, doctor
     ("mig-batch", ["slurm", "gen-lua", "--config", "{t}/missing.yaml"], "cannot read"),
     ("mig-batch", ["slurm", "gen-lua", "--config", "{t}/bad.yaml"], "not valid YAML"),
     ("mig-batch", ["slurm", "gen-lua", "--config", "{t}/unknown_setting.yaml"], "unknown setting"),
@@ -113,6 +113,12 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("mig-batch", ["status", "--config", "{t}/bad_nodes.yaml"], "unknown GPU model"),
     ("mig-batch", ["offers", "--config", "{t}/site.yaml", "--last", "0"], "--last"),
     ("mig-batch", ["offers", "--config", "{t}/proc_state.yaml"], "no mig_batch store"),
+    ("mig-batch", ["events", "--config", "{t}/proc_state.yaml"], "no mig_batch store"),
+    ("mig-batch", ["events", "--config", "{t}/missing.yaml"], "cannot read"),
+    ("mig-batch", ["events", "--config", "{t}/site.yaml", "--since", "yesterday"], "accepted: an age"),
+    ("mig-batch", ["events", "--config", "{t}/site.yaml", "--last", "0"], "--last"),
+    ("mig-batch", ["doctor", "--role", "login"], "invalid choice"),
+    ("mig-batch", ["doctor", "--config"], "expected one argument"),
     ("mig-batch", ["nope"], "invalid choice"),
     ("mig-batch", [], "required"),
     # migsub

@@ -28,7 +28,8 @@ print(json.dumps(sorted(m for m in {heavy} if m in sys.modules)))
 @pytest.mark.parametrize(
     "argv",
     [["--help"], ["gpus", "--json"], ["translate", "--mem", "18G", "--json"], ["profiles", "A30-24GB", "--json"],
-     ["status", "--help"], ["slurm", "gen-lua", "--all-models"], ["plan", "--help"], ["bench", "planner", "--help"]],
+     ["status", "--help"], ["slurm", "gen-lua", "--all-models"], ["plan", "--help"], ["bench", "planner", "--help"],
+     ["events", "--help"], ["doctor", "--config", "/nonexistent.yaml"]],
     ids=" ".join,
 )  # fmt: skip
 def test_light_commands_do_not_import_heavy_libraries(argv):

@@ -177,14 +177,40 @@ def parse_report(text: str) -> NodeReport | None:
 @dataclass(frozen=True)
 class AgentTag:
     """What a node's agent publishes in the node's operator-only field: since when it runs and when it
-    last reconciled (no MIG job is placed on a node that has not reconciled since it came back)."""
+    last reconciled (no MIG job is placed on a node that has not reconciled since it came back), and its
+    problems: how many since it started and the last one (``problem``), so that an epilog that could not
+    destroy or a reconcile that found strays reaches the controller's events (a job's own field may be
+    gone or unwritable by then)."""
 
     started: float
     reconciled: float
     strays: int = 0  # instances it found with no live job and destroyed, in its last reconcile
+    problems: int = 0  # problems since it started: the controller records each new count once
+    problem: NodeProblem | None = None  # the last one
 
     def text(self) -> str:
-        return f"{MANAGED_PREFIX}agent;started={self.started:.3f};reconciled={self.reconciled:.3f};strays={self.strays}"
+        text = f"{MANAGED_PREFIX}agent;started={self.started:.3f};reconciled={self.reconciled:.3f};strays={self.strays}"
+        if self.problem is not None:
+            text += f";problems={self.problems};problem={self.problem.text()}"
+        return text
+
+
+@dataclass(frozen=True)
+class NodeProblem:
+    """A problem of a node's hook or reconcile worth an operator's attention."""
+
+    hook: str  # epilog | reconcile | prolog
+    job: str  # "" when no job is concerned (a reconcile)
+    reason: str
+
+    def text(self) -> str:
+        return f"{self.hook}:{self.job}:{_clean(self.reason)}"
+
+
+def parse_problem(text: str) -> NodeProblem | None:
+    hook, _, rest = text.partition(":")
+    job, sep, reason = rest.partition(":")
+    return NodeProblem(hook, job, reason) if hook and sep else None
 
 
 def parse_agent_tag(text: str) -> AgentTag | None:
@@ -192,7 +218,9 @@ def parse_agent_tag(text: str) -> AgentTag | None:
         return None
     fields = _fields(text)
     try:
-        return AgentTag(float(fields["started"]), float(fields["reconciled"]), int(fields.get("strays", 0)))
+        problem = parse_problem(fields["problem"]) if "problem" in fields else None
+        return AgentTag(float(fields["started"]), float(fields["reconciled"]), int(fields.get("strays", 0)),
+                        int(fields.get("problems", 0)), problem)  # fmt: skip
     except (KeyError, ValueError):
         return None
 

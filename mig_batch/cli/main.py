@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("cluster_commands", "every GPU's MIG slices and the jobs on them"),
     "node": ("node_commands", "this node's GPUs as the driver sees them"),
     "offers": ("cluster_commands", "subjob chains (SJA): recent gap offers, every chain's reply, the grants"),
+    "events": ("ops_commands", "the controller's event log: placements, requeues, node problems..."),
+    "doctor": ("ops_commands", "check a controller or node set-up and say what to fix"),
 }
 
 

@@ -26,6 +26,7 @@ from mig_batch.atomize.gaps import GpuTimeline, Hold, cluster_timelines, reserva
 from mig_batch.batch.states import CHAIN_OVER, DECIDABLE, DecisionState
 from mig_batch.batch.system import BatchError, BatchJob, BatchSystem, JobState, NodeStatus, Pin
 from mig_batch.batch.tags import (
+    AgentTag,
     JobTag,
     NodeReport,
     Placed,
@@ -46,6 +47,7 @@ from mig_batch.placement.policies import make_policy
 from mig_batch.state import ChainRecord, Decision, InstanceRecord, Store
 
 log = logging.getLogger("mig-batchd")
+NODE_PROBLEM = "node-problem"  # the event kind of a node's hook or reconcile problem
 
 
 @dataclass
@@ -82,6 +84,7 @@ class Controller:
         self._room: dict[str, int] = {}  # node -> CPUs idle and not promised to a released job (when known)
         self._fenced_nodes: set[str] = set()  # nodes whose GPUs the view hides now: down, or no CPU idle
         self._reported: set[str] = {r.job for r in store.instances()}  # jobs whose node report is recorded
+        self._problems_seen: dict[str, str] = {}  # node -> the key of its agent's last problem recorded
         for d in store.decisions():
             self._occupy(d)
 
@@ -183,6 +186,8 @@ class Controller:
             if node.node not in self.config.nodes:
                 continue
             agent = parse_agent_tag(node.agent_tag)
+            if agent is not None and agent.problem is not None:
+                self._record_node_problem(node.node, agent)
             if not node.up:
                 if node.node not in self._down_since:
                     self._down_since[node.node] = now
@@ -192,6 +197,22 @@ class Controller:
                 del self._down_since[node.node]
                 self.store.event(None, "node-back", node=node.node, strays=agent.strays)
         self._apply_fences()
+
+    def _record_node_problem(self, node: str, agent: AgentTag) -> None:
+        """The agent's last problem as a ``node-problem`` event, once: keyed by the agent's start and
+        problem count (a restart of the controller finds the key in the store)."""
+        key = f"{agent.started:.3f}/{agent.problems}"
+        if node not in self._problems_seen:
+            last = self.store.events(kind=NODE_PROBLEM, node=node, last=1)
+            self._problems_seen[node] = last[0].get("key", "") if last else ""
+        if self._problems_seen[node] == key:
+            return
+        self._problems_seen[node] = key
+        problem = agent.problem
+        self.store.event(problem.job or None, NODE_PROBLEM, node=node, hook=problem.hook, reason=problem.reason,
+                         key=key)  # fmt: skip
+        log.warning("node %s %s%s: %s", node, problem.hook, f" job {problem.job}" if problem.job else "",
+                    problem.reason)  # fmt: skip
 
     def _measure_room(self, nodes: list[NodeStatus], jobs: dict[str, BatchJob]) -> None:
         """CPUs each node can still give a job now: idle, less those of jobs released to it and not yet
@@ -277,6 +298,7 @@ class Controller:
             return
         self._reported.add(d.job)
         if report.kind == "requeue":
+            self._prolog_problem(d, report)
             self._requeue(d, job, report.reason)
             return
         if report.kind == "replaced":
@@ -310,9 +332,20 @@ class Controller:
         self._reported.discard(d.job)
         if self.store.instance(d.job) is not None:
             self.store.forget_instance(d.job, reason=reason)
-        self.store.set_state(d.job, DecisionState.REQUEUED, reason=reason)
+        self.store.set_state(d.job, DecisionState.REQUEUED, reason=reason, node=d.node)
+
+    def _prolog_problem(self, d: Decision, report: NodeReport) -> None:
+        self.store.event(d.job, NODE_PROBLEM, node=d.node, hook="prolog", reason=report.reason)
+        log.warning("job %s: the prolog on %s could not place it: %s", d.job, d.node, report.reason)
 
     def _ended(self, d: Decision, job: BatchJob | None, jobs: Mapping[str, BatchJob]) -> None:
+        if job is not None and d.job not in self._reported:  # it ended before a pass saw it run
+            try:
+                report = parse_report(job.admin_tag)
+            except ValueError:
+                report = None
+            if report is not None and report.kind == "requeue":
+                self._prolog_problem(d, report)
         self._free(d.job)
         self._reported.discard(d.job)
         if self.store.instance(d.job) is not None:  # the Epilog destroyed it (the node reconciles a leak)

@@ -21,7 +21,16 @@ from pathlib import Path
 from typing import Protocol
 
 from mig_batch.batch.system import BatchError, BatchJob
-from mig_batch.batch.tags import AgentTag, NodeReport, Placed, parse_place, parse_tag, profiles_by_model, with_report
+from mig_batch.batch.tags import (
+    AgentTag,
+    NodeProblem,
+    NodeReport,
+    Placed,
+    parse_place,
+    parse_tag,
+    profiles_by_model,
+    with_report,
+)
 from mig_batch.gpu.base import GpuBackend, GpuBackendError, InsufficientResources, InUse, NotFound
 from mig_batch.node.journal import Entry, Journal
 from mig_batch.placement.base import Placement, PlacementRequest
@@ -86,6 +95,9 @@ class NodeAgent:
         self.job_dir, self.policy, self.margin, self.clock = Path(job_dir), policy, checkpoint_margin_s, clock
         self.started = clock()
         self.lock = threading.Lock()
+        # what the node's field shows (see AgentTag): the last reconcile and the problems since start
+        self.reconciled, self.strays, self.problems = 0.0, 0, 0
+        self.last_problem: NodeProblem | None = None
 
     # --- job start --------------------------------------------------------------------------
     def prolog(self, job_id: str) -> PrologResult:
@@ -131,7 +143,12 @@ class NodeAgent:
             inst = self.backend.create(local.gpu_index, local.profile, local.start)
             kind = "replaced"
         entry = Entry(job_id, inst.gpu, inst.gi_id, inst.profile, inst.start, inst.uuid, self.clock())
-        self.journal.add(entry)  # before the job can use it: a restart knows what it owns
+        try:
+            self.journal.add(entry)  # before the job can use it: a restart knows what it owns
+        except Exception:
+            with contextlib.suppress(GpuBackendError):  # unjournaled, it would be a stray until a reconcile
+                self.backend.destroy(inst.gpu, inst.gi_id)
+            raise
         report = NodeReport(kind, inst.gpu, inst.profile, inst.start, inst.gi_id, inst.uuid)
         return PrologResult(self._exports(entry, place), report)
 
@@ -149,35 +166,60 @@ class NodeAgent:
             return
         try:
             self.channel.set_job_tag(job_id, with_report(job.admin_tag, report))
-        except BatchError as exc:  # the job runs anyway; the controller sees no report for it
-            log.warning("job %s: could not report %s: %s", job_id, report.text(), exc)
+        except BatchError as exc:  # the job runs anyway; the node's field tells the controller instead
+            with self.lock:
+                self._publish_problem(NodeProblem("prolog", job_id, f"could not report {report.text()}: {exc}"))
 
     # --- job end ----------------------------------------------------------------------------
     def epilog(self, job_id: str, attempts: int = 10, pause_s: float = 0.5) -> str:
-        """Destroy the job's instance; what happened, in words. Never raises."""
+        """Destroy the job's instance; what happened, in words. Never raises. A problem (the instance
+        still in use, an error, strays) is also published on the node for the controller's events."""
         with self.lock:
-            try:
-                (self.job_dir / job_id).unlink(missing_ok=True)
-                entry = self.journal.get(job_id)
-                if entry is None:
-                    return "nothing to destroy"
-                for attempt in range(attempts):
-                    try:
-                        self.backend.destroy(entry.gpu, entry.gi_id)
-                        break
-                    except NotFound:
-                        break  # gone already: idempotent
-                    except InUse:
-                        if attempt == attempts - 1:
-                            return f"instance {entry.profile}@{entry.start} on GPU {entry.gpu} still in use; " \
-                                   "the reconcile destroys it later"  # fmt: skip
-                        time.sleep(pause_s)  # the job's processes are still exiting
-                self.journal.remove(job_id)
-                strays = self._local_strays(entry.gpu)
-                return f"destroyed {entry.profile}@{entry.start} on GPU {entry.gpu}" + (
-                    f"; destroyed {len(strays)} stray instance(s): {', '.join(strays)}" if strays else "")
-            except Exception as exc:
-                return f"epilog error {type(exc).__name__}: {exc}"
+            detail, problem = self._epilog(job_id, attempts, pause_s)
+            if problem:
+                self._publish_problem(NodeProblem("epilog", job_id, detail))
+            return detail
+
+    def _epilog(self, job_id: str, attempts: int, pause_s: float) -> tuple[str, bool]:
+        """(what happened, whether it is a problem)."""
+        try:
+            (self.job_dir / job_id).unlink(missing_ok=True)
+            entry = self.journal.get(job_id)
+            if entry is None:
+                return "nothing to destroy", False
+            for attempt in range(attempts):
+                try:
+                    self.backend.destroy(entry.gpu, entry.gi_id)
+                    break
+                except NotFound:
+                    break  # gone already: idempotent
+                except InUse:
+                    if attempt == attempts - 1:
+                        return f"instance {entry.profile}@{entry.start} on GPU {entry.gpu} still in use; " \
+                               "the reconcile destroys it later", True  # fmt: skip
+                    time.sleep(pause_s)  # the job's processes are still exiting
+            self.journal.remove(job_id)
+            strays = self._local_strays(entry.gpu)
+            destroyed = f"destroyed {entry.profile}@{entry.start} on GPU {entry.gpu}"
+            if strays:
+                return f"{destroyed}; destroyed {len(strays)} stray instance(s): {', '.join(strays)}", True
+            return destroyed, False
+        except Exception as exc:
+            return f"epilog error {type(exc).__name__}: {exc}", True
+
+    def _publish_problem(self, problem: NodeProblem) -> None:
+        """Count the problem and show it in the node's field, where the controller reads it."""
+        self.problems += 1
+        self.last_problem = problem
+        log.warning("%s%s: %s", f"job {problem.job} " if problem.job else "", problem.hook, problem.reason)
+        self._publish()
+
+    def _publish(self) -> None:
+        tag = AgentTag(self.started, self.reconciled, self.strays, self.problems, self.last_problem)
+        try:
+            self.channel.set_node_tag(self.node, tag.text())
+        except BatchError as exc:
+            log.warning("could not publish the node's state: %s", exc)
 
     def _local_strays(self, gpu: int) -> list[str]:
         """Instances on ``gpu`` that no journal entry names: no job owns them (a crashed create)."""
@@ -214,11 +256,12 @@ class NodeAgent:
             owned = {e.uuid for e in self.journal.entries()}
             for gpu in self.backend.gpus():
                 strays += [self._destroy_stray(i) for i in self.backend.instances(gpu.index) if i.uuid not in owned]
-            now = self.clock()
-            try:
-                self.channel.set_node_tag(self.node, AgentTag(self.started, now, len(strays)).text())
-            except BatchError as exc:
-                log.warning("could not publish the reconcile: %s", exc)
+            self.reconciled, self.strays = self.clock(), len(strays)
+            if strays:
+                self._publish_problem(NodeProblem("reconcile", "", f"destroyed {len(strays)} stray "
+                                                  f"instance(s): {', '.join(strays)}"))  # fmt: skip
+            else:
+                self._publish()
             return strays
 
     def _write_job_file(self, job_id: str, exports: list[str]) -> None:

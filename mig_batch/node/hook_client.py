@@ -55,7 +55,8 @@ def main(argv: list[str]) -> int:
         return 0
     try:
         ok, answer = ask(path, op, job)
-        syslog.syslog(syslog.LOG_INFO if ok else syslog.LOG_WARNING, f"job {job}: {answer}")
+        trouble = not ok or "node=requeue:" in answer  # the prolog could not place the job: an operator's concern
+        syslog.syslog(syslog.LOG_WARNING if trouble else syslog.LOG_INFO, f"job {job}: {answer}")
         return 0
     except OSError as exc:
         syslog.syslog(syslog.LOG_WARNING, f"job {job}: node agent unreachable at {path} ({exc}); slow path")

@@ -1,0 +1,353 @@
+"""``mig-batch events`` (the controller's event log, readable) and ``mig-batch doctor`` (is this node or
+controller set up right, and what to fix). Both stay light: no placement, planner or plotting imports."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import sqlite3
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+
+from rich.table import Table
+from rich.text import Text
+
+from mig_batch.cli.output import console, emit
+from mig_batch.config import SiteConfig, config_path, load_config
+
+ROLES = ("controller", "node")
+SHIM_MARK = "(filled in by `mig-batch slurm install`)"  # in every hook shim we install
+LUA_MARK = 'local PREFIX = "mig-batch:"'  # in our job_submit.lua
+HOOKS = {"Prolog": "mig-batch-prolog", "Epilog": "mig-batch-epilog", "TaskProlog": "mig-batch-taskprolog"}
+SLURM_TIMEOUT_S = 20.0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    e = sub.add_parser("events", help="the controller's event log: placements, requeues, node problems...",
+                       description="The controller's event log (run where the store is): decisions, releases, "
+                       "requeues with their reason, node problems (a prolog that could not place a job, an "
+                       "epilog that could not destroy, strays a reconcile destroyed), nodes down and back, "
+                       "refused requests. Oldest first.")  # fmt: skip
+    e.add_argument("--config", help="site config (default: MIG_BATCH_CONFIG or /etc/mig-batch/mig-batch.yaml)")
+    e.add_argument("--job", help="only this job's events")
+    e.add_argument("--node", help="only events naming this node, or of jobs decided there")
+    e.add_argument("--since", type=since_epoch, metavar="AGE|TIME",
+                   help="only events since AGE ago (90s, 10m, 1h, 2d) or since TIME (2024-05-01T12:00)")  # fmt: skip
+    e.add_argument("--kind", help="only events of this kind (decided, requeued, node-problem, node-down, ...)")
+    e.add_argument("--last", type=int, default=200, help="at most this many, the newest (default 200)")
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(handler=cmd_events)
+    d = sub.add_parser("doctor", help="check a controller or node set-up and say what to fix",
+                       description="Check a controller or GPU node set-up; for each failed check, what to fix. "
+                       "Exit status: 0 when every check passes, 1 when one fails, 2 for bad input.")  # fmt: skip
+    d.add_argument("--config", help="site config (default: MIG_BATCH_CONFIG or /etc/mig-batch/mig-batch.yaml)")
+    d.add_argument("--role", choices=ROLES,
+                   help="what this host is (default: node when its short host name is in the inventory)")  # fmt: skip
+    d.add_argument("--node", default=socket.gethostname().split(".")[0],
+                   help="this node's Slurm NodeName, for --role node (default: the short host name)")  # fmt: skip
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(handler=cmd_doctor)
+
+
+# --- events ---------------------------------------------------------------------------------------
+
+_AGE = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def since_epoch(text: str, now: Callable[[], float] = time.time) -> float:
+    """argparse type for ``--since``: an age (90s, 10m, 1h, 2d) or a local date-time, as epoch seconds."""
+    age = _AGE.fullmatch(text.strip().lower())
+    if age:
+        return now() - float(age[1]) * _UNIT_S[age[2]]
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"cannot read {text!r}; accepted: an age (90s, 10m, 1h, 2d) or a "
+                                         "date-time (2024-05-01, 2024-05-01T12:00)") from None  # fmt: skip
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    from mig_batch.state import Store
+
+    if args.last <= 0:
+        raise ValueError(f"--last must be a positive number of events (got {args.last})")
+    config = load_config(args.config)
+    store = Store(config.state, create=False)
+    try:
+        events = store.events(job=args.job, kind=args.kind, node=args.node, since=args.since, last=args.last)
+    finally:
+        store.close()
+    emit(events, args.json, _render_events)
+    return 0
+
+
+def event_detail(event: dict) -> str:
+    """An event's details as ``key=value``, the reason first (what an operator looks for)."""
+    rest = {k: v for k, v in event.items() if k not in ("time", "job", "kind", "node", "key")}
+    first = {k: rest.pop(k) for k in ("reason", "error") if k in rest}
+    return " ".join(f"{k}={v}" for k, v in {**first, **rest}.items() if v is not None)
+
+
+def _render_events(events: list[dict]) -> None:
+    if not events:
+        console.print("no events (the filters may be too narrow; the store is read, not Slurm)", highlight=False)
+        return
+    table = Table(title=f"events, oldest first ({len(events)})")
+    for column in ("time", "job", "kind", "node", "detail"):
+        table.add_column(column)
+    for e in events:
+        when = datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S")
+        cells = (when, e["job"] or "-", e["kind"], str(e.get("node") or "-"), event_detail(e))
+        table.add_row(*(Text(c) for c in cells))  # Text: a reason's brackets are not markup
+    console.print(table)
+
+
+# --- doctor ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""  # what to do, when not ok
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    checks = doctor(args.config, args.role, args.node)
+    emit([asdict(c) for c in checks], args.json, _render_checks)
+    return 0 if all(c.ok for c in checks) else 1
+
+
+def _render_checks(checks: list[dict]) -> None:
+    for c in checks:
+        console.print(f"{'ok  ' if c['ok'] else 'FAIL'} {c['name']}: {c['detail']}", highlight=False, markup=False,
+                      soft_wrap=True)  # fmt: skip
+        if not c["ok"] and c["fix"]:
+            console.print(f"     fix: {c['fix']}", highlight=False, markup=False, soft_wrap=True)
+    failed = sum(not c["ok"] for c in checks)
+    console.print(f"{len(checks) - failed} passed, {failed} failed", highlight=False)
+
+
+def doctor(config_file: str | None, role: str | None, node: str) -> list[Check]:
+    """Every check of ``role`` (guessed from the inventory when None), in order; stops early only when the
+    config cannot be read (the others need it)."""
+    path = config_path(config_file)
+    try:
+        config = load_config(config_file)
+    except Exception as exc:
+        return [Check("config", False, str(exc), f"write a valid site config at {path} (see docs/slurm.md), or "
+                      "give its path with --config or MIG_BATCH_CONFIG")]  # fmt: skip
+    role = role or ("node" if node in config.nodes else "controller")
+    checks = [Check("config", True, f"{path} read; role {role}; {len(config.nodes)} node(s) in the inventory")]
+    if not config.nodes:
+        checks.append(Check("inventory", False, "no nodes in the inventory",
+                            "list each GPU node and its GPU models under nodes: in the site config"))  # fmt: skip
+    show_config, slurm = slurm_config(config)
+    checks.append(slurm)
+    if role == "controller":
+        checks.append(check_store(config.state))
+        if show_config is not None:
+            checks.append(check_job_submit(show_config))
+        return checks
+    if node not in config.nodes:
+        fix = f"add {node} under nodes: in {path}, or give --node with this node's Slurm NodeName"
+        checks.append(Check("inventory", False, f"node {node} is not in the inventory", fix))
+    if show_config is not None:
+        checks += check_hooks(show_config)
+    checks.append(check_agent(config.agent_socket))
+    checks += check_gpus(config, node)
+    return checks
+
+
+def slurm_bin(config: SiteConfig, command: str) -> str | None:
+    """The path of a Slurm command: from slurm_bin when set, else from PATH."""
+    return shutil.which(command, path=config.slurm_bin or None)
+
+
+def slurm_config(config: SiteConfig) -> tuple[str | None, Check]:
+    """``scontrol show config``'s text (None when Slurm does not answer) and the check saying so."""
+    where = f"slurm_bin {config.slurm_bin}" if config.slurm_bin else "PATH"
+    missing = [c for c in ("squeue", "scontrol") if slurm_bin(config, c) is None]
+    if missing:
+        return None, Check("slurm", False, f"{', '.join(missing)} not found on {where}",
+                           "install Slurm's client commands, or set slurm_bin: in the site config to the "
+                           "directory that holds them")  # fmt: skip
+    scontrol = slurm_bin(config, "scontrol")
+    try:
+        proc = subprocess.run([scontrol, "show", "config"], capture_output=True, text=True, timeout=SLURM_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, Check("slurm", False, f"{scontrol} show config failed: {exc}",
+                           "check that slurmctld is up and reachable from here")  # fmt: skip
+    if proc.returncode != 0:
+        why = "; ".join((proc.stderr.strip() or proc.stdout.strip() or f"exit {proc.returncode}").splitlines())[-300:]
+        return None, Check("slurm", False, f"{scontrol} show config: {why}",
+                           "check that slurmctld is up and reachable from here (scontrol ping)")  # fmt: skip
+    return proc.stdout, Check("slurm", True, f"slurmctld answers ({scontrol})")
+
+
+def config_values(show_config: str) -> dict[str, str]:
+    """``Key = value`` lines of ``scontrol show config``."""
+    out = {}
+    for line in show_config.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() and " " not in key.strip():
+            out[key.strip()] = value.strip()
+    return out
+
+
+def check_hooks(show_config: str) -> list[Check]:
+    """slurm.conf's Prolog, Epilog and TaskProlog: set, existing, executable, and our shims (which also
+    name a Python and a hook client that must exist)."""
+    values = config_values(show_config)
+    checks = []
+    for key, shim in HOOKS.items():
+        value = values.get(key, "(null)")
+        fix = f"run `mig-batch slurm install /etc/slurm --config ...` on this node and set {key}=/etc/slurm/{shim} " \
+              "in slurm.conf (then scontrol reconfigure)"  # fmt: skip
+        if value in ("", "(null)"):
+            checks.append(Check(key, False, f"slurm.conf sets no {key}", fix))
+            continue
+        paths = [Path(p.strip()) for p in value.split(",") if p.strip()]
+        problems, ours = [], None
+        for path in paths:
+            if not path.is_file():
+                problems.append(f"{path} does not exist" if not path.exists() else f"{path} is not a file")
+            elif not os.access(path, os.X_OK):
+                problems.append(f"{path} is not executable (chmod 755 it)")
+            elif SHIM_MARK in _head(path):
+                ours = path
+                problems += [f"{path} runs {p}, which does not exist" for p in shim_targets(path) if not p.exists()]
+        if ours is None and not problems:
+            problems.append(f"{value} is not mig_batch's {shim}")
+        if problems:
+            checks.append(Check(key, False, "; ".join(problems), fix))
+        else:
+            checks.append(Check(key, True, f"{ours} is mig_batch's {shim}"))
+    return checks
+
+
+def _head(path: Path, size: int = 4096) -> str:
+    try:
+        with path.open(errors="replace") as f:
+            return f.read(size)
+    except OSError:
+        return ""
+
+
+def shim_targets(shim: Path) -> list[Path]:
+    """The Python and the hook client a Prolog/Epilog shim runs (a moved venv breaks every job start)."""
+    match = re.search(r"^(/\S+) -I -S (/\S+) ", _head(shim), re.MULTILINE)
+    return [Path(match[1]), Path(match[2])] if match else []
+
+
+def check_job_submit(show_config: str) -> Check:
+    values = config_values(show_config)
+    plugins = values.get("JobSubmitPlugins", "(null)")
+    conf = Path(values.get("SLURM_CONF", "/etc/slurm/slurm.conf"))
+    lua = conf.parent / "job_submit.lua"
+    fix = f"run `mig-batch slurm install {conf.parent} --config ...` and set JobSubmitPlugins=lua in slurm.conf"
+    if "lua" not in plugins.split(","):
+        return Check("job_submit.lua", False, f"JobSubmitPlugins is {plugins}, without lua", fix)
+    if not lua.is_file():
+        return Check("job_submit.lua", False, f"{lua} does not exist", fix)
+    if LUA_MARK not in lua.read_text(errors="replace"):
+        return Check("job_submit.lua", False, f"{lua} is not mig_batch's job_submit.lua", fix)
+    return Check("job_submit.lua", True, f"{lua} is mig_batch's, JobSubmitPlugins has lua")
+
+
+def check_store(path: Path) -> Check:
+    """The controller's store: readable with a schema this code knows, or creatable by mig-batchd. Read-only:
+    the doctor neither creates nor migrates it."""
+    from mig_batch.state import SCHEMA_VERSION
+
+    fix = "set state: in the site config to a file on a writable local disk of the controller host"
+    if path.exists():
+        try:
+            db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+            try:
+                version = db.execute("PRAGMA user_version").fetchone()[0]
+            finally:
+                db.close()
+        except sqlite3.Error as exc:
+            return Check("store", False, f"{path}: {exc}", fix)
+        if version > SCHEMA_VERSION:
+            return Check("store", False, f"{path} has schema {version}, newer than this mig_batch's {SCHEMA_VERSION}",
+                         "install the mig_batch that wrote it")  # fmt: skip
+        writable = os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
+        return Check("store", writable, f"{path} (schema {version})" + ("" if writable else ", not writable by us"),
+                     "" if writable else "run as the user mig-batchd runs as, or fix the file's owner")  # fmt: skip
+    parent = next((p for p in path.parents if p.exists()), Path("/"))
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        return Check("store", False, f"{path} does not exist and {parent} is not writable", fix)
+    return Check("store", True, f"{path} does not exist yet; mig-batchd will create it under {parent}")
+
+
+def check_agent(path: Path) -> Check:
+    """The node agent answers a ping on its socket (only root gets a full answer)."""
+    fix = "start the node agent: systemctl enable --now mig-batch-agent (journalctl -u mig-batch-agent says why not)"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(5.0)
+        sock.connect(str(path))
+        sock.sendall(b'{"op": "ping"}\n')
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except OSError as exc:
+        return Check("agent", False, f"no answer on {path}: {exc.strerror or exc}", fix)
+    finally:
+        sock.close()
+    try:
+        answer = json.loads(data)
+    except ValueError:
+        return Check("agent", False, f"{path} answered {data[:100]!r}, not the agent's JSON", fix)
+    if answer.get("ok"):
+        return Check("agent", True, f"{path}: {answer.get('detail', '')}")
+    if "only root" in str(answer.get("detail", "")):
+        return Check("agent", True, f"{path}: the agent answers (run doctor as root for its state)")
+    return Check("agent", False, f"{path}: {answer.get('detail', answer)}", fix)
+
+
+def check_gpus(config: SiteConfig, node: str) -> list[Check]:
+    """The GPU backend reads this node's GPUs; the inventory's models are there, with MIG mode on."""
+    from mig_batch.config import open_backend
+
+    if config.gpu_backend == "nvml":
+        fix = "install the NVIDIA driver and nvidia-ml-py into mig_batch's Python; nvidia-smi must list the GPUs"
+    else:
+        fix = f"check emulated_dir: {config.emulated_dir} in the site config"
+    try:
+        gpus = open_backend(config, node).gpus()
+    except Exception as exc:  # any failure here is the finding, reported with the fix
+        return [Check("gpu backend", False, f"{config.gpu_backend}: {type(exc).__name__}: {exc}", fix)]
+    checks = [Check("gpu backend", True, f"{config.gpu_backend}: {len(gpus)} GPU(s)")]
+    listed = config.nodes.get(node, ())
+    problems = []
+    for index, model in enumerate(listed):
+        gpu = next((g for g in gpus if g.index == index), None)
+        if gpu is None:
+            problems.append(f"GPU {index} ({model}) not found")
+        elif gpu.model != model:
+            problems.append(f"GPU {index} is a {gpu.model}, the inventory says {model}")
+        elif not gpu.mig_enabled:
+            problems.append(f"GPU {index} has MIG mode off")
+    if problems:
+        checks.append(Check("mig mode", False, "; ".join(problems),
+                            "fix nodes: in the site config to match nvidia-smi -L; turn MIG on with "
+                            "`nvidia-smi -i N -mig 1` (then reset the GPU or reboot)"))  # fmt: skip
+    elif listed:
+        checks.append(Check("mig mode", True, f"{len(listed)} GPU(s) as the inventory lists, MIG mode on"))
+    return checks
