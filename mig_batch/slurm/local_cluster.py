@@ -146,8 +146,10 @@ class LocalCluster:
         """A private MariaDB (no grant tables: nothing but this slurmdbd reaches 127.0.0.1:db_port) and
         slurmdbd on it; the cluster, an account and root's association are added before slurmctld starts."""
         data, sock = self.root / "mariadb", self.root / "mariadb" / "mysqld.sock"
-        subprocess.run(["mariadb-install-db", f"--datadir={data}", "--user=root", "--auth-root-authentication-method=normal",
-                        "--skip-test-db"], capture_output=True, check=True, timeout=120)  # fmt: skip
+        init = subprocess.run(["mariadb-install-db", f"--datadir={data}", "--user=root", "--skip-test-db"],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        if init.returncode != 0:
+            raise ClusterError(f"mariadb-install-db failed ({init.returncode}): {init.stderr.strip()[-2000:]}")
         self._spawn("mariadbd", [_sbin("mariadbd"), "--no-defaults", f"--datadir={data}", "--user=root",
                                  f"--socket={sock}", "--bind-address=127.0.0.1", f"--port={db_port}",
                                  "--skip-grant-tables", "--innodb-buffer-pool-size=16M",
@@ -295,6 +297,8 @@ class MigTestbed:
         default_factory=lambda: {"n1": ["A100-40GB"], "n2": ["A100-80GB", "A100-80GB"], "n3": ["H100-80GB"]}
     )
     policy: str = "mfi"
+    slice_gres: str = ""  # e.g. mig_slices: Slurm counts each MIG job's memory slices (site config slice_gres)
+    accounting: bool = False  # slurmdbd + MariaDB: sacct and association/QOS limits on the slices
     poll_interval_s: float = 0.2
     reconcile_interval_s: float = 5.0
     cluster: LocalCluster | None = None
@@ -332,7 +336,7 @@ class MigTestbed:
     def write_config(self, policy: str | None = None) -> None:
         import yaml
 
-        common = {"policy": policy or self.policy, "nodes": self.nodes}
+        common = {"policy": policy or self.policy, "nodes": self.nodes, "slice_gres": self.slice_gres}
         self.config_path.parent.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(yaml.safe_dump({
             **common,
@@ -362,7 +366,7 @@ class MigTestbed:
 
     def start(self) -> MigTestbed:
         from mig_batch.mig.models import get_model
-        from mig_batch.slurm.install import install
+        from mig_batch.slurm.install import install, node_slices, slice_accounting_conf
 
         self.root.mkdir(parents=True, exist_ok=True)
         self.write_config()
@@ -370,12 +374,22 @@ class MigTestbed:
         models = [get_model(m) for m in sorted({m for ms in self.nodes.values() for m in ms})]
         install(etc, sys.executable, str(self.config_path), f"{NODE_PATHS[1]}/jobs", f"{NODE_PATHS[1]}/agent.sock",
                 models)  # fmt: skip
+        gres_types, gres, accounting = "mig", {}, ""
+        if self.slice_gres:  # the generated gres.conf as a site would append it; counts on the node lines
+            (etc / "gres.conf").write_text(slice_accounting_conf(self.nodes, self.slice_gres)[1])
+            gres_types += f",{self.slice_gres}"
+            gres = {n: f"{self.slice_gres}:{c}" for n, c in node_slices(self.nodes).items()}
+            if self.accounting:
+                accounting = (f"AccountingStorageTRES=gres/{self.slice_gres}\n"
+                              "AccountingStorageEnforce=associations,limits,qos,safe\n")  # fmt: skip
         self.cluster = LocalCluster(
             self.root,
             nodes=tuple(self.nodes),
             features={n: ",".join(sorted(set(ms))) for n, ms in self.nodes.items()},
+            gres=gres,
+            accounting=self.accounting,
             extra_conf=(
-                "JobSubmitPlugins=lua\nGresTypes=mig\n"
+                f"JobSubmitPlugins=lua\nGresTypes={gres_types}\n{accounting}"
                 f"Prolog={etc / 'mig-batch-prolog'}\nEpilog={etc / 'mig-batch-epilog'}\n"
                 f"TaskProlog={etc / 'mig-batch-taskprolog'}\n"
             ),
