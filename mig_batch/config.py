@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ class SiteConfig:
     reconcile_interval_s: float = 60.0  # on each GPU node: how often the agent reconciles with the batch system
     nodes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     slurm_bin: str = ""
+    slice_gres: str = ""  # Slurm GRES that counts each job's MIG memory slices (e.g. mig_slices); "": off
     atomize: AtomizeConfig = field(default_factory=AtomizeConfig)
     moldable: MoldableConfig = field(default_factory=MoldableConfig)
     path: str = "<defaults>"
@@ -106,10 +108,19 @@ def load_config(explicit: str | os.PathLike | None = None) -> SiteConfig:
         reconcile_interval_s=_seconds(raw, "reconcile_interval_s", SiteConfig.reconcile_interval_s, path),
         nodes=nodes,
         slurm_bin=str(raw.get("slurm_bin") or ""),
+        slice_gres=_slice_gres(raw, path),
         atomize=_atomize(raw.get("atomize") or {}, path),
         moldable=_moldable(raw.get("moldable") or {}, path),
         path=str(path),
     )
+
+
+def _slice_gres(raw: dict, path: Path) -> str:
+    value = str(raw.get("slice_gres") or "")
+    if value and not re.fullmatch(r"[a-z][a-z0-9_]*", value):
+        raise ConfigError(f"{path}: slice_gres {value!r} must be a GRES name (lower-case letters, digits, _; "
+                          f"e.g. mig_slices) or empty to turn slice accounting off")  # fmt: skip
+    return value
 
 
 def _seconds(raw: dict, key: str, default: float, path: Path) -> float:

@@ -268,6 +268,20 @@ class MoldableRequest:
         return out
 
 
+def moldable_per_model(request: MoldableRequest, models: Iterable[GpuModel]) -> dict[str, dict[str, float]]:
+    """The moldable request's options on each model that can run one of its sizes; a model that can run none
+    is left out. Refused only when no model can: the message names each model's reason."""
+    out, why = {}, []
+    for model in models:
+        try:
+            out[model.name] = request.candidates(model)
+        except RequestError as exc:
+            why.append(str(exc))
+    if not out:
+        raise RequestError("; ".join(why) or "no GPU model to run the moldable job on")
+    return out
+
+
 def parse_moldable(text: str, memory: str | None = None) -> MoldableRequest:
     """Read ``1g=300,2g=160,3g.40gb=1h`` (size=predicted time, ``:`` also accepted)."""
     times: dict[str, float] = {}

@@ -105,6 +105,7 @@ ROWS: list[tuple[str, list[str], str]] = [
      "absolute path"),
     ("mig-batch", ["slurm", "install", "{t}/slurm", "--config", "{t}/missing.yaml"], "cannot read"),
     ("mig-batch", ["slurm", "install", "{t}/slurm"], "--config"),
+    ("mig-batch", ["slurm", "install", "{t}/slurm", "--config", "{t}/bad_slice_gres.yaml"], "slice_gres"),
     ("mig-batch", ["slurm", "nope"], "invalid choice"),
     ("mig-batch", ["status", "--config", "{t}/proc_state.yaml"], "/proc/nope/state.db"),
     ("mig-batch", ["status", "--config", "{t}/empty.yaml"], "no mig_batch store"),
@@ -152,6 +153,7 @@ def files(tmp_path: Path) -> Path:
     (tmp_path / "unknown_setting.yaml").write_text("colour: blue\n")
     (tmp_path / "bad_policy.yaml").write_text("policy: nope\n")
     (tmp_path / "bad_nodes.yaml").write_text("nodes: {gpu01: [V100]}\n")
+    (tmp_path / "bad_slice_gres.yaml").write_text("slice_gres: gres/MIG slices\n")
     (tmp_path / "proc_state.yaml").write_text("state: /proc/nope/state.db\n")
     (tmp_path / "site.yaml").write_text(f"state: {tmp_path}/state/state.db\nnodes: {{gpu01: [A100-80GB]}}\n")
     (tmp_path / "wrong_slurm_bin.yaml").write_text(

@@ -147,3 +147,14 @@ def test_moldable_candidates():
         parse_moldable("7g.40gb=60").candidates(A30)
     with pytest.raises(RequestError, match="needs a size and a time"):
         parse_moldable("3g")
+
+
+def test_moldable_on_a_mixed_site_keeps_the_models_that_can_run_a_size():
+    from mig_batch.mig.models import get_model
+    from mig_batch.request import RequestError, moldable_per_model, parse_moldable
+
+    models = [get_model("A30-24GB"), get_model("A100-80GB")]
+    per_model = moldable_per_model(parse_moldable("7g.80gb=1h"), models)
+    assert per_model == {"A100-80GB": {"7g.80gb": 3600.0}}  # A30 has no 7g: left out, not a refusal
+    with pytest.raises(RequestError, match="A30-24GB.*A100-80GB|A100-80GB.*A30-24GB"):
+        moldable_per_model(parse_moldable("7g.141gb=1h"), models)  # no model runs any size

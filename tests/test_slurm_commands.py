@@ -61,3 +61,31 @@ def test_node_lines_as_sinfo_prints_them():
     down = parse_node_line("n3|down|0/0/16/16|mig-batch:agent;started=1;reconciled=2;strays=0|")
     assert not down.up and down.agent_tag == "mig-batch:agent;started=1;reconciled=2;strays=0"
     assert not parse_node_line("n4|idle+not_responding|0/16/0/16|(null)|").up
+
+
+def test_pin_sets_the_slice_gres_and_keeps_the_jobs_other_gres():
+    from mig_batch.slurm.commands import with_slices
+
+    assert with_slices("", "mig_slices", 4) == "gres:mig_slices:4"
+    assert with_slices("gres:tmp:10,gres:mig_slices:A100:2", "mig_slices", 8) == "gres:tmp:10,gres:mig_slices:8"
+    assert with_slices("gres:mig_slicesx:1", "mig_slices", 1) == "gres:mig_slicesx:1,gres:mig_slices:1"
+
+
+def test_slice_accounting_conf_counts_each_nodes_memory_slices():
+    from mig_batch.slurm.install import slice_accounting_conf
+
+    slurm, gres = slice_accounting_conf({"a": ["A100-80GB", "A30-24GB"], "b": ["H100-80GB"]}, "mig_slices")
+    assert "NodeName=a Name=mig_slices Count=12" in gres and "NodeName=b Name=mig_slices Count=8" in gres
+    assert "GresTypes=mig,mig_slices" in slurm and "AccountingStorageTRES=gres/mig_slices" in slurm
+    assert "# NodeName=a ... Gres=mig_slices:12" in slurm
+
+
+def test_install_writes_the_slice_accounting_snippets_only_when_asked(tmp_path):
+    from mig_batch.mig.models import get_model
+    from mig_batch.slurm.install import install
+
+    models = [get_model("A100-80GB")]
+    plain = install(tmp_path / "plain", "/usr/bin/python3", "/c.yaml", "/j", "/s", models, {"g1": ["A100-80GB"]})
+    assert not any(p.name.endswith(".mig-batch") for p in plain)
+    install(tmp_path / "acct", "/usr/bin/python3", "/c.yaml", "/j", "/s", models, {"g1": ["A100-80GB"]}, "mig_slices")
+    assert "NodeName=g1 Name=mig_slices Count=8" in (tmp_path / "acct" / "gres.conf.mig-batch").read_text()

@@ -89,6 +89,7 @@ class Pin:
     node: str
     admin_tag: str
     time_limit_min: int | None = None
+    slices: int = 0  # memory slices the MIG instance holds, for the batch system's accounting; 0: none
 
 
 class BatchSystem(Protocol):

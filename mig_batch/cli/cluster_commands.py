@@ -88,7 +88,7 @@ def cmd_install(args: argparse.Namespace) -> int:
     check_hook_python(args.python)
     config = load_config(args.config)
     written = install(args.dest, args.python, str(Path(args.config).resolve()), str(config.job_dir),
-                      str(config.agent_socket), _models(config, False))  # fmt: skip
+                      str(config.agent_socket), _models(config, False), config.nodes, config.slice_gres)  # fmt: skip
     for path in written:
         console.print(f"wrote {path}", highlight=False)
     return 0
@@ -197,7 +197,7 @@ def _daemon(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = load_config(args.config)
-    controller = Controller(config, Store(config.state), SlurmCli(config.slurm_bin))
+    controller = Controller(config, Store(config.state), SlurmCli(config.slurm_bin, slice_gres=config.slice_gres))
     if args.once:
         try:
             stats = controller.step()

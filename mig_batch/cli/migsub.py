@@ -28,6 +28,7 @@ from mig_batch.request import (
     MigRequest,
     MoldableRequest,
     RequestError,
+    moldable_per_model,
     parse_compute,
     parse_duration,
     parse_memory,
@@ -262,7 +263,7 @@ def _run(argv: list[str]) -> int:
         request = build_request(options, sources)
         models = [get_model(options["gpu"])] if "gpu" in options else site_models()
         if isinstance(request, MoldableRequest):
-            per_model = {m.name: request.candidates(m) for m in models}
+            per_model = moldable_per_model(request, models)  # a mixed site: the models that can run a size
         else:
             results = translate_any(request, models)
             per_model = {name: (None if isinstance(p, RequestError) else p.name) for name, p in results.items()}

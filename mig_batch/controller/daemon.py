@@ -503,7 +503,9 @@ class Controller:
             if subjobs:
                 window, run = subjobs[-1].window_s, subjobs[-1].run
                 limit = self.chains.time_limit_min(window)
-        return Pin(d.job, d.node, placed_tag(tag, Placed(d.node, d.gpu, d.profile, d.start, window, run)), limit)
+        slices = get_model(d.model).profile(d.profile).memory_slices
+        return Pin(d.job, d.node, placed_tag(tag, Placed(d.node, d.gpu, d.profile, d.start, window, run)), limit,
+                   slices)
 
     def run(self, stop_after: float | None = None) -> None:
         deadline = None if stop_after is None else time.monotonic() + stop_after

@@ -111,8 +111,10 @@ def _limit_s(text: str) -> float:
 class SlurmCli:
     """:class:`~mig_batch.batch.system.BatchSystem` over Slurm's command-line tools."""
 
-    def __init__(self, bin_dir: str = "", env: dict[str, str] | None = None, timeout: float = 30):
+    def __init__(self, bin_dir: str = "", env: dict[str, str] | None = None, timeout: float = 30,
+                 slice_gres: str = ""):  # fmt: skip
         self.bin_dir, self.env, self.timeout = bin_dir, env, timeout
+        self.slice_gres = slice_gres  # the GRES a pin sets to the job's MIG slices ("": none)
 
     def _run(self, command: str, *args: str, stdin: str | None = None, check: bool = True,
              time_format: str | None = None) -> str:  # fmt: skip
@@ -145,9 +147,12 @@ class SlurmCli:
         """All pins through one scontrol process (commands on stdin), then one release of the pinned."""
         if not pins:
             return {}
+        tres = self._tres_per_node([p.job_id for p in pins if p.slices]) if self.slice_gres else {}
         lines = []
         for p in pins:
             subjob = f" timelimit={p.time_limit_min} starttime=now" if p.time_limit_min is not None else ""
+            if p.job_id in tres:  # Slurm counts the slices: sacct, fair-share and QOS/association limits see them
+                subjob += f" tresPerNode={with_slices(tres[p.job_id], self.slice_gres, p.slices)}"
             lines.append(f"update jobid={p.job_id} nodelist={p.node} admincomment={_quote(p.admin_tag)}{subjob}\n")
         errors = self._run("scontrol", stdin="".join(lines), check=False)
         failed = {}
@@ -163,6 +168,18 @@ class SlurmCli:
         except SlurmError as exc:
             failed.update({job: str(exc) for job in pinned})
         return failed
+
+    def _tres_per_node(self, jobs: Sequence[str]) -> dict[str, str]:
+        """Each job's TresPerNode now ("" for none): the pin replaces the whole list, so it keeps the rest."""
+        if not jobs:
+            return {}
+        out = self._run("squeue", "-h", "-t", "all", "-j", ",".join(jobs), "-O", "JobID:|,tres-per-node:|")
+        found = {}
+        for line in out.splitlines():
+            job, _, tres = line.partition("|")
+            tres = tres.rstrip("|").strip()
+            found[job.strip()] = "" if tres in ("N/A", "(null)") else tres
+        return {j: found.get(j, "") for j in jobs}
 
     def release(self, jobs: Sequence[str]) -> None:
         """Release held jobs, one scontrol call for many (slurmctld's RPCs are the bottleneck)."""
@@ -199,6 +216,13 @@ class SlurmCli:
         """``sbatch --parsable`` with ``argv`` (the script on stdin when given); returns the job id."""
         out = self._run("sbatch", "--parsable", *argv, stdin=script).strip()
         return out.split(";")[0]
+
+
+def with_slices(tres_per_node: str, gres: str, slices: int) -> str:
+    """``tres_per_node`` (Slurm's ``gres:name[:type]:count,...``) with ``gres`` set to ``slices``; every other
+    item kept as it was."""
+    items = [t for t in tres_per_node.split(",") if t and t.split(":")[:2] != ["gres", gres]]
+    return ",".join([*items, f"gres:{gres}:{slices}"])
 
 
 def _quote(value: str) -> str:

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from mig_batch.mig.models import GpuModel
+from mig_batch.mig.models import GpuModel, get_model
 from mig_batch.node import hook_client
 from mig_batch.resources import resource_path
 
@@ -29,8 +29,29 @@ def job_submit_lua(models: Iterable[GpuModel]) -> str:
     return template.replace("--@PROFILES@", profile_table(models))
 
 
-def install(dest: Path, python: str, config: str, job_dir: str, agent_socket: str,
-            models: Iterable[GpuModel]) -> list[Path]:  # fmt: skip
+def node_slices(nodes: Mapping[str, Sequence[str]]) -> dict[str, int]:
+    """Each node's MIG memory slices (8 per A100/H100, 4 per A30): its count of the slice GRES."""
+    return {node: sum(get_model(m).memory_slices for m in models) for node, models in nodes.items()}
+
+
+def slice_accounting_conf(nodes: Mapping[str, Sequence[str]], gres: str) -> tuple[str, str]:
+    """(slurm.conf lines, gres.conf lines) that make Slurm count each MIG job's memory slices as ``gres``."""
+    counts = node_slices(nodes)
+    slurm = [
+        f"# mig_batch slice accounting: mig-batchd sets gres:{gres}:<memory slices> on each MIG job it pins.",
+        "# Merge into slurm.conf (GresTypes keeps the site's other types; the Gres= goes on each node's line).",
+        f"GresTypes=mig,{gres}",
+        f"AccountingStorageTRES=gres/{gres}  # needs slurmdbd; then sacct, fair-share and GrpTRES see it",
+        "AccountingStorageEnforce=associations,limits,qos,safe  # so that GrpTRES=gres/... limits hold",
+        *(f"# NodeName={node} ... Gres={gres}:{n}" for node, n in sorted(counts.items())),
+    ]
+    gres_lines = ["# mig_batch slice accounting: append to gres.conf (a count, no device file)"]
+    gres_lines += [f"NodeName={node} Name={gres} Count={n}" for node, n in sorted(counts.items())]
+    return "\n".join(slurm) + "\n", "\n".join(gres_lines) + "\n"
+
+
+def install(dest: Path, python: str, config: str, job_dir: str, agent_socket: str, models: Iterable[GpuModel],
+            nodes: Mapping[str, Sequence[str]] | None = None, slice_gres: str = "") -> list[Path]:  # fmt: skip
     dest.mkdir(parents=True, exist_ok=True)
     written = []
     values = {"@PYTHON@": python, "@CONFIG@": config, "@JOB_DIR@": job_dir, "@SOCKET@": agent_socket,
@@ -46,4 +67,9 @@ def install(dest: Path, python: str, config: str, job_dir: str, agent_socket: st
     path = dest / "job_submit.lua"
     path.write_text(job_submit_lua(models))
     written.append(path)
+    if slice_gres and nodes:  # lines to merge by hand: they touch the site's own NodeName lines
+        for name, text in zip(("slurm.conf.mig-batch", "gres.conf.mig-batch"),
+                              slice_accounting_conf(nodes, slice_gres), strict=True):  # fmt: skip
+            (dest / name).write_text(text)
+            written.append(dest / name)
     return written

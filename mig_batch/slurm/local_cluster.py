@@ -32,6 +32,8 @@ class LocalCluster:
     nodes: Sequence[str] = ("n1", "n2", "n3")
     cpus_per_node: int = 16
     features: dict[str, str] = field(default_factory=dict)  # node -> Slurm features (comma-separated)
+    gres: dict[str, str] = field(default_factory=dict)  # node -> slurm.conf Gres= (e.g. mig_slices:16)
+    accounting: bool = False  # slurmdbd over a private MariaDB: sacct, associations, QOS limits
     extra_conf: str = ""  # appended to slurm.conf (Prolog=..., JobSubmitPlugins=..., ...)
     node_prefix: Callable[[str], list[str]] | None = None  # a node's command prefix (its own namespaces)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
@@ -45,6 +47,16 @@ class LocalCluster:
         if os.geteuid() != 0:
             return "slurmd must run as root"
         return None
+
+    @staticmethod
+    def accounting_available() -> str | None:
+        """None when this machine can also run slurmdbd over MariaDB, else why not."""
+        why = LocalCluster.available()
+        missing = [b for b in ("slurmdbd", "sacctmgr", "sacct", "mariadbd", "mariadb-install-db")
+                   if not shutil.which(b) and not Path("/usr/sbin", b).exists()]  # fmt: skip
+        if why is None and missing:
+            why = f"missing {', '.join(missing)} (apt-get install slurmdbd mariadb-server)"
+        return why
 
     @property
     def conf(self) -> Path:
@@ -67,7 +79,11 @@ class LocalCluster:
         for sub in ("etc", "log", "state", "spool", "munge"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self._start_munge()
-        self._write_conf()
+        ports = _free_ports(4 + len(self.nodes))
+        self.dbd_port = ports[-1]
+        self._write_conf(ports)  # before slurmdbd: sacctmgr finds slurmdbd through slurm.conf
+        if self.accounting:
+            self._start_slurmdbd(ports[-2], ports[-1])
         self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
         self._wait(lambda: self.run("scontrol", "ping", check=False).stdout.find("UP") >= 0, "slurmctld")
         for node in self.nodes:
@@ -102,6 +118,8 @@ class LocalCluster:
         for name in [n for n in self.procs if n.startswith("slurmd-")]:
             self._stop(name)
         self._stop("slurmctld")
+        self._stop("slurmdbd")
+        self._stop("mariadbd")
         self._stop("munged")
 
     def __enter__(self) -> LocalCluster:
@@ -124,13 +142,49 @@ class LocalCluster:
         )  # fmt: skip
         self._wait(self.munge_socket.exists, "munged")
 
-    def _write_conf(self) -> None:
-        ports = _free_ports(2 + len(self.nodes))
+    def _start_slurmdbd(self, db_port: int, dbd_port: int) -> None:
+        """A private MariaDB (no grant tables: nothing but this slurmdbd reaches 127.0.0.1:db_port) and
+        slurmdbd on it; the cluster, an account and root's association are added before slurmctld starts."""
+        data, sock = self.root / "mariadb", self.root / "mariadb" / "mysqld.sock"
+        init = subprocess.run(["mariadb-install-db", f"--datadir={data}", "--user=root", "--skip-test-db"],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        if init.returncode != 0:
+            raise ClusterError(f"mariadb-install-db failed ({init.returncode}): {init.stderr.strip()[-2000:]}")
+        self._spawn("mariadbd", [_sbin("mariadbd"), "--no-defaults", f"--datadir={data}", "--user=root",
+                                 f"--socket={sock}", "--bind-address=127.0.0.1", f"--port={db_port}",
+                                 "--skip-grant-tables", "--innodb-buffer-pool-size=16M",
+                                 f"--pid-file={data / 'mysqld.pid'}"])  # fmt: skip
+        self._wait(sock.exists, "mariadbd", 60)
+        dbd_conf = self.conf.parent / "slurmdbd.conf"  # slurmdbd finds it beside SLURM_CONF
+        dbd_conf.write_text(f"""AuthType=auth/munge
+AuthInfo=socket={self.munge_socket}
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort={dbd_port}
+SlurmUser=root
+LogFile={self.root / "log"}/slurmdbd.log
+PidFile={self.root / "state"}/slurmdbd.pid
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort={db_port}
+StorageUser=root
+StorageLoc=slurm_acct_db
+""")
+        dbd_conf.chmod(0o600)
+        self._spawn("slurmdbd", [_sbin("slurmdbd"), "-D"])
+        self._wait(lambda: self.run("sacctmgr", "-n", "list", "cluster", check=False).returncode == 0, "slurmdbd", 60)
+        for args in (("add", "cluster", "migbatch"), ("add", "account", "mig", "Cluster=migbatch"),
+                     ("add", "user", "root", "Account=mig", "Cluster=migbatch"),
+                     ("modify", "user", "root", "set", "DefaultAccount=mig")):  # fmt: skip
+            self.run("sacctmgr", "-i", *args)
+
+    def _write_conf(self, ports: list[int]) -> None:
         host = socket.gethostname()
         node_lines = "\n".join(
             f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={ports[2 + i]} "
             f"CPUs={self.cpus_per_node} RealMemory=64000 State=UNKNOWN"
             + (f" Features={self.features[n]}" if self.features.get(n) else "")
+            + (f" Gres={self.gres[n]}" if self.gres.get(n) else "")
             for i, n in enumerate(self.nodes)
         )
         r = self.root
@@ -164,12 +218,19 @@ SlurmdTimeout=30
 InactiveLimit=0
 KillWait=5
 JobCompType=jobcomp/none
-AccountingStorageType=accounting_storage/none
+{self._accounting_conf()}
 {node_lines}
 PartitionName=gpu Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 {self.extra_conf}
 """
         )
+
+    def _accounting_conf(self) -> str:
+        if not self.accounting:
+            return "AccountingStorageType=accounting_storage/none"
+        return (f"AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageHost=localhost\n"
+                f"AccountingStoragePort={self.dbd_port}\nJobAcctGatherType=jobacct_gather/none\n"
+                f"AccountingStoragePass={self.munge_socket}")  # with munge, "Pass" names its socket
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         log = open(self.root / "log" / f"{name}.out", "ab")  # noqa: SIM115 - lives as long as the process
@@ -197,6 +258,11 @@ PartitionName=gpu Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE Stat
                     raise ClusterError(f"{name} exited ({proc.returncode}) while waiting for {what}:\n{log}")
             time.sleep(0.2)
         raise ClusterError(f"timed out waiting for {what}; logs in {self.root / 'log'}")
+
+
+def _sbin(name: str) -> str:
+    """Daemons live in /usr/sbin, which a non-login PATH may lack."""
+    return shutil.which(name) or str(Path("/usr/sbin", name))
 
 
 def _free_ports(count: int) -> list[int]:
@@ -231,6 +297,8 @@ class MigTestbed:
         default_factory=lambda: {"n1": ["A100-40GB"], "n2": ["A100-80GB", "A100-80GB"], "n3": ["H100-80GB"]}
     )
     policy: str = "mfi"
+    slice_gres: str = ""  # e.g. mig_slices: Slurm counts each MIG job's memory slices (site config slice_gres)
+    accounting: bool = False  # slurmdbd + MariaDB: sacct and association/QOS limits on the slices
     poll_interval_s: float = 0.2
     reconcile_interval_s: float = 5.0
     cluster: LocalCluster | None = None
@@ -268,7 +336,7 @@ class MigTestbed:
     def write_config(self, policy: str | None = None) -> None:
         import yaml
 
-        common = {"policy": policy or self.policy, "nodes": self.nodes}
+        common = {"policy": policy or self.policy, "nodes": self.nodes, "slice_gres": self.slice_gres}
         self.config_path.parent.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(yaml.safe_dump({
             **common,
@@ -298,7 +366,7 @@ class MigTestbed:
 
     def start(self) -> MigTestbed:
         from mig_batch.mig.models import get_model
-        from mig_batch.slurm.install import install
+        from mig_batch.slurm.install import install, node_slices, slice_accounting_conf
 
         self.root.mkdir(parents=True, exist_ok=True)
         self.write_config()
@@ -306,12 +374,22 @@ class MigTestbed:
         models = [get_model(m) for m in sorted({m for ms in self.nodes.values() for m in ms})]
         install(etc, sys.executable, str(self.config_path), f"{NODE_PATHS[1]}/jobs", f"{NODE_PATHS[1]}/agent.sock",
                 models)  # fmt: skip
+        gres_types, gres, accounting = "mig", {}, ""
+        if self.slice_gres:  # the generated gres.conf as a site would append it; counts on the node lines
+            (etc / "gres.conf").write_text(slice_accounting_conf(self.nodes, self.slice_gres)[1])
+            gres_types += f",{self.slice_gres}"
+            gres = {n: f"{self.slice_gres}:{c}" for n, c in node_slices(self.nodes).items()}
+            if self.accounting:
+                accounting = (f"AccountingStorageTRES=gres/{self.slice_gres}\n"
+                              "AccountingStorageEnforce=associations,limits,qos,safe\n")  # fmt: skip
         self.cluster = LocalCluster(
             self.root,
             nodes=tuple(self.nodes),
             features={n: ",".join(sorted(set(ms))) for n, ms in self.nodes.items()},
+            gres=gres,
+            accounting=self.accounting,
             extra_conf=(
-                "JobSubmitPlugins=lua\nGresTypes=mig\n"
+                f"JobSubmitPlugins=lua\nGresTypes={gres_types}\n{accounting}"
                 f"Prolog={etc / 'mig-batch-prolog'}\nEpilog={etc / 'mig-batch-epilog'}\n"
                 f"TaskProlog={etc / 'mig-batch-taskprolog'}\n"
             ),

@@ -1,0 +1,40 @@
+"""MIG use in Slurm accounting, on a real local Slurm with slurmdbd over a private MariaDB.
+
+mig-batchd sets gres:mig_slices:<memory slices> on each MIG job when it pins it; Slurm then counts the
+slices in the job's TRES (scontrol, sacct) and enforces an association's GrpTRES limit on them.
+"""
+
+import time
+
+import pytest
+
+from mig_batch.slurm.local_cluster import LocalCluster, MigTestbed
+
+MISSING = LocalCluster.accounting_available()
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(MISSING is not None, reason=str(MISSING))]
+
+
+def test_slices_reach_sacct_and_a_grptres_limit_holds(tmp_path):
+    bed = MigTestbed(tmp_path, nodes={"n1": ["A100-80GB", "A100-80GB"]}, slice_gres="mig_slices", accounting=True)
+    with bed:
+        run = bed.cluster.run
+        run("sacctmgr", "-i", "modify", "account", "mig", "set", "GrpTRES=gres/mig_slices=7")
+        # 3g.40gb holds 4 of an A100-80GB's 8 memory slices: the second job would make 8 > 7
+        sbatch = ("sbatch", "--parsable", "--gres=mig:3g.40gb", "-o", "/dev/null", "--wrap", "sleep 60")
+        jobs = [run(*sbatch).stdout.strip() for _ in range(2)]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            states = dict(line.split(maxsplit=1) for line in run("squeue", "-h", "-o", "%i %T:%r").stdout.splitlines())
+            if states.get(jobs[0]) == "RUNNING:None" and states.get(jobs[1]) == "PENDING:AssocGrpGRES":
+                break
+            time.sleep(0.5)
+        assert states == {jobs[0]: "RUNNING:None", jobs[1]: "PENDING:AssocGrpGRES"}, states
+        assert "gres/mig_slices=4" in run("scontrol", "show", "job", jobs[0]).stdout
+        deadline = time.monotonic() + 15  # slurmctld sends the job's start to slurmdbd in the background
+        while time.monotonic() < deadline:
+            sacct = run("sacct", "-n", "-X", "-P", "-j", jobs[0], "-o", "JobID,AllocTRES").stdout
+            if "gres/mig_slices" in sacct:
+                break
+            time.sleep(0.5)
+        assert "gres/mig_slices=4" in sacct, sacct
+        run("scancel", *jobs)
