@@ -13,26 +13,29 @@ from mig_batch.mig.models import get_model
 
 
 def _nvml_mig_gpu():
-    """(backend, GPU index) of a real MIG-enabled GPU with no instances, else None."""
+    """(backend, GPU index) of a real MIG-enabled GPU with no instances, else why there is none."""
     try:
         from mig_batch.gpu.nvml import NvmlNode
 
         backend = NvmlNode()
-        for gpu in backend.gpus():
+        gpus = backend.gpus()
+        for gpu in gpus:
             if gpu.mig_enabled and gpu.model != "unknown" and not backend.instances(gpu.index):
                 return backend, gpu.index
-    except Exception:
-        return None
-    return None
+    except Exception as exc:
+        return f"no NVIDIA driver here ({type(exc).__name__}: {exc})"
+    seen = "; ".join(f"GPU {g.index} {g.model}: MIG {'on, in use' if g.mig_enabled else 'mode off'}" for g in gpus)
+    return f"no free MIG-enabled GPU ({seen or 'none'}); never enabled here: creating rows need one"
+
+
+REAL_GPU = _nvml_mig_gpu()
 
 
 def _backends():
     yield pytest.param("emulated", id="emulated")
     yield pytest.param("nvml-emu:A100-40GB", id="nvml-emu-a100")
     yield pytest.param("nvml-emu:H200-141GB", id="nvml-emu-h200")  # the model a real driver's answers checked
-    yield pytest.param(
-        "nvml", id="nvml", marks=pytest.mark.skipif(_nvml_mig_gpu() is None, reason="no free MIG-enabled GPU here")
-    )
+    yield pytest.param("nvml", id="nvml", marks=pytest.mark.skipif(isinstance(REAL_GPU, str), reason=str(REAL_GPU)))
 
 
 @pytest.fixture(params=list(_backends()))
@@ -47,7 +50,7 @@ def node(request, tmp_path):
         backend, _directory = make([request.param.removeprefix("nvml-emu:")])
         yield backend, 0
         return
-    backend, gpu = _nvml_mig_gpu()
+    backend, gpu = REAL_GPU
     yield backend, gpu
     for inst in backend.instances(gpu):  # leave the GPU as found
         backend.destroy(gpu, inst.gi_id)
