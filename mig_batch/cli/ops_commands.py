@@ -295,25 +295,16 @@ def check_store(path: Path) -> Check:
 def check_agent(path: Path) -> Check:
     """The node agent answers a ping on its socket (only root gets a full answer)."""
     fix = "start the node agent: systemctl enable --now mig-batch-agent (journalctl -u mig-batch-agent says why not)"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    from mig_batch.node.hook_client import ask  # the hooks' own client: doctor asks as they do
+
     try:
-        sock.settimeout(5.0)
-        sock.connect(str(path))
-        sock.sendall(b'{"op": "ping"}\n')
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
+        _ok, line = ask(str(path), "ping", "", timeout_s=5.0)
     except OSError as exc:
         return Check("agent", False, f"no answer on {path}: {exc.strerror or exc}", fix)
-    finally:
-        sock.close()
     try:
-        answer = json.loads(data)
+        answer = json.loads(line)
     except ValueError:
-        return Check("agent", False, f"{path} answered {data[:100]!r}, not the agent's JSON", fix)
+        return Check("agent", False, f"{path} answered {line[:100]!r}, not the agent's JSON", fix)
     if answer.get("ok"):
         return Check("agent", True, f"{path}: {answer.get('detail', '')}")
     if "only root" in str(answer.get("detail", "")):

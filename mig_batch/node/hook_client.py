@@ -19,11 +19,11 @@ import syslog
 TIMEOUT_S = {"prolog": 120.0, "epilog": 120.0}
 
 
-def ask(path: str, op: str, job: str) -> tuple[bool, str]:
-    """(ok, the agent's answer line)."""
+def ask(path: str, op: str, job: str, timeout_s: float | None = None) -> tuple[bool, str]:
+    """(ok, the agent's answer line); OSError when the agent does not answer."""
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
-        sock.settimeout(TIMEOUT_S.get(op, 30.0))
+        sock.settimeout(timeout_s or TIMEOUT_S.get(op, 30.0))
         sock.connect(path)
         sock.sendall(b'{"op": "%s", "job": "%s"}\n' % (op.encode(), job.encode()))
         data = b""
