@@ -270,7 +270,14 @@ class MoldableRequest:
 
 def moldable_per_model(request: MoldableRequest, models: Iterable[GpuModel]) -> dict[str, dict[str, float]]:
     """The moldable request's options on each model that can run one of its sizes; a model that can run none
-    is left out. Refused only when no model can: the message names each model's reason."""
+    is left out. Refused when no model can (the message names each model's reason), or when a size runs on
+    no model of the site (a mistake, such as 9g.90gb, that would otherwise vanish)."""
+    models = list(models)
+    for size, seconds in request.times.items():
+        alone = MoldableRequest(times={size: seconds}, memory_mib=request.memory_mib)
+        if not any(_runs(alone, m) for m in models):
+            raise RequestError(f"moldable size {size!r} runs on no GPU model of this site "
+                               f"({', '.join(m.name for m in models)}); give sizes one of them has")  # fmt: skip
     out, why = {}, []
     for model in models:
         try:
@@ -280,6 +287,13 @@ def moldable_per_model(request: MoldableRequest, models: Iterable[GpuModel]) -> 
     if not out:
         raise RequestError("; ".join(why) or "no GPU model to run the moldable job on")
     return out
+
+
+def _runs(request: MoldableRequest, model: GpuModel) -> bool:
+    try:
+        return bool(request.candidates(model))
+    except RequestError:
+        return False
 
 
 def parse_moldable(text: str, memory: str | None = None) -> MoldableRequest:

@@ -158,3 +158,13 @@ def test_moldable_on_a_mixed_site_keeps_the_models_that_can_run_a_size():
     assert per_model == {"A100-80GB": {"7g.80gb": 3600.0}}  # A30 has no 7g: left out, not a refusal
     with pytest.raises(RequestError, match="A30-24GB.*A100-80GB|A100-80GB.*A30-24GB"):
         moldable_per_model(parse_moldable("7g.141gb=1h"), models)  # no model runs any size
+
+
+def test_a_moldable_size_no_model_of_the_site_runs_is_refused_by_name():
+    from mig_batch.mig.models import get_model
+    from mig_batch.request import RequestError, moldable_per_model, parse_moldable
+
+    models = [get_model("A30-24GB"), get_model("A100-80GB")]
+    with pytest.raises(RequestError, match="'9g.90gb' runs on no GPU model"):
+        moldable_per_model(parse_moldable("1g=1h,9g.90gb=5m"), models)
+    assert set(moldable_per_model(parse_moldable("1g=1h,4g=20m"), models)) == {"A30-24GB", "A100-80GB"}
