@@ -26,6 +26,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -86,6 +87,29 @@ def _unmount_all(path: Path) -> None:
 def _mount(what: str, where: Path, *args: str) -> None:
     if str(where) not in _mounts_under(where):
         _run(["mount", *args, what, str(where)])
+
+
+DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9), "tty": (5, 0)}
+
+
+def _mount_dev(root: Path) -> None:
+    """A private /dev (tmpfs with the few nodes condor uses, its own devpts): not a bind of the host's,
+    so a recursive delete of a pool left mounted cannot remove the host's device nodes."""
+    dev = root / "dev"
+    _mount("mig-batch-dev", dev, "-t", "tmpfs", "-o", "mode=0755,size=1m")
+    for name, (major, minor) in DEVICES.items():
+        if not (dev / name).exists():
+            os.mknod(dev / name, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+            os.chmod(dev / name, 0o666)  # mknod applies the umask
+    for sub in ("pts", "shm"):
+        (dev / sub).mkdir(exist_ok=True)
+    _mount("devpts", dev / "pts", "-t", "devpts", "-o", "newinstance,ptmxmode=0666")
+    _mount("mig-batch-shm", dev / "shm", "-t", "tmpfs", "-o", "mode=1777,size=16m")
+    links = {"ptmx": "pts/ptmx", "fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
+             "stderr": "/proc/self/fd/2"}  # fmt: skip
+    for name, target in links.items():
+        if not (dev / name).is_symlink():
+            os.symlink(target, dev / name)
 
 
 def _inside(root: Path, path: str) -> Path:
@@ -166,7 +190,7 @@ class Image:
         (archives / "partial").mkdir(parents=True, exist_ok=True)
         try:
             _mount("proc", root / "proc", "-t", "proc")
-            _mount("/dev", root / "dev", "--bind")
+            _mount_dev(root)
             _mount(str(archives), _inside(root, "/var/cache/apt/archives"), "--bind")  # .debs kept for rebuilds
             in_root = ["chroot", str(root)]
             log("apt-get install minicondor (in the chroot)")
@@ -321,8 +345,7 @@ class LocalPool:
                "-o", f"lowerdir={self.image.path},upperdir={upper},workdir={work}")  # fmt: skip
         _mount("proc", self.chroot / "proc", "-t", "proc")
         _mount("sysfs", self.chroot / "sys", "-t", "sysfs")
-        _mount("/dev", self.chroot / "dev", "--bind")
-        _mount("/dev/pts", self.chroot / "dev/pts", "--bind")
+        _mount_dev(self.chroot)
         for host_dir in (self.shared, self.root / "agent"):  # the same path inside, so paths need no mapping
             self.run("mkdir", "-p", str(host_dir))
             _mount(str(host_dir), _inside(self.chroot, str(host_dir)), "--bind")
