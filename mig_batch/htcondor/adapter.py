@@ -36,7 +36,7 @@ class HTCondorError(BatchError):
 IDLE, RUNNING, REMOVED, COMPLETED, HELD, TRANSFERRING_OUTPUT, SUSPENDED = 1, 2, 3, 4, 5, 6, 7
 PROJECTION = ["ClusterId", "ProcId", "JobStatus", "Owner", TAG_ATTR, "RemoteHost", "LastRemoteHost", "QDate",
               "JobCurrentStartDate", TIME_LIMIT_ATTR, "ExitCode", "ExitBySignal", "ExitSignal", "HoldReason",
-              "EnteredCurrentStatus"]  # fmt: skip
+              "LastRejMatchReason", "EnteredCurrentStatus"]  # fmt: skip
 MANAGED = f"{TAG_ATTR} =!= undefined"
 
 
@@ -94,7 +94,7 @@ def to_batch_job(ad: Any, nodes_by_startd: dict[str, str] | None = None) -> Batc
         time_limit_s=limit,
         exit_status=exit_status,
         outcome=_outcome(status, exit_status),
-        reason=str(ad.get("HoldReason", "") or "") if status == HELD else "",
+        reason=str(ad.get({HELD: "HoldReason", IDLE: "LastRejMatchReason"}.get(status, ""), "") or ""),
     )
 
 

@@ -1,0 +1,167 @@
+"""End to end on a real HTCondor pool (a sid chroot with minicondor, two startds as nodes ``nodea`` and
+``nodeb``; mig_batch.htcondor.pool), started once for the module.
+
+This test process is the controller: it talks to the pool through ``HTCondorBatch`` with the
+controller's token (a queue superuser). The job owner acts through the pool's own command-line tools
+run as that user inside the chroot, so the two identities never share a process (the bindings keep
+one security session per process).
+"""
+
+import os
+import re
+import time
+
+import pytest
+
+from mig_batch.batch.system import JobState, Pin
+from mig_batch.batch.tags import AgentTag, parse_agent_tag, parse_place
+from mig_batch.htcondor.pool import LocalPool
+
+WHY_NOT = LocalPool.available()
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))]
+
+REQUEST = "mig-batch:v1;req=20G"
+JOB = """executable = /bin/sh
+arguments = "-c 'grep ^MigBatchNodeName $_CONDOR_MACHINE_AD; sleep {seconds}'"
+output = {name}.out
+error = {name}.err
+log = {name}.log
+request_cpus = 1
+request_memory = 64M
+request_disk = 10M
+should_transfer_files = NO
+{extra}
+queue
+"""
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    pool = LocalPool(tmp_path_factory.mktemp("htcondor"))
+    started = time.monotonic()
+    pool.start()
+    print(f"\nHTCondor pool started in {time.monotonic() - started:.1f}s: {pool.timings}")
+    yield pool
+    pool.stop()
+
+
+@pytest.fixture(scope="module")
+def controller(pool):
+    from mig_batch.htcondor.adapter import HTCondorBatch
+
+    before = os.environ.get("CONDOR_CONFIG")
+    yield HTCondorBatch(pool.client_config(pool.controller), agent_file=str(pool.agent_file("{node}")))
+    if before is None:
+        os.environ.pop("CONDOR_CONFIG", None)
+    else:
+        os.environ["CONDOR_CONFIG"] = before
+
+
+def submit_as_owner(pool, name, seconds=1, held=True, tag=REQUEST):
+    """condor_submit run by the job's owner inside the pool; the job id."""
+    extra = [f'+MigBatchTag = "{tag}"'] if tag else []
+    extra += ["hold = True"] if held else []
+    (pool.shared / f"{name}.sub").write_text(JOB.format(name=name, seconds=seconds, extra="\n".join(extra)))
+    out = pool.run("condor_submit", f"{name}.sub", user=pool.user, cwd=str(pool.shared)).stdout
+    cluster = re.search(r"submitted to cluster (\d+)", out)
+    assert cluster, out
+    return f"{cluster.group(1)}.0"
+
+
+def owner(pool, *argv):
+    """A command of the job's owner (condor authenticates the unix user inside the chroot)."""
+    return pool.run(*argv, user=pool.user, check=False)
+
+
+def wait_for(controller, job_id, done, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = controller.job(job_id)
+        if job is not None and done(job):
+            return job
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} still {controller.job(job_id)} after {timeout}s")
+
+
+def negotiated(controller, job_id):
+    """The job once the negotiator has considered it: matched (not idle), or idle with its reason."""
+    controller.schedd.reschedule()  # a negotiation cycle now
+    return wait_for(controller, job_id, lambda j: j.state is not JobState.PENDING or j.reason, timeout=60)
+
+
+def placed(node):
+    return f"{REQUEST};place={node}/0/3g.40gb@4"
+
+
+def test_pinned_jobs_run_only_on_their_nodes_and_finish(pool, controller):
+    first, second = submit_as_owner(pool, "first"), submit_as_owner(pool, "second")
+    seen = {j.job_id: j for j in controller.jobs()}
+    assert seen[first].state is JobState.HELD and seen[first].managed and seen[first].admin_tag == REQUEST
+    assert seen[second].held
+
+    # crosswise from the order condor would pick by itself: the second startd first
+    started = time.monotonic()
+    pins = [Pin(first, "nodeb", placed("nodeb")), Pin(second, "nodea", placed("nodea"))]
+    assert controller.pin_and_release(pins) == {}
+    for job_id, node in ((first, "nodeb"), (second, "nodea")):
+        job = wait_for(controller, job_id, lambda j: j.finished)
+        assert (job.node, job.outcome, job.exit_status) == (node, "COMPLETED", 0)
+        assert parse_place(job.admin_tag).node == node
+        name = "first" if job_id == first else "second"
+        seen_by_job = (pool.shared / f"{name}.out").read_text().strip()  # what the job saw of its machine
+        assert seen_by_job == f'MigBatchNodeName = "{node}"'
+    print(f"pinned -> both finished in {time.monotonic() - started:.1f}s")
+
+
+def test_a_managed_job_without_a_pin_matches_no_node(pool, controller):
+    job_id = submit_as_owner(pool, "unpinned", held=False)
+    job = negotiated(controller, job_id)
+    assert (job.state, job.reason) == (JobState.PENDING, "no match found")
+    controller.hold(job_id)
+    assert controller.pin_and_release([Pin(job_id, "nodea", placed("nodea"))]) == {}
+    assert wait_for(controller, job_id, lambda j: j.finished).node == "nodea"
+
+
+def test_the_owner_cannot_edit_the_placement_but_the_controller_can(pool, controller):
+    job_id = submit_as_owner(pool, "edits")
+    for attr, value in (("MigBatchNode", '"nodeb"'), ("MigBatchTag", f'"{placed("nodeb")}"')):
+        refused = owner(pool, "condor_qedit", job_id, attr, value)
+        assert refused.returncode != 0 and f'Failed to set attribute "{attr}"' in refused.stderr + refused.stdout
+    assert controller.job(job_id).admin_tag == REQUEST
+    # the owner may edit its own job otherwise: the refusal above is the protection, not a wrong identity
+    assert owner(pool, "condor_qedit", job_id, "MigBatchOwnerNote", '"mine"').returncode == 0
+    controller.set_job_tag(job_id, placed("nodea"))
+    assert controller.job(job_id).admin_tag == placed("nodea")
+    controller.cancel(job_id)
+    assert wait_for(controller, job_id, lambda j: j.finished).cancelled
+
+
+def test_requeue_hold_unpins_so_an_owner_release_runs_nothing(pool, controller):
+    job_id = submit_as_owner(pool, "requeued", seconds=60)
+    assert controller.pin_and_release([Pin(job_id, "nodeb", placed("nodeb"))]) == {}
+    assert wait_for(controller, job_id, lambda j: j.running).node == "nodeb"
+    refused = controller.pin_and_release([Pin(job_id, "nodea", placed("nodea"))])
+    assert job_id in refused  # a running job is not pinned again
+    controller.requeue_hold(job_id, "the node could not place it")
+    job = controller.job(job_id)
+    assert job.held and "requeued" in job.reason
+    # HTCondor lets the owner release a job its superuser held; with no pin it matches nowhere
+    assert owner(pool, "condor_release", job_id).returncode == 0
+    job = negotiated(controller, job_id)
+    assert (job.state, job.reason) == (JobState.PENDING, "no match found")
+    controller.cancel(job_id)
+    assert wait_for(controller, job_id, lambda j: j.finished).outcome == "CANCELLED"
+
+
+def test_node_agent_state_reaches_the_controller_through_the_startd(pool, controller):
+    assert {n.node for n in controller.nodes()} == {"nodea", "nodeb"}
+    tag = AgentTag(started=100.0, reconciled=time.time(), strays=2)
+    controller.set_node_tag("nodeb", tag.text())
+    deadline = time.monotonic() + 30  # the startd cron runs every 5 s, then updates the collector
+    while time.monotonic() < deadline:
+        nodes = {n.node: n for n in controller.nodes()}
+        if nodes["nodeb"].agent_tag:
+            break
+        time.sleep(0.5)
+    assert parse_agent_tag(nodes["nodeb"].agent_tag) == parse_agent_tag(tag.text())
+    assert nodes["nodea"].agent_tag == "" and all(n.up for n in nodes.values())
