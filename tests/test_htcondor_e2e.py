@@ -165,3 +165,29 @@ def test_node_agent_state_reaches_the_controller_through_the_startd(pool, contro
         time.sleep(0.5)
     assert parse_agent_tag(nodes["nodeb"].agent_tag) == parse_agent_tag(tag.text())
     assert nodes["nodea"].agent_tag == "" and all(n.up for n in nodes.values())
+
+
+def test_the_controller_decides_over_htcondor_and_each_job_runs_where_decided(pool, controller, tmp_path):
+    """mig-batchd's decision core, unchanged, with HTCondor as its batch system (no node agent yet: the
+    jobs run without instances; the point is that the decision reaches the right startd)."""
+    from mig_batch.config import SiteConfig
+    from mig_batch.controller.daemon import Controller
+    from mig_batch.state import Store
+
+    site = SiteConfig(state=tmp_path / "state.db", nodes={"nodea": ("A100-80GB",), "nodeb": ("H100-80GB",)})
+    store = Store(site.state)
+    daemon = Controller(site, store, controller)
+    # the model pins each job to one node's GPU: where it runs is the controller's doing, not chance
+    jobs = {submit_as_owner(pool, "on-h100", tag="mig-batch:v1;req=40G;model=H100-80GB"): "nodeb",
+            submit_as_owner(pool, "on-a100", tag="mig-batch:v1;req=40G;model=A100-80GB"): "nodea"}  # fmt: skip
+    stats = daemon.step()
+    assert stats.placed == 2 and not stats.errors, stats
+    for job_id, node in jobs.items():
+        decided = store.decision(job_id)
+        finished = wait_for(controller, job_id, lambda j: j.finished)
+        assert decided.node == node and (finished.node, finished.outcome) == (node, "COMPLETED")
+        place = parse_place(finished.admin_tag)  # what HTCondor carried is what the store recorded
+        assert (place.node, place.gpu, place.profile, place.start) == (node, decided.gpu, decided.profile,
+                                                                       decided.start)  # fmt: skip
+    daemon.step()
+    assert {store.decision(j).state for j in jobs} == {"ended"}
