@@ -292,7 +292,7 @@ class LocalPool:
         if why:
             raise PoolError(why)
         t0 = time.monotonic()
-        self.timings["image"] = 0.0
+        self.reap_stale()
         how = self.image.ensure()
         self.timings["image"] = time.monotonic() - t0
         self.timings[f"image_{how}"] = self.timings["image"]
@@ -309,6 +309,29 @@ class LocalPool:
             raise
         self.timings["start"] = time.monotonic() - t0
         return self
+
+    @staticmethod
+    def reap_stale() -> list[Path]:
+        """Stop the pools whose owning process is gone (a test run that was killed): their daemons still
+        run and their mounts stay until someone stops them. Pools of live processes are left alone."""
+        reaped = []
+        with open("/proc/mounts") as mounts:
+            points = [line.split()[1] for line in mounts if line.startswith("overlay ")]
+        for point in points:
+            root = Path(point).parent
+            owner = root / "owner.pid"
+            if Path(point).name != "chroot" or not owner.exists():
+                continue  # not one of ours
+            try:
+                os.kill(int(owner.read_text()), 0)
+                continue  # its owner still runs
+            except ProcessLookupError:
+                pass
+            except (ValueError, PermissionError):
+                continue
+            LocalPool(root).stop()
+            reaped.append(root)
+        return reaped
 
     def stop(self) -> None:
         """Stop every process of this pool (by pid: those whose root is this chroot), copy condor's logs
@@ -341,6 +364,7 @@ class LocalPool:
         upper, work = self.root / "overlay" / "upper", self.root / "overlay" / "work"
         for d in (upper, work, self.chroot, self.shared, self.root / "client", self.root / "agent"):
             d.mkdir(parents=True, exist_ok=True)
+        (self.root / "owner.pid").write_text(f"{os.getpid()}\n")  # a pool whose owner died is reaped
         _mount("overlay", self.chroot, "-t", "overlay",
                "-o", f"lowerdir={self.image.path},upperdir={upper},workdir={work}")  # fmt: skip
         _mount("proc", self.chroot / "proc", "-t", "proc")
@@ -361,7 +385,6 @@ class LocalPool:
         self.run("chown", "condor:condor", *dirs)
         self.shared.chmod(0o1777)
         self.port = self.port or _free_port()
-        self.timings.setdefault("image", 0.0)
         config = [
             f"# written by mig_batch.htcondor.pool for {self.root}",
             "CONDOR_HOST = 127.0.0.1",
