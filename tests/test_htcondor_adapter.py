@@ -30,6 +30,14 @@ def test_a_running_job_names_its_node_by_mig_batch_node_name():
     assert job.managed and job.submit_time == 1000.0
 
 
+def test_a_managed_job_waits_as_held_until_pinned_whatever_htcondor_calls_it():
+    # idle without a pin: START lets it match no node, so for the controller it waits like a held job
+    assert to_batch_job(ad(JobStatus=1)).state is JobState.HELD
+    assert to_batch_job(ad(JobStatus=1, MigBatchNode="nodeb")).state is JobState.PENDING
+    assert to_batch_job(ad(JobStatus=1, MigBatchTag=None)).state is JobState.PENDING  # not managed
+    assert to_batch_job(ad(JobStatus=2, RemoteHost="slot1_1@x")).state is JobState.RUNNING
+
+
 def test_an_unknown_startd_is_named_as_htcondor_names_it():
     assert to_batch_job(ad(JobStatus=2, RemoteHost="slot1_1@elsewhere")).node == "elsewhere"
 
@@ -46,10 +54,11 @@ def test_finished_jobs_carry_exit_status_and_outcome():
 def test_held_jobs_say_why_and_pending_ones_have_no_start():
     held = to_batch_job(ad(JobStatus=5, HoldReason="by the controller", JobCurrentStartDate=2000))
     assert held.held and held.reason == "by the controller" and held.start_time == 0.0
-    assert to_batch_job(ad(LastRejMatchReason="no match found")).reason == "no match found"
+    assert to_batch_job(ad(MigBatchNode="n", LastRejMatchReason="no match found")).reason == "no match found"
     assert to_batch_job(ad(JobStatus=2, LastRejMatchReason="no match found")).reason == ""
     assert to_batch_job(ad(MigBatchTag=None)).admin_tag == ""
     assert to_batch_job(ad()).time_limit_s == math.inf
+    assert to_batch_job(ad(LastRejMatchReason="no match found")).reason == "no match found"  # held, but idle
 
 
 @pytest.mark.parametrize("bad", ["", "7.x", "abc", "7.0; true"])

@@ -84,9 +84,9 @@ def wait_for(controller, job_id, done, timeout=60):
 
 
 def negotiated(controller, job_id):
-    """The job once the negotiator has considered it: matched (not idle), or idle with its reason."""
+    """The job once the negotiator has considered it: matched (running or done), or rejected."""
     controller.schedd.reschedule()  # a negotiation cycle now
-    return wait_for(controller, job_id, lambda j: j.state is not JobState.PENDING or j.reason, timeout=60)
+    return wait_for(controller, job_id, lambda j: j.running or j.finished or j.reason == "no match found")
 
 
 def placed(node):
@@ -113,11 +113,10 @@ def test_pinned_jobs_run_only_on_their_nodes_and_finish(pool, controller):
     print(f"pinned -> both finished in {time.monotonic() - started:.1f}s")
 
 
-def test_a_managed_job_without_a_pin_matches_no_node(pool, controller):
-    job_id = submit_as_owner(pool, "unpinned", held=False)
+def test_a_managed_job_without_a_pin_matches_no_node_and_waits_as_held(pool, controller):
+    job_id = submit_as_owner(pool, "unpinned", held=False)  # idle in HTCondor's words
     job = negotiated(controller, job_id)
-    assert (job.state, job.reason) == (JobState.PENDING, "no match found")
-    controller.hold(job_id)
+    assert (job.state, job.reason) == (JobState.HELD, "no match found")
     assert controller.pin_and_release([Pin(job_id, "nodea", placed("nodea"))]) == {}
     assert wait_for(controller, job_id, lambda j: j.finished).node == "nodea"
 
@@ -145,10 +144,13 @@ def test_requeue_hold_unpins_so_an_owner_release_runs_nothing(pool, controller):
     controller.requeue_hold(job_id, "the node could not place it")
     job = controller.job(job_id)
     assert job.held and "requeued" in job.reason
-    # HTCondor lets the owner release a job its superuser held; with no pin it matches nowhere
+    # HTCondor lets the owner release a job its superuser held; with no pin it matches nowhere, and
+    # the controller still sees a job waiting for its decision
     assert owner(pool, "condor_release", job_id).returncode == 0
     job = negotiated(controller, job_id)
-    assert (job.state, job.reason) == (JobState.PENDING, "no match found")
+    assert (job.state, job.reason) == (JobState.HELD, "no match found")
+    assert controller.pin_and_release([Pin(job_id, "nodea", placed("nodea"))]) == {}
+    assert wait_for(controller, job_id, lambda j: j.running).node == "nodea"
     controller.cancel(job_id)
     assert wait_for(controller, job_id, lambda j: j.finished).outcome == "CANCELLED"
 

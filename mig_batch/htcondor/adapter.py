@@ -2,9 +2,12 @@
 decisions.
 
 A job is ``<cluster>.<proc>``. The managed-job tag lives in the protected job attribute ``MigBatchTag``
-and the pin in ``MigBatchNode`` (see ``attrs``): pinning writes both into a *held* job (an edit
-constrained on ``JobStatus == 5``, so a job that is no longer held is refused like Slurm refuses it)
-and releases it; the startd's START then matches it on that node only. A node's agent state is a
+and the pin in ``MigBatchNode`` (see ``attrs``); the startd's START matches a managed job only on the
+node it is pinned to. So a managed job waits for the controller in either of two HTCondor states, and
+the seam sees both as ``HELD``: held (JobStatus 5), or idle without a pin (it can match no node; this is
+also where an owner's ``condor_release`` of a job the controller held leaves it). Pinning writes the tag
+and the pin into such a job only (the edits are constrained on it, so a job that started or ended is
+refused, as Slurm refuses it) and releases it if it was held. A node's agent state is a
 startd attribute, ``MigBatchAgent``, published by a startd cron job from a node-local file that
 :meth:`HTCondorBatch.set_node_tag` writes.
 
@@ -36,8 +39,9 @@ class HTCondorError(BatchError):
 IDLE, RUNNING, REMOVED, COMPLETED, HELD, TRANSFERRING_OUTPUT, SUSPENDED = 1, 2, 3, 4, 5, 6, 7
 PROJECTION = ["ClusterId", "ProcId", "JobStatus", "Owner", TAG_ATTR, "RemoteHost", "LastRemoteHost", "QDate",
               "JobCurrentStartDate", TIME_LIMIT_ATTR, "ExitCode", "ExitBySignal", "ExitSignal", "HoldReason",
-              "LastRejMatchReason", "EnteredCurrentStatus"]  # fmt: skip
+              "LastRejMatchReason", "EnteredCurrentStatus", PIN_ATTR]  # fmt: skip
 MANAGED = f"{TAG_ATTR} =!= undefined"
+WAITING = f"(JobStatus == {HELD} || (JobStatus == {IDLE} && {PIN_ATTR} =?= undefined))"  # the seam's HELD
 
 
 def _bindings() -> tuple[Any, Any]:
@@ -77,6 +81,9 @@ def to_batch_job(ad: Any, nodes_by_startd: dict[str, str] | None = None) -> Batc
     """A job ad (a ClassAd or a plain mapping) as the seam's record. ``node`` is the startd's
     ``MigBatchNodeName`` when ``nodes_by_startd`` knows it, else the startd's name."""
     status = int(ad.get("JobStatus", IDLE))
+    state = job_state(status)
+    if state is JobState.PENDING and ad.get(TAG_ATTR) and not isinstance(ad.get(PIN_ATTR), str):
+        state = JobState.HELD  # managed and unpinned: START lets it match no node until the controller pins it
     signalled = bool(ad.get("ExitBySignal", False))
     exit_status = 128 + int(ad.get("ExitSignal", 0)) if signalled else int(ad.get("ExitCode", 0) or 0)
     startd = _host(str(ad.get("RemoteHost") or ad.get("LastRemoteHost") or ""))
@@ -85,7 +92,7 @@ def to_batch_job(ad: Any, nodes_by_startd: dict[str, str] | None = None) -> Batc
     limit = float(ad.get(TIME_LIMIT_ATTR, 0) or 0) or math.inf
     return BatchJob(
         job_id=f"{ad['ClusterId']}.{ad['ProcId']}",
-        state=job_state(status),
+        state=state,
         admin_tag=str(ad.get(TAG_ATTR, "") or ""),
         node=(nodes_by_startd or {}).get(startd, startd),
         submit_time=float(ad.get("QDate", 0) or 0),
@@ -195,21 +202,21 @@ class HTCondorBatch:
         """Write each held job's tag and pin (and a subjob's time limit), then release it; the jobs that
         failed, with HTCondor's message (a job no longer held is refused and left alone)."""
         failed: dict[str, str] = {}
-        released = 0
         for p in pins:
             try:
-                # constrained on being held: the schedd refuses the edit of a job that is not
-                held = f"{_job_constraint(p.job_id)} && JobStatus == {HELD}"
-                with self._call(f"pin {p.job_id} to {p.node} (is it still held?)"):
-                    self.schedd.edit(held, TAG_ATTR, self._quote(p.admin_tag))
-                    self.schedd.edit(held, PIN_ATTR, self._quote(p.node))
+                # every edit constrained on the job still waiting: the schedd refuses it otherwise
+                waiting = f"{_job_constraint(p.job_id)} && {WAITING}"
+                with self._call(f"pin {p.job_id} to {p.node} (is it still waiting?)"):
                     if p.time_limit_min is not None:
-                        self.schedd.edit(held, TIME_LIMIT_ATTR, str(p.time_limit_min * 60))
-                self._act("Release", p.job_id, "mig-batch: placed")
-                released += 1
+                        self.schedd.edit(waiting, TIME_LIMIT_ATTR, str(p.time_limit_min * 60))
+                    self.schedd.edit(waiting, TAG_ATTR, self._quote(p.admin_tag))
+                    self.schedd.edit(waiting, PIN_ATTR, self._quote(p.node))  # last: it ends "waiting"
+                    result = self.schedd.act(self.htcondor.JobAction.Release, p.job_id, ("mig-batch: placed", 0))
+                if int(result.get("TotalSuccess", 0)) + int(result.get("TotalBadStatus", 0)) != 1:
+                    raise HTCondorError(f"release {p.job_id}: {dict(result)}")  # BadStatus: it was idle, not held
             except HTCondorError as exc:
                 failed[p.job_id] = str(exc)
-        if released:
+        if len(failed) < len(pins):
             self._reschedule()
         return failed
 
@@ -237,8 +244,8 @@ class HTCondorBatch:
         self._act("Hold", job, reason, done_ok=True)
 
     def requeue_hold(self, job: str, reason: str = "") -> None:
-        """Held by the controller's identity (vacated if running) and unpinned, so that no release but
-        the controller's next pin lets it match a node again."""
+        """Held by the controller's identity (vacated if running) and unpinned: its owner may release it
+        (HTCondor lets them), but unpinned it matches no node and the seam still sees it held."""
         self.hold(job, f"mig-batch: requeued{': ' + reason if reason else ''}")
         with self._call(f"unpin {job}"):
             self.schedd.edit(_job_constraint(job), PIN_ATTR, "undefined")
