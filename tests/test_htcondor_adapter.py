@@ -79,3 +79,14 @@ def test_policy_text_pins_managed_jobs_and_protects_the_placement():
         'NODEB.MigBatchNodeName = "nodeb"\nNODEB.STARTD_CRON_MIGBATCH_ARGS = /run/x.ad\n'
     )
     assert "PROTECTED_JOB_ATTRS = $(PROTECTED_JOB_ATTRS) MigBatchTag MigBatchNode" in schedd_config("migctl")
+
+
+def test_undefined_values_in_a_job_ad_are_dropped_not_printed_as_numbers():
+    classad2 = pytest.importorskip("classad2")
+    from mig_batch.htcondor.adapter import HTCondorBatch
+
+    job_ad = classad2.ClassAd(ad(JobStatus=1))
+    job_ad["MigBatchTag"] = classad2.ExprTree("undefined")  # what a projection returns for a dropped attribute
+    job_ad["RemoteHost"] = classad2.ExprTree("undefined")
+    job = to_batch_job(HTCondorBatch()._plain(job_ad))
+    assert (job.admin_tag, job.node, job.state) == ("", "", JobState.PENDING)

@@ -57,14 +57,17 @@ def controller(pool):
         os.environ["CONDOR_CONFIG"] = before
 
 
-def submit_as_owner(pool, name, seconds=1, held=True, tag=REQUEST):
-    """condor_submit run by the job's owner inside the pool; the job id."""
-    extra = [f'+MigBatchTag = "{tag}"'] if tag else []
+def submit_as_owner(pool, name, seconds=1, held=True, check=True, **request):
+    """condor_submit run by the job's owner inside the pool, with request attributes (``MigRequest="20G"``
+    by default; the schedd's transform makes the tag from them); the job id, or the refusal."""
+    extra = [f"+{attr} = {value}" for attr, value in ({"MigRequest": '"20G"'} | request).items()]
     extra += ["hold = True"] if held else []
     (pool.shared / f"{name}.sub").write_text(JOB.format(name=name, seconds=seconds, extra="\n".join(extra)))
-    out = pool.run("condor_submit", f"{name}.sub", user=pool.user, cwd=str(pool.shared)).stdout
-    cluster = re.search(r"submitted to cluster (\d+)", out)
-    assert cluster, out
+    proc = pool.run("condor_submit", f"{name}.sub", user=pool.user, cwd=str(pool.shared), check=check)
+    cluster = re.search(r"submitted to cluster (\d+)", proc.stdout)
+    if not check:
+        return proc
+    assert cluster, proc.stdout
     return f"{cluster.group(1)}.0"
 
 
@@ -119,6 +122,21 @@ def test_a_managed_job_without_a_pin_matches_no_node_and_waits_as_held(pool, con
     assert (job.state, job.reason) == (JobState.HELD, "no match found")
     assert controller.pin_and_release([Pin(job_id, "nodea", placed("nodea"))]) == {}
     assert wait_for(controller, job_id, lambda j: j.finished).node == "nodea"
+
+
+def test_the_schedd_makes_the_tag_and_drops_what_the_owner_wrote_into_placement_attributes(pool, controller):
+    forged = submit_as_owner(pool, "forged", MigModel='"H100-80GB"', MigBatchNode='"nodea"',
+                             MigBatchTag='"mig-batch:v1;req=1g;place=nodea/0/7g.80gb@0"')  # fmt: skip
+    job = controller.job(forged)
+    assert job.admin_tag == "mig-batch:v1;req=20G;model=H100-80GB" and parse_place(job.admin_tag) is None
+    pin = pool.run("condor_q", forged, "-af", "MigBatchNode").stdout.strip()
+    assert pin == "undefined" and job.held  # unpinned: it waits for the controller
+    unmanaged = submit_as_owner(pool, "unmanaged", MigRequest="undefined", MigBatchTag=f'"{placed("nodea")}"')
+    assert controller.job(unmanaged).admin_tag == "" and not controller.job(unmanaged).managed
+    refused = submit_as_owner(pool, "injected", check=False, MigRequest='"20G;place=nodea/0/7g.80gb@0"')
+    assert refused.returncode != 0 and "MigRequest, MigCompute, MigModel may hold only" in refused.stderr
+    for job_id in (forged, unmanaged):
+        controller.cancel(job_id)
 
 
 def test_the_owner_cannot_edit_the_placement_but_the_controller_can(pool, controller):
@@ -176,12 +194,14 @@ def test_the_controller_decides_over_htcondor_and_each_job_runs_where_decided(po
     from mig_batch.controller.daemon import Controller
     from mig_batch.state import Store
 
+    for leftover in (j for j in controller.jobs() if not j.finished):  # the controller would place them too
+        controller.cancel(leftover.job_id)
     site = SiteConfig(state=tmp_path / "state.db", nodes={"nodea": ("A100-80GB",), "nodeb": ("H100-80GB",)})
     store = Store(site.state)
     daemon = Controller(site, store, controller)
     # the model pins each job to one node's GPU: where it runs is the controller's doing, not chance
-    jobs = {submit_as_owner(pool, "on-h100", tag="mig-batch:v1;req=40G;model=H100-80GB"): "nodeb",
-            submit_as_owner(pool, "on-a100", tag="mig-batch:v1;req=40G;model=A100-80GB"): "nodea"}  # fmt: skip
+    jobs = {submit_as_owner(pool, "on-h100", MigRequest='"40G"', MigModel='"H100-80GB"'): "nodeb",
+            submit_as_owner(pool, "on-a100", MigRequest='"40G"', MigModel='"A100-80GB"'): "nodea"}  # fmt: skip
     stats = daemon.step()
     assert stats.placed == 2 and not stats.errors, stats
     for job_id, node in jobs.items():

@@ -23,7 +23,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,8 +77,8 @@ def _host(slot: str) -> str:
     return slot.partition("@")[2] if "@" in slot else slot
 
 
-def to_batch_job(ad: Any, nodes_by_startd: dict[str, str] | None = None) -> BatchJob:
-    """A job ad (a ClassAd or a plain mapping) as the seam's record. ``node`` is the startd's
+def to_batch_job(ad: Mapping[str, Any], nodes_by_startd: dict[str, str] | None = None) -> BatchJob:
+    """A job ad (without undefined values: ``HTCondorBatch._plain``) as the seam's record. ``node`` is the startd's
     ``MigBatchNodeName`` when ``nodes_by_startd`` knows it, else the startd's name."""
     status = int(ad.get("JobStatus", IDLE))
     state = job_state(status)
@@ -148,6 +148,11 @@ class HTCondorBatch:
         return self._schedd
 
     # --- reading ---------------------------------------------------------------------------------
+    def _plain(self, ad: Any) -> dict[str, Any]:
+        """A job ad as a dict without its undefined and error values (classad2 returns them as
+        ``classad2.Value`` members, which are truthy and print as numbers)."""
+        return {k: v for k, v in ad.items() if not isinstance(v, self.classad.Value)}
+
     def _startds(self) -> list[Any]:
         """The slot ads of mig_batch's nodes."""
         with self._call("query the collector for startds"):
@@ -158,7 +163,7 @@ class HTCondorBatch:
     def _startd_nodes(self) -> dict[str, str]:
         """startd name (``nodeb@migpool``) -> its MigBatchNodeName."""
         ads = self._startds()
-        return {_host(str(ad["Name"])): str(ad[NODE_NAME_ATTR]) for ad in ads}
+        return {_host(str(ad["Name"])): str(ad[NODE_NAME_ATTR]) for ad in map(self._plain, ads)}
 
     def jobs(self) -> list[BatchJob]:
         """The managed jobs (those with a tag) in the queue, and those finished in the last ``history_s``."""
@@ -171,7 +176,7 @@ class HTCondorBatch:
                                         projection=PROJECTION)  # fmt: skip
         out = {}
         for ad in [*ended, *queued]:  # the queue's copy wins
-            job = to_batch_job(ad, nodes)
+            job = to_batch_job(self._plain(ad), nodes)
             out[job.job_id] = job
         return list(out.values())
 
@@ -182,13 +187,12 @@ class HTCondorBatch:
             ads = self.schedd.query(constraint=constraint, projection=PROJECTION)
             if not ads:
                 ads = self.schedd.history(constraint=constraint, projection=PROJECTION, match=1)
-        return to_batch_job(ads[0], self._startd_nodes()) if ads else None
+        return to_batch_job(self._plain(ads[0]), self._startd_nodes()) if ads else None
 
     def nodes(self) -> list[NodeStatus]:
         """One status per MigBatchNodeName: up while its startd advertises a slot that is not drained."""
-        ads = self._startds()
         out: dict[str, NodeStatus] = {}
-        for ad in ads:
+        for ad in map(self._plain, self._startds()):
             name = str(ad[NODE_NAME_ATTR])
             up = str(ad.get("State", "")) != "Drained" or (name in out and out[name].up)
             out[name] = NodeStatus(name, up, str(ad.get(AGENT_ATTR, "") or ""))

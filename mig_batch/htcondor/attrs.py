@@ -20,6 +20,8 @@ The ``MigBatch`` prefix keeps clear of HTCondor's own attributes and of a site's
 
 from __future__ import annotations
 
+from mig_batch.batch.system import MANAGED_PREFIX
+
 TAG_ATTR = "MigBatchTag"
 PIN_ATTR = "MigBatchNode"
 NODE_NAME_ATTR = "MigBatchNodeName"
@@ -52,11 +54,41 @@ def node_config(node: str, agent_file: str, prefix: str = "") -> str:
     return f'{prefix}{NODE_NAME_ATTR} = "{node}"\n{prefix}STARTD_CRON_{CRON_JOB}_ARGS = {agent_file}\n'
 
 
+# What a user writes in a submit file (+MigRequest = "20G"), and the tag field each becomes.
+REQUEST_ATTRS = {"MigRequest": "req", "MigCompute": "compute", "MigModel": "model"}
+SAFE_VALUE = "^[A-Za-z0-9.:,_-]+$"  # no ';' or '=': a value cannot add fields (a place=) to the tag
+
+
+def _tag_expression() -> str:
+    """The ClassAd expression that builds the tag from the user's request attributes."""
+    parts = [f'"{MANAGED_PREFIX}v1;req=", MigRequest']
+    for attr, name in list(REQUEST_ATTRS.items())[1:]:
+        parts.append(f'ifThenElse({attr} isnt undefined, strcat(";{name}=", {attr}), "")')
+    return f"strcat({', '.join(parts)})"
+
+
 def schedd_config(controller: str) -> str:
     """Schedd config: the controller's identity is a queue superuser (on 25.x it also needs a schedd
-    user record, ``condor_qusers -add``) and only it may change the placement attributes."""
+    user record, ``condor_qusers -add``) and only it may change the placement attributes. The owner
+    may still set them at submission (observed), so a job transform drops both from every new job and
+    builds the tag from the request attributes; a submit requirement refuses values that could add
+    fields to the tag."""
+    checks = " && ".join(f'({a} is undefined || regexp("{SAFE_VALUE}", {a}))' for a in REQUEST_ATTRS)
     return "\n".join([
         f"QUEUE_SUPER_USERS = $(QUEUE_SUPER_USERS), {controller}",
         f"PROTECTED_JOB_ATTRS = $(PROTECTED_JOB_ATTRS) {TAG_ATTR} {PIN_ATTR}",
+        "JOB_TRANSFORM_NAMES = $(JOB_TRANSFORM_NAMES) MigBatchClear MigBatchTag",
+        "JOB_TRANSFORM_MigBatchClear @=end",
+        f"   DELETE {TAG_ATTR}",
+        f"   DELETE {PIN_ATTR}",
+        "@end",
+        "JOB_TRANSFORM_MigBatchTag @=end",
+        "   REQUIREMENTS MigRequest isnt undefined",
+        f"   EVALSET {TAG_ATTR} {_tag_expression()}",
+        "@end",
+        "SUBMIT_REQUIREMENT_NAMES = $(SUBMIT_REQUIREMENT_NAMES) MigBatchRequest",
+        f"SUBMIT_REQUIREMENT_MigBatchRequest = {checks}",
+        f'SUBMIT_REQUIREMENT_MigBatchRequest_REASON = "{", ".join(REQUEST_ATTRS)} may hold only letters, '
+        'digits and . : , _ -"',
         "",
     ])  # fmt: skip
