@@ -90,3 +90,11 @@ def test_undefined_values_in_a_job_ad_are_dropped_not_printed_as_numbers():
     job_ad["RemoteHost"] = classad2.ExprTree("undefined")
     job = to_batch_job(HTCondorBatch()._plain(job_ad))
     assert (job.admin_tag, job.node, job.state) == ("", "", JobState.PENDING)
+
+
+def test_a_machine_that_cannot_run_the_pool_is_told_why(tmp_path, monkeypatch):
+    from mig_batch.htcondor.pool import Image, LocalPool
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no debootstrap
+    why = LocalPool.available(Image(cache=tmp_path / "empty"))
+    assert why is not None and any(w in why for w in ("needs root", "no htcondor2", "no HTCondor image"))

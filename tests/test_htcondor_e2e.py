@@ -213,3 +213,17 @@ def test_the_controller_decides_over_htcondor_and_each_job_runs_where_decided(po
                                                                        decided.start)  # fmt: skip
     daemon.step()
     assert {store.decision(j).state for j in jobs} == {"ended"}
+
+
+def test_a_pool_stops_leaving_nothing_running_or_mounted_and_the_image_untouched(tmp_path):
+    solo = LocalPool(tmp_path / "solo", nodes=("solo",))
+    solo.start()
+    assert solo.run("condor_status", "-af", "MigBatchNodeName").stdout.split() == ["solo"]
+    chroot = str(solo.chroot)
+    solo.stop()
+    with open("/proc/mounts") as mounts:
+        assert not [line for line in mounts if chroot in line]
+    assert not solo._pids()
+    assert (tmp_path / "solo" / "log" / "MasterLog").exists()  # condor's logs kept for a post-mortem
+    assert not (solo.image.path / "home" / solo.user).exists()  # the account went to the overlay only
+
