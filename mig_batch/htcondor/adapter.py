@@ -203,8 +203,8 @@ class HTCondorBatch:
         return self.classad.quote(text)
 
     def pin_and_release(self, pins: Sequence[Pin]) -> dict[str, str]:
-        """Write each held job's tag and pin (and a subjob's time limit), then release it; the jobs that
-        failed, with HTCondor's message (a job no longer held is refused and left alone)."""
+        """Write each waiting job's tag, time limit (subjobs) and pin, then release it if it was held; the
+        jobs that failed, with HTCondor's message (a job no longer waiting is refused and left alone)."""
         failed: dict[str, str] = {}
         for p in pins:
             try:
