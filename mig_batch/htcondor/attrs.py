@@ -1,0 +1,94 @@
+"""The job and machine ClassAd attributes mig_batch uses on HTCondor, and the execute-node policy
+that makes a pin binding.
+
+Job attributes (protected: only a queue superuser, the controller's identity, may set them):
+
+- ``MigBatchTag``: the managed-job tag, the same text as Slurm's AdminComment (``batch.tags``:
+  ``mig-batch:v1;req=...;place=node/gpu/profile@start;node=...``), so both batch systems share one
+  grammar and one parser. One string attribute, not one attribute per field: the node's report and
+  the decision are rewritten together, and the seam carries one ``admin_tag``.
+- ``MigBatchNode``: the node the controller pinned the job to. A separate attribute because ClassAd
+  matching cannot cheaply read a field out of the tag; the startd's START compares it with its own
+  ``MigBatchNodeName``, so the pin holds whatever the job's (user-editable) Requirements say.
+
+Machine attributes: ``MigBatchNodeName`` (the node's name in mig_batch's config and decisions; several
+startds on one host, as in the test pool, need distinct names) and ``MigBatchAgent`` (the node agent's
+state, ``batch.tags.AgentTag``), published by a startd cron job that prints a node-local file the
+agent writes: hooks and cron run as ``condor``, never root, so the agent writes and condor only reads.
+The ``MigBatch`` prefix keeps clear of HTCondor's own attributes and of a site's.
+"""
+
+from __future__ import annotations
+
+from mig_batch.batch.system import MANAGED_PREFIX
+
+TAG_ATTR = "MigBatchTag"
+PIN_ATTR = "MigBatchNode"
+NODE_NAME_ATTR = "MigBatchNodeName"
+AGENT_ATTR = "MigBatchAgent"
+TIME_LIMIT_ATTR = "AllowedExecuteDuration"  # HTCondor's own: the job is held when it runs longer (seconds)
+
+# The startd runs an unmanaged job anywhere, a managed one only on the node it is pinned to.
+START_POLICY = (f"(TARGET.{TAG_ATTR} =?= undefined) || "
+                f"(TARGET.{PIN_ATTR} =?= MY.{NODE_NAME_ATTR})")  # fmt: skip
+CRON_JOB = "MIGBATCH"  # the startd cron job publishing the agent's file
+
+
+def execute_config() -> str:
+    """Startd config every mig_batch node shares: the pin policy and the cron job that publishes
+    the agent's file (its path per node: :func:`node_config`)."""
+    return "\n".join([
+        f"STARTD_ATTRS = $(STARTD_ATTRS) {NODE_NAME_ATTR}",
+        f"START = ($(START)) && ({START_POLICY})",
+        f"STARTD_CRON_JOBLIST = $(STARTD_CRON_JOBLIST) {CRON_JOB}",
+        f"STARTD_CRON_{CRON_JOB}_EXECUTABLE = /bin/cat",
+        f"STARTD_CRON_{CRON_JOB}_MODE = Periodic",
+        f"STARTD_CRON_{CRON_JOB}_PERIOD = 5s",
+        "",
+    ])  # fmt: skip
+
+
+def node_config(node: str, agent_file: str, prefix: str = "") -> str:
+    """One node's name and the file its agent writes (a ClassAd line, see ``HTCondorBatch.set_node_tag``).
+    ``prefix`` is a local-name prefix (``NODEB.``) for a second startd under one condor_master."""
+    return f'{prefix}{NODE_NAME_ATTR} = "{node}"\n{prefix}STARTD_CRON_{CRON_JOB}_ARGS = {agent_file}\n'
+
+
+# What a user writes in a submit file (+MigRequest = "20G"), and the tag field each becomes.
+REQUEST_ATTRS = {"MigRequest": "req", "MigCompute": "compute", "MigModel": "model"}
+SAFE_VALUE = "^[A-Za-z0-9.:,_-]+$"  # no ';' or '=': a value cannot add fields (a place=) to the tag
+
+
+def _tag_expression() -> str:
+    """The ClassAd expression that builds the tag from the user's request attributes."""
+    parts = [f'"{MANAGED_PREFIX}v1;req=", MigRequest']
+    for attr, name in list(REQUEST_ATTRS.items())[1:]:
+        parts.append(f'ifThenElse({attr} isnt undefined, strcat(";{name}=", {attr}), "")')
+    return f"strcat({', '.join(parts)})"
+
+
+def schedd_config(controller: str) -> str:
+    """Schedd config: the controller's identity is a queue superuser (on 25.x it also needs a schedd
+    user record, ``condor_qusers -add``) and only it may change the placement attributes. The owner
+    may still set them at submission (observed), so a job transform drops both from every new job and
+    builds the tag from the request attributes; a submit requirement refuses values that could add
+    fields to the tag."""
+    checks = " && ".join(f'({a} is undefined || regexp("{SAFE_VALUE}", {a}))' for a in REQUEST_ATTRS)
+    return "\n".join([
+        f"QUEUE_SUPER_USERS = $(QUEUE_SUPER_USERS), {controller}",
+        f"PROTECTED_JOB_ATTRS = $(PROTECTED_JOB_ATTRS) {TAG_ATTR} {PIN_ATTR}",
+        "JOB_TRANSFORM_NAMES = $(JOB_TRANSFORM_NAMES) MigBatchClear MigBatchTag",
+        "JOB_TRANSFORM_MigBatchClear @=end",
+        f"   DELETE {TAG_ATTR}",
+        f"   DELETE {PIN_ATTR}",
+        "@end",
+        "JOB_TRANSFORM_MigBatchTag @=end",
+        "   REQUIREMENTS MigRequest isnt undefined",
+        f"   EVALSET {TAG_ATTR} {_tag_expression()}",
+        "@end",
+        "SUBMIT_REQUIREMENT_NAMES = $(SUBMIT_REQUIREMENT_NAMES) MigBatchRequest",
+        f"SUBMIT_REQUIREMENT_MigBatchRequest = {checks}",
+        f'SUBMIT_REQUIREMENT_MigBatchRequest_REASON = "{", ".join(REQUEST_ATTRS)} may hold only letters, '
+        'digits and . : , _ -"',
+        "",
+    ])  # fmt: skip

@@ -1,0 +1,488 @@
+"""A real HTCondor pool on one machine, for tests and demos: a Debian sid chroot with ``minicondor``
+(collector, negotiator, schedd, one startd per node), reachable from the host's ``htcondor2``
+bindings on a loopback port only.
+
+The recipe (verified, ../shared/htcondor/NOTES.md): Debian 12 has no HTCondor 25 packages, sid's
+``minicondor`` is the same version as PyPI ``htcondor``; a chroot keeps it off the host. The chroot is
+built once into a cache directory (the *image*: debootstrap + ``apt-get install minicondor``, minutes),
+or unpacked from a cached tarball (seconds); each pool then runs on an overlay of that image under its
+own directory, so the image stays clean, pools do not share state, and stopping a pool leaves nothing
+mounted or running. Extra nodes are extra startds under the one condor_master (``-local-name``),
+told apart by their ``MigBatchNodeName``.
+
+Identities: the job user (``user``, a unix account in the chroot) and the controller (``controller``,
+a queue superuser with a schedd user record); each has an IDTOKEN and a client config
+(:meth:`LocalPool.client_env`). The htcondor2 bindings keep one security session per process, so one
+process acts as one identity. Requires root (chroot, mounts), ``debootstrap`` or a built image, and
+the bindings (``pip install mig-batch[htcondor]``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mig_batch.errors import MigBatchError
+from mig_batch.htcondor.attrs import execute_config, node_config, schedd_config
+
+SUITE = "sid"  # the Debian suite whose minicondor matches the bindings
+CONDOR_VERSION = "25.14.1"  # verified with htcondor==25.14.1 (P2: sid moves on; the image records its version)
+MIRROR = "http://deb.debian.org/debian"
+DOMAIN = "migpool.local"  # UID_DOMAIN and FILESYSTEM_DOMAIN on both sides (jobs take the submitter's)
+HOSTNAME = "migpool"  # NETWORK_HOSTNAME on both sides: stable daemon names, Schedd() finds its schedd
+CHROOT_ENV = ["env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8",
+              "DEBIAN_FRONTEND=noninteractive"]  # fmt: skip
+# the master would pass the caller's environment (host PATH, CONDOR_CONFIG) to every daemon and hook
+
+
+class PoolError(MigBatchError, RuntimeError):
+    """The pool could not be built, started or asked; the message names the command and its output."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MIG_BATCH_HTCONDOR_CACHE", "/var/cache/mig-batch/htcondor"))
+
+
+def _run(argv: Sequence[str], timeout: float = 60, check: bool = True, **kw: object) -> subprocess.CompletedProcess:
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, **kw)  # type: ignore[call-overload]
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise PoolError(f"{' '.join(argv)}: {exc}") from None
+    if check and proc.returncode != 0:
+        raise PoolError(f"{' '.join(argv)} failed ({proc.returncode}): {(proc.stderr or proc.stdout).strip()[-2000:]}")
+    return proc
+
+
+def _mounts_under(path: Path) -> list[str]:
+    """Mount points at or below ``path``, deepest first."""
+    prefix = str(path)
+    points = []
+    with open("/proc/mounts") as mounts:
+        for line in mounts:
+            point = line.split()[1].replace("\\040", " ")
+            if point == prefix or point.startswith(prefix + "/"):
+                points.append(point)
+    return sorted(points, key=len, reverse=True)
+
+
+def _unmount_all(path: Path) -> None:
+    for point in _mounts_under(path):
+        if subprocess.run(["umount", point], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", point], capture_output=True)
+    if _mounts_under(path):
+        raise PoolError(f"still mounted under {path}: {_mounts_under(path)}")
+
+
+def _mount(what: str, where: Path, *args: str) -> None:
+    if str(where) not in _mounts_under(where):
+        _run(["mount", *args, what, str(where)])
+
+
+DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9), "tty": (5, 0)}
+
+
+def _mount_dev(root: Path) -> None:
+    """A private /dev (tmpfs with the few nodes condor uses, its own devpts): not a bind of the host's,
+    so a recursive delete of a pool left mounted cannot remove the host's device nodes."""
+    dev = root / "dev"
+    _mount("mig-batch-dev", dev, "-t", "tmpfs", "-o", "mode=0755,size=1m")
+    for name, (major, minor) in DEVICES.items():
+        if not (dev / name).exists():
+            os.mknod(dev / name, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+            os.chmod(dev / name, 0o666)  # mknod applies the umask
+    for sub in ("pts", "shm"):
+        (dev / sub).mkdir(exist_ok=True)
+    _mount("devpts", dev / "pts", "-t", "devpts", "-o", "newinstance,ptmxmode=0666")
+    _mount("mig-batch-shm", dev / "shm", "-t", "tmpfs", "-o", "mode=1777,size=16m")
+    links = {"ptmx": "pts/ptmx", "fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
+             "stderr": "/proc/self/fd/2"}  # fmt: skip
+    for name, target in links.items():
+        if not (dev / name).is_symlink():
+            os.symlink(target, dev / name)
+
+
+def _inside(root: Path, path: str) -> Path:
+    """``path`` of the chroot, seen from the host; refuses one that resolves outside the chroot (its
+    absolute symlinks, /var/lock -> /run/lock, would otherwise reach the host's own directories)."""
+    host = root / path.lstrip("/")
+    resolved, real_root = host.resolve(), root.resolve()
+    if resolved != real_root and real_root not in resolved.parents:
+        raise PoolError(f"{path} in the chroot resolves outside it ({resolved})")
+    return host
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Image:
+    """The built chroot with minicondor, shared read-only by every pool on this machine."""
+
+    cache: Path = field(default_factory=cache_dir)
+    suite: str = SUITE
+
+    @property
+    def path(self) -> Path:
+        return self.cache / f"image-{self.suite}"
+
+    @property
+    def tarball(self) -> Path:
+        """Restored instead of a build when present (``make_tarball`` writes it; no secrets: it is
+        made from the image, which no pool ever started in)."""
+        return Path(os.environ.get("MIG_BATCH_HTCONDOR_TARBALL", self.cache / f"image-{self.suite}.tar.zst"))
+
+    @property
+    def marker(self) -> Path:
+        return self.path / ".mig-batch-image"  # written last: its presence means a finished image
+
+    def ready(self) -> bool:
+        return self.marker.exists()
+
+    def version(self) -> str:
+        return self.marker.read_text().strip() if self.ready() else ""
+
+    def ensure(self, log: Callable[[str], None] = lambda _: None) -> str:
+        """Build, restore or reuse the image; returns how (``reused``, ``restored``, ``built``)."""
+        self.cache.mkdir(parents=True, exist_ok=True)
+        with open(self.cache / "image.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another test session may be building it right now
+            if self.ready():
+                return "reused"
+            staging = self.cache / f"image-{self.suite}.partial"
+            _unmount_all(staging)
+            shutil.rmtree(staging, ignore_errors=True)
+            if self.tarball.exists():
+                log(f"restoring {self.tarball}")
+                staging.mkdir()
+                _run(["sh", "-c", f'zstd -q -dc "{self.tarball}" | tar -C "{staging}" -xpf -'], timeout=300)
+                how = "restored"
+            else:
+                self._build(staging, log)
+                how = "built"
+            staging.rename(self.path)
+            return how
+
+    def _build(self, root: Path, log: Callable[[str], None]) -> None:
+        if not shutil.which("debootstrap"):
+            raise PoolError("no HTCondor image and no debootstrap to build one (apt-get install debootstrap)")
+        log(f"debootstrap {self.suite} -> {root}")
+        debs = self.cache / "debs"
+        debs.mkdir(exist_ok=True)
+        _run(["debootstrap", "--variant=minbase", f"--cache-dir={debs}", self.suite, str(root), MIRROR], timeout=900)
+        # never start services from package scripts
+        (root / "usr/sbin/policy-rc.d").write_text("#!/bin/sh\nexit 101\n")
+        (root / "usr/sbin/policy-rc.d").chmod(0o755)
+        archives = self.cache / "apt-archives"
+        (archives / "partial").mkdir(parents=True, exist_ok=True)
+        try:
+            _mount("proc", root / "proc", "-t", "proc")
+            _mount_dev(root)
+            _mount(str(archives), _inside(root, "/var/cache/apt/archives"), "--bind")  # .debs kept for rebuilds
+            in_root = ["chroot", str(root)]
+            log("apt-get install minicondor (in the chroot)")
+            # the mirror's sid Release may be past its Valid-Until; debootstrap's lists still work
+            _run([*CHROOT_ENV, *in_root, "apt-get", "-o", "Acquire::Check-Valid-Until=false", "update", "-qq"],
+                 timeout=300, check=False)  # fmt: skip
+            _run([*CHROOT_ENV, *in_root, "apt-get", "install", "-y", "-qq", "--no-install-recommends", "minicondor"],
+                 timeout=900)  # fmt: skip
+            version = _run([*CHROOT_ENV, *in_root, "condor_version"]).stdout.splitlines()[0]
+        finally:
+            _unmount_all(root)
+        # lists and caches are not needed at run time (about 170 MB)
+        for junk in ("var/lib/apt/lists", "var/cache/apt"):
+            shutil.rmtree(root / junk, ignore_errors=True)
+            (root / junk).mkdir(parents=True)
+        if CONDOR_VERSION not in version:
+            log(f"warning: the image has {version!r}, the recipe verified {CONDOR_VERSION}")
+        (root / ".mig-batch-image").write_text(version + "\n")
+
+    def make_tarball(self) -> Path:
+        """Pack the image for a cache elsewhere (about 100 MB)."""
+        _run(["sh", "-c", f'tar -C "{self.path}" --one-file-system -cf - . | zstd -q -T0 -3 -f -o "{self.tarball}"'],
+             timeout=600)  # fmt: skip
+        return self.tarball
+
+
+@dataclass
+class LocalPool:
+    """A running pool under ``root``: ``chroot/`` (an overlay of the image), ``shared/`` (the same path
+    inside the chroot: job files and outputs), ``client/`` (configs and tokens), ``log/`` (condor's logs,
+    copied out at stop), ``agent/`` (each node's agent file, read by the startd cron)."""
+
+    root: Path
+    nodes: Sequence[str] = ("nodea", "nodeb")
+    user: str = "ciuser"
+    uid: int = 2000
+    controller: str = "migctl"
+    cpus_per_node: int = 4  # advertised, not real: lets several small jobs share a 2-core machine
+    memory_mib_per_node: int = 4096
+    extra_config: str = ""  # appended to the pool's config (a site's policy under test)
+    image: Image = field(default_factory=Image)
+    port: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+    master_pid: int = 0
+
+    @staticmethod
+    def available(image: Image | None = None) -> str | None:
+        """None when this machine can run a pool, else why not."""
+        if os.geteuid() != 0:
+            return "the HTCondor test pool needs root (chroot, mounts)"
+        if importlib.util.find_spec("htcondor2") is None:
+            return "no htcondor2 bindings (pip install 'mig-batch[htcondor]')"
+        image = image or Image()
+        if not image.ready() and not image.tarball.exists() and not shutil.which("debootstrap"):
+            return f"no HTCondor image in {image.cache} and no debootstrap to build one (apt-get install debootstrap)"
+        return None
+
+    # --- paths -----------------------------------------------------------------------------------
+    @property
+    def chroot(self) -> Path:
+        return self.root / "chroot"
+
+    @property
+    def shared(self) -> Path:
+        return self.root / "shared"
+
+    def agent_file(self, node: str) -> Path:
+        """The file a node's agent writes and its startd cron publishes (see ``attrs``)."""
+        return self.root / "agent" / f"{node}.ad"
+
+    def client_config(self, identity: str) -> Path:
+        return self.root / "client" / f"{identity}.conf"
+
+    def client_env(self, identity: str) -> dict[str, str]:
+        """The environment of a host process that talks to the pool as ``identity`` (user or controller)."""
+        return {**os.environ, "CONDOR_CONFIG": str(self.client_config(identity))}
+
+    @property
+    def collector(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    # --- commands ----------------------------------------------------------------------------------
+    def run(self, *argv: str, user: str | None = None, check: bool = True, timeout: float = 30,
+            stdin: str | None = None, cwd: str = "/") -> subprocess.CompletedProcess:  # fmt: skip
+        """A command inside the chroot, as root or as ``user`` (condor's FS authentication then names
+        that user: the way to act as a job's owner)."""
+        if user is None:
+            prefix = [*CHROOT_ENV, "chroot", str(self.chroot)]
+        else:
+            home = f"/home/{user}"
+            prefix = [*CHROOT_ENV[:-3], f"HOME={home}", f"USER={user}", "LANG=C.UTF-8", "chroot",
+                      f"--userspec={user}:{user}", str(self.chroot)]  # fmt: skip
+        command = [*prefix, "sh", "-c", 'cd "$0" && exec "$@"', cwd, *argv]
+        return _run(command, timeout=timeout, check=check, input=stdin)
+
+    # --- life cycle --------------------------------------------------------------------------------
+    def start(self, timeout: float = 120) -> LocalPool:
+        why = self.available(self.image)
+        if why:
+            raise PoolError(why)
+        t0 = time.monotonic()
+        self.reap_stale()
+        how = self.image.ensure()
+        self.timings["image"] = time.monotonic() - t0
+        self.timings[f"image_{how}"] = self.timings["image"]
+        try:
+            self._mount_chroot()
+            self._prepare()
+            t1 = time.monotonic()
+            self._start_master()
+            self._wait_ready(timeout)
+            self.timings["daemons"] = time.monotonic() - t1
+            self._identities()
+        except BaseException:
+            self.stop()
+            raise
+        self.timings["start"] = time.monotonic() - t0
+        return self
+
+    @staticmethod
+    def reap_stale() -> list[Path]:
+        """Stop the pools whose owning process is gone (a test run that was killed): their daemons still
+        run and their mounts stay until someone stops them. Pools of live processes are left alone."""
+        reaped = []
+        with open("/proc/mounts") as mounts:
+            points = [line.split()[1] for line in mounts if line.startswith("overlay ")]
+        for point in points:
+            root = Path(point).parent
+            owner = root / "owner.pid"
+            if Path(point).name != "chroot" or not owner.exists():
+                continue  # not one of ours
+            try:
+                os.kill(int(owner.read_text()), 0)
+                continue  # its owner still runs
+            except ProcessLookupError:
+                pass
+            except (ValueError, PermissionError):
+                continue
+            LocalPool(root).stop()
+            reaped.append(root)
+        return reaped
+
+    def stop(self) -> None:
+        """Stop every process of this pool (by pid: those whose root is this chroot), copy condor's logs
+        to ``log/``, unmount everything, and drop the overlay's writable layer."""
+        pid = self.master_pid or self._pidfile_pid()
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGQUIT)  # condor's fast shutdown
+        deadline = time.monotonic() + 30
+        while self._pids() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for left in self._pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(left, signal.SIGKILL)
+        self.master_pid = 0
+        logs = self.chroot / "var/log/condor"
+        if logs.is_dir() and not logs.is_symlink():
+            shutil.copytree(logs, self.root / "log", dirs_exist_ok=True)
+        _unmount_all(self.chroot)
+        shutil.rmtree(self.root / "overlay", ignore_errors=True)
+
+    def __enter__(self) -> LocalPool:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- pieces ------------------------------------------------------------------------------------
+    def _mount_chroot(self) -> None:
+        upper, work = self.root / "overlay" / "upper", self.root / "overlay" / "work"
+        for d in (upper, work, self.chroot, self.shared, self.root / "client", self.root / "agent"):
+            d.mkdir(parents=True, exist_ok=True)
+        (self.root / "owner.pid").write_text(f"{os.getpid()}\n")  # a pool whose owner died is reaped
+        _mount("overlay", self.chroot, "-t", "overlay",
+               "-o", f"lowerdir={self.image.path},upperdir={upper},workdir={work}")  # fmt: skip
+        _mount("proc", self.chroot / "proc", "-t", "proc")
+        _mount("sysfs", self.chroot / "sys", "-t", "sysfs")
+        _mount_dev(self.chroot)
+        for host_dir in (self.shared, self.root / "agent"):  # the same path inside, so paths need no mapping
+            self.run("mkdir", "-p", str(host_dir))
+            _mount(str(host_dir), _inside(self.chroot, str(host_dir)), "--bind")
+
+    def _prepare(self) -> None:
+        self.run("useradd", "-m", "-u", str(self.uid), "-s", "/bin/sh", self.user)
+        hosts = _inside(self.chroot, "/etc/hosts")
+        hosts.unlink(missing_ok=True)  # never write through a link
+        hosts.write_text(f"127.0.0.1 localhost {HOSTNAME} {socket.gethostname()}\n")
+        executes = [f"/var/lib/condor/execute-{n}" for n in self.nodes]
+        dirs = ["/run/condor", "/run/lock/condor", "/var/spool/condor", "/var/log/condor", *executes]
+        self.run("mkdir", "-p", *dirs)  # inside: /var/lock and /run are the chroot's own
+        self.run("chown", "condor:condor", *dirs)
+        self.shared.chmod(0o1777)
+        self.port = self.port or _free_port()
+        config = [
+            f"# written by mig_batch.htcondor.pool for {self.root}",
+            "CONDOR_HOST = 127.0.0.1",
+            f"COLLECTOR_HOST = 127.0.0.1:{self.port}",
+            f"SHARED_PORT_PORT = {self.port}",
+            "NETWORK_INTERFACE = 127.0.0.1",
+            "BIND_ALL_INTERFACES = False",
+            "ENABLE_IPV6 = False",
+            f"UID_DOMAIN = {DOMAIN}",
+            f"FILESYSTEM_DOMAIN = {DOMAIN}",
+            f"NETWORK_HOSTNAME = {HOSTNAME}",
+            "# a chroot cannot unshare a mount namespace: every job would be held (errno 22)",
+            "MOUNT_UNDER_SCRATCH =",
+            "MAIL = /bin/true",
+            "SEC_DEFAULT_AUTHENTICATION_METHODS = FS, IDTOKENS",
+            f"NUM_CPUS = {self.cpus_per_node}",
+            f"MEMORY = {self.memory_mib_per_node}",
+            "# one startd per node; the first is condor's own STARTD",
+            f"EXECUTE = /var/lib/condor/execute-{self.nodes[0]}",
+            execute_config(),
+            schedd_config(self.controller),
+            node_config(self.nodes[0], str(self.agent_file(self.nodes[0]))),
+        ]
+        for node in self.nodes[1:]:
+            local = node.upper()
+            config += [
+                f"STARTD_{local} = $(STARTD)",
+                f"STARTD_{local}_ARGS = -local-name {local}",
+                f"DAEMON_LIST = $(DAEMON_LIST) STARTD_{local}",
+                f"{local}.STARTD_NAME = {node}",
+                f"{local}.STARTD_LOG = $(LOG)/StartLog.{node}",
+                f"{local}.EXECUTE = /var/lib/condor/execute-{node}",
+                f"{local}.STARTD_ADDRESS_FILE = $(LOG)/.startd_{node}_address",
+                node_config(node, str(self.agent_file(node)), prefix=f"{local}."),
+            ]
+        config.append(self.extra_config)
+        _inside(self.chroot, "/etc/condor/config.d/50-mig-batch-pool.conf").write_text("\n".join(config) + "\n")
+
+    def _start_master(self) -> None:
+        self.run("/usr/sbin/condor_master", "-pidfile", "/run/condor/condor_master.pid")  # daemonizes
+        deadline = time.monotonic() + 15
+        while not self._pidfile_pid():
+            if time.monotonic() > deadline:
+                raise PoolError(f"condor_master wrote no pid file; see {self.chroot}/var/log/condor/MasterLog")
+            time.sleep(0.1)
+        self.master_pid = self._pidfile_pid()
+
+    def _wait_ready(self, timeout: float) -> None:
+        """Until every node's startd is in the collector and the schedd answers."""
+        deadline = time.monotonic() + timeout
+        seen: set[str] = set()
+        while time.monotonic() < deadline:
+            if not self._pidfile_pid():
+                raise PoolError(f"condor_master exited; see {self.chroot}/var/log/condor/MasterLog")
+            out = self.run("condor_status", "-af", "MigBatchNodeName", check=False).stdout
+            seen = set(out.split())
+            if seen >= set(self.nodes) and self.run("condor_q", "-totals", check=False).returncode == 0:
+                return
+            time.sleep(0.3)
+        raise PoolError(f"pool not ready after {timeout:.0f}s (nodes seen: {sorted(seen)}); "
+                        f"logs in {self.chroot}/var/log/condor")  # fmt: skip
+
+    def _identities(self) -> None:
+        """An IDTOKEN and a client config for the job user and the controller; the controller's schedd
+        user record (25.x: QUEUE_SUPER_USERS alone is not honoured without one)."""
+        for identity in (self.user, self.controller):
+            tokens = self.root / "client" / f"tokens-{identity}"
+            tokens.mkdir(mode=0o700, exist_ok=True)
+            token = self.run("condor_token_create", "-identity", f"{identity}@{DOMAIN}").stdout
+            (tokens / "token").write_text(token)
+            (tokens / "token").chmod(0o600)
+            self.client_config(identity).write_text("\n".join([
+                f"COLLECTOR_HOST = 127.0.0.1:{self.port}",
+                "NETWORK_INTERFACE = 127.0.0.1",
+                "ENABLE_IPV6 = False",
+                f"UID_DOMAIN = {DOMAIN}",
+                f"FILESYSTEM_DOMAIN = {DOMAIN}",
+                f"NETWORK_HOSTNAME = {HOSTNAME}",
+                "SEC_CLIENT_AUTHENTICATION_METHODS = IDTOKENS",
+                f"SEC_TOKEN_DIRECTORY = {tokens}",
+                "",
+            ]))  # fmt: skip
+        self.run("condor_qusers", "-add", f"{self.controller}@{DOMAIN}")
+
+    def _pidfile_pid(self) -> int:
+        try:
+            pid = int((self.chroot / "run/condor/condor_master.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return 0
+        return pid if pid in self._pids() else 0
+
+    def _pids(self) -> list[int]:
+        """Processes whose root is this pool's chroot: only ours live there."""
+        root = str(self.chroot)
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{entry}/root") == root:
+                        found.append(int(entry))
+        return found
