@@ -181,6 +181,7 @@ class Lifetime:
     key: str
     created: float
     destroyed: float | None
+    mig_uuids: tuple[str, ...] = ()  # its compute instances' MIG devices (what CUDA_VISIBLE_DEVICES names)
 
 
 def read_history(directory: Path) -> list[dict]:
@@ -191,19 +192,25 @@ def read_history(directory: Path) -> list[dict]:
 def lifetimes(directory: Path) -> list[Lifetime]:
     """Every GPU instance the node ever had, from its history file."""
     open_: dict[str, dict] = {}
+    by_id: dict[tuple[int, int], str] = {}  # (GPU, GPU instance id) -> key of the instance alive with that id
+    migs: dict[str, list[str]] = {}
     done = []
     for event in read_history(directory):
         if event["op"] == "create":
             open_[event["uuid"]] = event
+            by_id[event["gpu"], event["gi_id"]] = event["uuid"]
+            migs[event["uuid"]] = []
+        elif event["op"] == "ci_create":
+            migs[by_id[event["gpu"], event["gi_id"]]].append(event["uuid"])
         elif event["op"] == "destroy":
             made = open_.pop(event["uuid"])
-            done.append(_lifetime(made, event["time"]))
-    return done + [_lifetime(made, None) for made in open_.values()]
+            done.append(_lifetime(made, event["time"], migs[made["uuid"]]))
+    return done + [_lifetime(made, None, migs[made["uuid"]]) for made in open_.values()]
 
 
-def _lifetime(made: dict, destroyed: float | None) -> Lifetime:
+def _lifetime(made: dict, destroyed: float | None, mig_uuids: list[str]) -> Lifetime:
     return Lifetime(made["node"], made["gpu"], made["gi_id"], made["profile"], made["start"], made["size"],
-                    made["uuid"], made["time"], destroyed)  # fmt: skip
+                    made["uuid"], made["time"], destroyed, tuple(mig_uuids))  # fmt: skip
 
 
 def live_instances(directory: Path) -> list[tuple[int, int]]:
