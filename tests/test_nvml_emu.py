@@ -269,3 +269,11 @@ def test_a_job_attaches_itself_from_the_command_line(nvml_emu_node, tmp_path):
     assert [p.pid for p in nv.nvmlDeviceGetComputeRunningProcesses(nv.nvmlDeviceGetHandleByUUID(inst.uuid))] == [
         os.getpid()]  # fmt: skip
     assert backend.memory_used(0, inst.gi_id) == 1500 * 2**20
+
+
+def test_a_node_of_the_benchmarks_size_is_served_and_a_larger_one_refused(nvml_emu_node, tmp_path):
+    nvml_emu_node(["A100-80GB"] * nvml_emu.MAX_GPUS)  # the throughput bench emulates 48 per node
+    assert nv.nvmlDeviceGetCount() == nvml_emu.MAX_GPUS
+    assert nv.nvmlDeviceGetName(nv.nvmlDeviceGetHandleByIndex(nvml_emu.MAX_GPUS - 1)).startswith("NVIDIA A100")
+    with pytest.raises(ValueError, match="at most"):
+        nvml_emu.make_node(tmp_path / "big", "big", ["A100-80GB"] * (nvml_emu.MAX_GPUS + 1))

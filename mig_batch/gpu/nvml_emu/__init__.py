@@ -51,6 +51,7 @@ PROFILE_ENUM_VALUES = {
     "1_SLICE_REV2": 9,
 }
 SMS_PER_COMPUTE_SLICE = 16  # only for models that do not state their SMs (Hopper's figure)
+MAX_GPUS = 64  # per node: nvml_emu.c's MAX_GPUS
 
 
 class BuildError(RuntimeError):
@@ -140,6 +141,8 @@ def profile_rows(model: GpuModel) -> list[str]:
 
 def node_table(node: str, gpus: Sequence[EmulatedGpu]) -> str:
     """The text of a node's ``gpus`` file (tab-separated; read by nvml_emu.c's ``load_table``)."""
+    if len(gpus) > MAX_GPUS:
+        raise ValueError(f"an emulated node holds at most {MAX_GPUS} GPUs; {node} was given {len(gpus)}")
     lines = ["# emulated NVML node: written by mig_batch.gpu.nvml_emu.make_node", f"node\t{node}"]
     for index, gpu in enumerate(gpus):
         model = gpu.model

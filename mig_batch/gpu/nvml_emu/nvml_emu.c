@@ -49,7 +49,7 @@ enum {
     NVML_ERROR_UNKNOWN = 999,
 };
 
-#define MAX_GPUS 16
+#define MAX_GPUS 64 /* the throughput bench emulates 48 per node */
 #define MAX_PROFILES 24
 #define MAX_STARTS 16
 #define MAX_GI 32 /* GPU instance ids 1..MAX_GI-1 */
