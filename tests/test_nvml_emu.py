@@ -234,10 +234,19 @@ def test_an_attached_process_is_listed_and_keeps_its_instance_until_it_ends(nvml
         nvml_emu.attach(directory, inst.uuid, sleeper.pid)
         nvml_emu.replay(directory, inst.uuid, [(0, 800)])
         mig = nv.nvmlDeviceGetHandleByUUID(inst.uuid)
-        v3, v2 = nv.nvmlDeviceGetComputeRunningProcesses_v3(mig), nv.nvmlDeviceGetComputeRunningProcesses_v2(mig)
-        for listed in (v3, v2):
-            assert [(p.pid, p.gpuInstanceId, p.computeInstanceId, p.usedGpuMemory) for p in listed] == [
-                (sleeper.pid, inst.gi_id, inst.ci_id, 800 * 2**20)]  # fmt: skip
+        listed = nv.nvmlDeviceGetComputeRunningProcesses(mig)  # the symbol (_v2 or _v3) each pynvml version calls
+        assert [(p.pid, p.gpuInstanceId, p.computeInstanceId, p.usedGpuMemory) for p in listed] == [
+            (sleeper.pid, inst.gi_id, inst.ci_id, 800 * 2**20)]  # fmt: skip
+
+        class ProcessInfoV1(ctypes.Structure):  # the unversioned symbol's layout: pid and memory only
+            _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+        legacy = nv._nvmlGetFunctionPointer("nvmlDeviceGetComputeRunningProcesses")
+        count, infos = ctypes.c_uint(0), (ProcessInfoV1 * 2)()
+        assert legacy(mig, ctypes.byref(count), None) == nv.NVML_ERROR_INSUFFICIENT_SIZE and count.value == 1
+        count.value = 2
+        assert legacy(mig, ctypes.byref(count), infos) == nv.NVML_SUCCESS and count.value == 1
+        assert (infos[0].pid, infos[0].usedGpuMemory) == (sleeper.pid, 800 * 2**20)
         assert [p.pid for p in nv.nvmlDeviceGetComputeRunningProcesses(nv.nvmlDeviceGetHandleByIndex(0))] == [
             sleeper.pid]  # fmt: skip
         assert nv.nvmlDeviceGetComputeRunningProcesses(nv.nvmlDeviceGetHandleByUUID(other.uuid)) == []
