@@ -11,11 +11,12 @@ from typing import Any
 import yaml
 
 from mig_batch.errors import MigBatchError
+from mig_batch.gpu.base import GpuBackend
 from mig_batch.mig.models import UnknownModelError, get_model
 from mig_batch.placement.policies import policy_names
 
 DEFAULT_PATH = Path("/etc/mig-batch/mig-batch.yaml")
-BACKENDS = ("nvml", "emulated")
+BACKENDS = ("nvml",)  # tests run it on the emulated libnvidia-ml (mig_batch.gpu.nvml_emu)
 LIVE_POLICIES = [p for p in policy_names() if p != "grmu"]  # grmu migrates running jobs: not live yet
 
 
@@ -50,7 +51,6 @@ class SiteConfig:
     policy: str = "mfi"
     poll_interval_s: float = 1.0
     gpu_backend: str = "nvml"
-    emulated_dir: Path = Path("/var/lib/mig-batch/emulated")
     job_dir: Path = Path("/run/mig-batch/jobs")
     node_dir: Path = Path("/var/lib/mig-batch/node")  # on each GPU node: the agent's journal (root, 0700)
     agent_socket: Path = Path("/run/mig-batch/agent.sock")  # on each GPU node: where the hooks ask the agent
@@ -101,7 +101,6 @@ def load_config(explicit: str | os.PathLike | None = None) -> SiteConfig:
         policy=policy,
         poll_interval_s=interval,
         gpu_backend=backend,
-        emulated_dir=Path(raw.get("emulated_dir", SiteConfig.emulated_dir)),
         job_dir=Path(raw.get("job_dir", SiteConfig.job_dir)),
         node_dir=Path(raw.get("node_dir", SiteConfig.node_dir)),
         agent_socket=Path(raw.get("agent_socket", SiteConfig.agent_socket)),
@@ -179,12 +178,8 @@ def _atomize(raw: Any, path: Path) -> AtomizeConfig:
     return config
 
 
-def open_backend(config: SiteConfig, node: str):
-    """The GPU backend of ``node`` as the config says."""
-    if config.gpu_backend == "emulated":
-        from mig_batch.gpu.emulated import EmulatedNode
-
-        return EmulatedNode(config.emulated_dir, node, config.nodes.get(node))
+def open_backend(config: SiteConfig, node: str) -> GpuBackend:
+    """The GPU backend of ``node`` as the config says (NVML: the node's own driver)."""
     from mig_batch.gpu.nvml import NvmlNode
 
     return NvmlNode()

@@ -115,12 +115,16 @@ def test_chain_resumes_bit_exactly_and_a_killed_subjob_loses_only_its_work(bed, 
     memory = bed.root / "memory.csv"
     memory.write_text("0,1500\n1,4200\n3,5100\n")
     script = bed.root / "train.sh"
-    script.write_text(f"#!/bin/bash\n#SBATCH --output={log}\nexport TRAIN_STEPS={steps_total} "
+    # the job tells its emulated GPU what runs on it: this process (the training, once exec'd), using
+    # memory.csv's memory; the runner samples it through NVML like any GPU's
+    script.write_text(f"#!/bin/bash\n#SBATCH --output={log}\n"
+                      f"{sys.executable} -m mig_batch.gpu.nvml_emu attach --pid $$ --replay {memory} "
+                      f"\"$CUDA_VISIBLE_DEVICES\"\n"
+                      f"export TRAIN_STEPS={steps_total} "
                       f"TRAIN_STEP_SLEEP={STEP_SLEEP} TRAIN_PROGRESS_FILE={watch} PYTHONWARNINGS=ignore\n"
                       f"exec {sys.executable} {TRAIN}\n")  # fmt: skip
     job = bed.migsub("--atomize", "--checkpoint-dir", str(ckpt), "--gpu-mem", "6G", "--subjob-min",
-                     f"{SUBJOB_MIN_S}s", "--subjob-max", f"{SUBJOB_MAX_S}s", "--emulate-memory", str(memory),
-                     str(script)).stdout.strip()  # fmt: skip
+                     f"{SUBJOB_MIN_S}s", "--subjob-max", f"{SUBJOB_MAX_S}s", str(script)).stdout.strip()  # fmt: skip
 
     def resumes():
         return re.findall(r"resume at step (\d+)", log.read_text()) if log.exists() else []
@@ -162,6 +166,6 @@ def test_chain_resumes_bit_exactly_and_a_killed_subjob_loses_only_its_work(bed, 
     granted = [o for o in store.offers(10_000) if o["granted"] in jobs]
     assert len(granted) == len(subjobs)
     samples = list((ckpt / ".mig-batch" / "memory").glob("*.csv"))
-    # memory sampled through the backend, replaying memory.csv
+    # memory sampled through NVML, the emulated device replaying memory.csv
     assert samples and any("5100" in p.read_text() for p in samples), [p.read_text() for p in samples]
     store.close()

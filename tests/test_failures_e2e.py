@@ -1,12 +1,12 @@
 """Failures on the cluster in a box: the node agent killed with jobs running, mig-batchd down during a
 burst, a node killed hard with MIG jobs on it. Nothing is lost, nothing placed twice, nothing leaked."""
 
-import json
 import signal
 import time
 
 import pytest
 
+from mig_batch.gpu import nvml_emu
 from mig_batch.slurm.local_cluster import LocalCluster, MigTestbed
 from mig_batch.state import Store
 
@@ -55,7 +55,8 @@ def done(bed, jobs):
 
 
 def instances(bed, node):
-    return [i for g in json.loads((bed.gpu_dir(node) / f"{node}.json").read_text())["gpus"] for i in g["instances"]]
+    """(GPU, GPU instance id) of the node's MIG instances now, as the emulated library holds them."""
+    return nvml_emu.live_instances(bed.gpu_dir(node))
 
 
 def assert_clean(bed, jobs):

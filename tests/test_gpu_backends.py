@@ -1,14 +1,12 @@
-"""One behavioural suite for every GPU backend: the emulated one, NvmlNode over the emulated
-libnvidia-ml (pynvml and its ctypes calls for real, every time), and NvmlNode on a real MIG GPU
-where one is free."""
+"""One behavioural suite for the GPU backend, NvmlNode: over the emulated libnvidia-ml (pynvml and its
+ctypes calls for real, every time), and on a real MIG GPU where one is free. Processes sharing a node,
+and processes keeping an instance in use, are tested on the library in test_nvml_emu."""
 
-import multiprocessing
 import os
 
 import pytest
 
-from mig_batch.gpu.base import InsufficientResources, InUse, NotFound, NotSupported
-from mig_batch.gpu.emulated import EmulatedNode
+from mig_batch.gpu.base import InsufficientResources, NotFound, NotSupported
 from mig_batch.mig.models import get_model
 
 
@@ -32,17 +30,13 @@ REAL_GPU = _nvml_mig_gpu()
 
 
 def _backends():
-    yield pytest.param("emulated", id="emulated")
     yield pytest.param("nvml-emu:A100-40GB", id="nvml-emu-a100")
     yield pytest.param("nvml-emu:H200-141GB", id="nvml-emu-h200")  # the model a real driver's answers checked
     yield pytest.param("nvml", id="nvml", marks=pytest.mark.skipif(isinstance(REAL_GPU, str), reason=str(REAL_GPU)))
 
 
 @pytest.fixture(params=list(_backends()))
-def node(request, tmp_path):
-    if request.param == "emulated":
-        yield EmulatedNode(tmp_path, "n1", ["A100-40GB"]), 0
-        return
+def node(request):
     if request.param.startswith("nvml-emu:"):
         if os.geteuid() != 0:
             pytest.skip("NVML creates MIG instances for root only, the emulated library too")
@@ -86,34 +80,3 @@ def test_nvml_errors_are_the_same_everywhere(node):
     two = next(p for p in model.base_profiles if p.compute_slices == 2)
     with pytest.raises(InsufficientResources):
         backend.create(gpu, two.name, 1)  # 2g instances start at even slices only
-
-
-def test_emulated_state_survives_a_restart_and_refuses_destroy_in_use(tmp_path):
-    node = EmulatedNode(tmp_path, "n2", ["A100-80GB", "H100-80GB"])
-    inst = node.create(1, "3g.40gb", 4)
-    again = EmulatedNode(tmp_path, "n2")  # no models: must find the saved state
-    assert [g.model for g in again.gpus()] == ["A100-80GB", "H100-80GB"]
-    assert again.instances(1) == [inst]
-    again.attach(inst.uuid, os.getpid(), memory_used=123)
-    assert again.memory_used(1, inst.gi_id) == 123
-    with pytest.raises(InUse):
-        again.destroy(1, inst.gi_id)
-    with pytest.raises(NotFound):
-        EmulatedNode(tmp_path, "never-made")
-
-
-def _grab(args):
-    directory, start = args
-    try:
-        EmulatedNode(directory, "n1").create(0, "1g.5gb", start)
-        return True
-    except InsufficientResources:
-        return False
-
-
-def test_emulated_node_is_consistent_under_concurrent_processes(tmp_path):
-    EmulatedNode(tmp_path, "n1", ["A100-40GB"])
-    with multiprocessing.get_context("fork").Pool(4) as pool:
-        results = pool.map(_grab, [(tmp_path, s) for s in range(7) for _ in range(3)])
-    assert sum(results) == 7  # each of the seven 1g starts taken exactly once
-    assert sorted(i.start for i in EmulatedNode(tmp_path, "n1").instances(0)) == list(range(7))

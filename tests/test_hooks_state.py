@@ -1,5 +1,5 @@
-"""The node agent (Prolog/Epilog work, reconcile) over the fake batch system and emulated GPUs, and
-the state store on a real SQLite file."""
+"""The node agent (Prolog/Epilog work, reconcile) over the fake batch system and NVML on the emulated
+libnvidia-ml, and the state store on a real SQLite file."""
 
 import os
 import sqlite3
@@ -14,7 +14,7 @@ from mig_batch.batch.fake import FakeBatch
 from mig_batch.batch.system import JobState, Pin
 from mig_batch.batch.tags import NodeReport, Placed, parse_agent_tag, parse_report, parse_tag, placed_tag
 from mig_batch.config import ConfigError, SiteConfig, load_config
-from mig_batch.gpu.emulated import EmulatedNode
+from mig_batch.gpu.nvml import NvmlNode
 from mig_batch.node import hook_client
 from mig_batch.node.agent import NodeAgent
 from mig_batch.node.journal import Journal
@@ -26,11 +26,17 @@ TAG = "mig-batch:v1;req=4g.20gb"
 
 @pytest.fixture
 def site(tmp_path):
-    config = SiteConfig(state=tmp_path / "state.db", gpu_backend="emulated", emulated_dir=tmp_path / "gpus",
-                        job_dir=tmp_path / "jobs", node_dir=tmp_path / "node",
-                        nodes={"n1": ("A100-40GB", "A100-40GB")})  # fmt: skip
-    EmulatedNode(config.emulated_dir, "n1", list(config.nodes["n1"]))
-    return config
+    return SiteConfig(state=tmp_path / "state.db", job_dir=tmp_path / "jobs", node_dir=tmp_path / "node",
+                      nodes={"n1": ("A100-40GB", "A100-40GB")})  # fmt: skip
+
+
+@pytest.fixture
+def gpus(site, nvml_emu_node):
+    """n1's GPUs through NVML, on the emulated libnvidia-ml."""
+    if os.geteuid() != 0:
+        pytest.skip("NVML creates MIG instances for root only, the emulated library too")
+    backend, _directory = nvml_emu_node(list(site.nodes["n1"]), node="n1")
+    return backend
 
 
 @pytest.fixture
@@ -38,9 +44,8 @@ def batch():
     return FakeBatch(["n1"])
 
 
-def agent(config, batch):
-    return NodeAgent("n1", EmulatedNode(config.emulated_dir, "n1"), Journal(config.node_dir / "journal"), batch,
-                     config.job_dir)  # fmt: skip
+def agent(config, batch, gpus):
+    return NodeAgent("n1", gpus, Journal(config.node_dir / "journal"), batch, config.job_dir)
 
 
 def decide(batch, gpu, profile, start, request=TAG, node="n1"):
@@ -51,11 +56,11 @@ def decide(batch, gpu, profile, start, request=TAG, node="n1"):
     return job
 
 
-def test_prolog_creates_the_decided_instance_reports_it_and_epilog_destroys_it_once(site, batch):
-    a = agent(site, batch)
+def test_prolog_creates_the_decided_instance_reports_it_and_epilog_destroys_it_once(site, batch, gpus):
+    a = agent(site, batch, gpus)
     job = decide(batch, 1, "4g.20gb", 0)
     a.prolog(job)
-    node = EmulatedNode(site.emulated_dir, "n1")
+    node = gpus
     [inst] = node.instances(1)
     assert (inst.profile, inst.start) == ("4g.20gb", 0)
     assert (site.job_dir / job).read_text().startswith(f"export CUDA_VISIBLE_DEVICES={inst.uuid}\n")
@@ -68,65 +73,65 @@ def test_prolog_creates_the_decided_instance_reports_it_and_epilog_destroys_it_o
     assert Journal(site.node_dir / "journal").entries() == []
 
 
-def test_stale_decision_falls_back_to_mfi_on_the_node_and_says_so(site, batch):
-    node = EmulatedNode(site.emulated_dir, "n1")
+def test_stale_decision_falls_back_to_mfi_on_the_node_and_says_so(site, batch, gpus):
+    node = gpus
     node.create(1, "1g.5gb", 2)  # someone else holds part of the decided spot
     job = decide(batch, 1, "4g.20gb", 0)
-    agent(site, batch).prolog(job)
+    agent(site, batch, gpus).prolog(job)
     assert [(i.profile, i.start) for i in node.instances(0)] == [("4g.20gb", 0)]  # the free GPU, by MFI
     report = parse_report(batch.job(job).admin_tag)
     assert (report.kind, report.gpu, report.profile, report.start) == ("replaced", 0, "4g.20gb", 0)
 
 
-def test_prolog_that_cannot_place_asks_for_a_requeue_and_does_not_fail(site, batch):
-    node = EmulatedNode(site.emulated_dir, "n1")
+def test_prolog_that_cannot_place_asks_for_a_requeue_and_does_not_fail(site, batch, gpus):
+    node = gpus
     node.create(0, "7g.40gb", 0)
     node.create(1, "4g.20gb", 0)
     job = decide(batch, 1, "4g.20gb", 0)
-    result = agent(site, batch).prolog(job)  # returns normally: a failing prolog would drain the node
+    result = agent(site, batch, gpus).prolog(job)  # returns normally: a failing prolog would drain the node
     assert result.report.kind == "requeue" and "nothing fits on n1" in result.problem
     assert parse_report(batch.job(job).admin_tag).kind == "requeue"
     assert "NoDevFiles" in (site.job_dir / job).read_text()
 
 
-def test_a_job_released_without_a_placement_is_refused_not_guessed(site, batch):
+def test_a_job_released_without_a_placement_is_refused_not_guessed(site, batch, gpus):
     job = batch.add(TAG)
     batch.release([job])
     batch._set(job, state=JobState.RUNNING)
-    result = agent(site, batch).prolog(job)
-    assert result.report.kind == "requeue" and EmulatedNode(site.emulated_dir, "n1").instances(0) == []
+    result = agent(site, batch, gpus).prolog(job)
+    assert result.report.kind == "requeue" and gpus.instances(0) == []
 
 
-def test_unmanaged_jobs_are_left_alone(site, batch):
-    a = agent(site, batch)
+def test_unmanaged_jobs_are_left_alone(site, batch, gpus):
+    a = agent(site, batch, gpus)
     job = batch.add("plain user comment")
     a.prolog(job)
     a.prolog("999")  # unknown to the batch system
     a.epilog(job)
-    assert EmulatedNode(site.emulated_dir, "n1").instances(0) == []
+    assert gpus.instances(0) == []
 
 
-def test_reconcile_destroys_what_no_live_job_owns_and_keeps_the_rest(site, batch):
-    a = agent(site, batch)
+def test_reconcile_destroys_what_no_live_job_owns_and_keeps_the_rest(site, batch, gpus):
+    a = agent(site, batch, gpus)
     live, gone = decide(batch, 1, "4g.20gb", 0), decide(batch, 0, "1g.5gb", 0)
     a.prolog(live)
     a.prolog(gone)
     batch.finish(gone)  # its Epilog never ran (the agent was down)
-    EmulatedNode(site.emulated_dir, "n1").create(0, "1g.5gb", 6)  # made behind mig_batch's back
+    gpus.create(0, "1g.5gb", 6)  # made behind mig_batch's back
     strays = a.reconcile()
     assert len(strays) == 2 and any(f"job {gone}'s" in s for s in strays)
-    node = EmulatedNode(site.emulated_dir, "n1")
+    node = gpus
     assert [(i.profile, i.start) for i in node.instances(1)] == [("4g.20gb", 0)] and node.instances(0) == []
     tag = parse_agent_tag(batch.nodes()[0].agent_tag)
     assert tag is not None and tag.strays == 2 and tag.reconciled >= a.started
 
 
-def test_a_failing_backend_becomes_a_requeue_report(site, batch):
-    class Broken(EmulatedNode):
+def test_a_failing_backend_becomes_a_requeue_report(site, batch, gpus):
+    class Broken(NvmlNode):  # n1's GPUs (the gpus fixture serves them), whose create fails
         def create(self, gpu, profile, start):
             raise RuntimeError("NVML: unknown error")
 
-    a = NodeAgent("n1", Broken(site.emulated_dir, "n1"), Journal(site.node_dir / "journal"), batch, site.job_dir)
+    a = NodeAgent("n1", Broken(), Journal(site.node_dir / "journal"), batch, site.job_dir)
     job = decide(batch, 1, "4g.20gb", 0)
     result = a.prolog(job)
     assert result.report.kind == "requeue" and "unknown error" in result.problem
@@ -192,9 +197,9 @@ def test_a_schema_2_store_gains_chain_links(tmp_path):
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 3
 
 
-def test_the_hook_client_asks_the_agent_and_takes_the_slow_path_once_the_agent_is_gone(site, batch, tmp_path):
+def test_the_hook_client_asks_the_agent_and_takes_the_slow_path_once_the_agent_is_gone(site, batch, tmp_path, gpus):
     sock = tmp_path / "agent.sock"
-    server = AgentServer(sock, agent(site, batch))
+    server = AgentServer(sock, agent(site, batch, gpus))
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
     job = decide(batch, 1, "4g.20gb", 0)
@@ -204,7 +209,7 @@ def test_the_hook_client_asks_the_agent_and_takes_the_slow_path_once_the_agent_i
     for bad in ("", "1; rm", '1"}'):  # not a job id: nothing asked, nothing run, still exit 0
         subprocess.run([*client, "prolog", bad, str(sock), *fallback], check=True, timeout=30)
     subprocess.run([*client, "prolog", job, str(sock), *fallback], check=True, timeout=30)
-    [inst] = EmulatedNode(site.emulated_dir, "n1").instances(1)
+    [inst] = gpus.instances(1)
     assert parse_report(batch.job(job).admin_tag).uuid == inst.uuid and not slow.exists()
     server.shutdown()
     server.server_close()

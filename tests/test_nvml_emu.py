@@ -202,3 +202,87 @@ def test_the_library_agrees_with_the_model_on_every_create(nvml_emu_library, tmp
         backend.close()
     finally:
         del os.environ[nvml_emu.NODE_ENV]
+
+
+@root_only
+def test_replayed_memory_is_what_nvml_reports_on_the_mig_device(nvml_emu_node):
+    backend, directory = nvml_emu_node(["A100-40GB"])
+    inst = backend.create(0, "3g.20gb", 4)
+    assert backend.memory_used(0, inst.gi_id) == 0  # nothing replayed: an idle device
+    nvml_emu.replay(directory, inst.uuid, [(0, 1500), (3600, 9000)])
+    assert backend.memory_used(0, inst.gi_id) == 1500 * 2**20  # the second point lies an hour ahead
+    mig = nv.nvmlDeviceGetHandleByUUID(inst.uuid)
+    info = nv.nvmlDeviceGetMemoryInfo(mig)
+    assert (info.used, info.free + info.used) == (1500 * 2**20, 20096 * 2**20)  # 3g.20gb: 20096 MiB
+    assert nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByIndex(0)).used == 1500 * 2**20  # the GPU sums its MIGs
+    nvml_emu.replay(directory, inst.uuid, [(-1, 100), (0, 4200)])  # a new replay replaces the old one
+    assert backend.memory_used(0, inst.gi_id) == 4200 * 2**20
+    nvml_emu.replay(directory, inst.uuid, [(0, 10**6)])
+    assert backend.memory_used(0, inst.gi_id) == 20096 * 2**20  # never more than the device has
+
+
+@root_only
+def test_an_attached_process_is_listed_and_keeps_its_instance_until_it_ends(nvml_emu_node):
+    from mig_batch.gpu.base import InUse
+
+    backend, directory = nvml_emu_node(["A100-40GB"])
+    inst = backend.create(0, "1g.5gb", 6)
+    other = backend.create(0, "1g.5gb", 5)
+    sleeper = multiprocessing.get_context("fork").Process(target=__import__("time").sleep, args=(60,))
+    sleeper.start()
+    try:
+        nvml_emu.attach(directory, inst.uuid, sleeper.pid)
+        nvml_emu.replay(directory, inst.uuid, [(0, 800)])
+        mig = nv.nvmlDeviceGetHandleByUUID(inst.uuid)
+        listed = nv.nvmlDeviceGetComputeRunningProcesses(mig)  # the symbol (_v2 or _v3) each pynvml version calls
+        assert [(p.pid, p.gpuInstanceId, p.computeInstanceId, p.usedGpuMemory) for p in listed] == [
+            (sleeper.pid, inst.gi_id, inst.ci_id, 800 * 2**20)]  # fmt: skip
+
+        class ProcessInfoV1(ctypes.Structure):  # the unversioned symbol's layout: pid and memory only
+            _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+        legacy = nv._nvmlGetFunctionPointer("nvmlDeviceGetComputeRunningProcesses")
+        count, infos = ctypes.c_uint(0), (ProcessInfoV1 * 2)()
+        assert legacy(mig, ctypes.byref(count), None) == nv.NVML_ERROR_INSUFFICIENT_SIZE and count.value == 1
+        count.value = 2
+        assert legacy(mig, ctypes.byref(count), infos) == nv.NVML_SUCCESS and count.value == 1
+        assert (infos[0].pid, infos[0].usedGpuMemory) == (sleeper.pid, 800 * 2**20)
+        assert [p.pid for p in nv.nvmlDeviceGetComputeRunningProcesses(nv.nvmlDeviceGetHandleByIndex(0))] == [
+            sleeper.pid]  # fmt: skip
+        assert nv.nvmlDeviceGetComputeRunningProcesses(nv.nvmlDeviceGetHandleByUUID(other.uuid)) == []
+        with pytest.raises(InUse):
+            backend.destroy(0, inst.gi_id)
+        assert inst in backend.instances(0)  # refused whole: the compute instance is still there
+        backend.destroy(0, other.gi_id)  # the neighbour has no process
+    finally:
+        sleeper.kill()
+        sleeper.join()
+    assert nv.nvmlDeviceGetComputeRunningProcesses(nv.nvmlDeviceGetHandleByUUID(inst.uuid)) == []
+    backend.destroy(0, inst.gi_id)  # the process is gone: so is the refusal
+    assert backend.instances(0) == []
+    with pytest.raises(LookupError):
+        nvml_emu.attach(directory, inst.uuid, os.getpid())  # a device that no longer exists
+
+
+@root_only
+def test_a_job_attaches_itself_from_the_command_line(nvml_emu_node, tmp_path):
+    import subprocess
+    import sys
+
+    backend, directory = nvml_emu_node(["A100-40GB"])
+    inst = backend.create(0, "2g.10gb", 0)
+    (tmp_path / "memory.csv").write_text("0,1500\n")
+    subprocess.run([sys.executable, "-m", "mig_batch.gpu.nvml_emu", "attach", "--pid", str(os.getpid()),
+                    "--replay", str(tmp_path / "memory.csv"), inst.uuid],
+                   env={**os.environ, nvml_emu.NODE_ENV: str(directory)}, check=True)  # fmt: skip
+    assert [p.pid for p in nv.nvmlDeviceGetComputeRunningProcesses(nv.nvmlDeviceGetHandleByUUID(inst.uuid))] == [
+        os.getpid()]  # fmt: skip
+    assert backend.memory_used(0, inst.gi_id) == 1500 * 2**20
+
+
+def test_a_node_of_the_benchmarks_size_is_served_and_a_larger_one_refused(nvml_emu_node, tmp_path):
+    nvml_emu_node(["A100-80GB"] * nvml_emu.MAX_GPUS)  # the throughput bench emulates 48 per node
+    assert nv.nvmlDeviceGetCount() == nvml_emu.MAX_GPUS
+    assert nv.nvmlDeviceGetName(nv.nvmlDeviceGetHandleByIndex(nvml_emu.MAX_GPUS - 1)).startswith("NVIDIA A100")
+    with pytest.raises(ValueError, match="at most"):
+        nvml_emu.make_node(tmp_path / "big", "big", ["A100-80GB"] * (nvml_emu.MAX_GPUS + 1))

@@ -19,8 +19,9 @@ from mig_batch.cli.main import main
 from mig_batch.cli.ops_commands import check_hooks, since_epoch
 from mig_batch.config import SiteConfig
 from mig_batch.controller.daemon import Controller
+from mig_batch.gpu import nvml_emu
 from mig_batch.gpu.base import GpuBackendError
-from mig_batch.gpu.emulated import EmulatedNode
+from mig_batch.gpu.nvml import NvmlNode
 from mig_batch.mig.models import get_model
 from mig_batch.node import hook_client
 from mig_batch.node.agent import NodeAgent
@@ -34,16 +35,22 @@ RIGID = "mig-batch:v1;req=4g.20gb"
 
 @pytest.fixture
 def site(tmp_path) -> SiteConfig:
-    config = SiteConfig(state=tmp_path / "state.db", gpu_backend="emulated", emulated_dir=tmp_path / "gpus",
-                        job_dir=tmp_path / "jobs", node_dir=tmp_path / "node", agent_socket=tmp_path / "agent.sock",
-                        nodes={"n1": ("A100-40GB", "A100-40GB")}, path=str(tmp_path / "site.yaml"))  # fmt: skip
+    config = SiteConfig(state=tmp_path / "state.db", job_dir=tmp_path / "jobs", node_dir=tmp_path / "node",
+                        agent_socket=tmp_path / "agent.sock", nodes={"n1": ("A100-40GB", "A100-40GB")},
+                        path=str(tmp_path / "site.yaml"))  # fmt: skip
     Path(config.path).write_text(
-        f"state: {config.state}\ngpu_backend: emulated\nemulated_dir: {config.emulated_dir}\n"
-        f"job_dir: {config.job_dir}\nnode_dir: {config.node_dir}\nagent_socket: {config.agent_socket}\n"
-        "nodes: {n1: [A100-40GB, A100-40GB]}\n"
+        f"state: {config.state}\njob_dir: {config.job_dir}\nnode_dir: {config.node_dir}\n"
+        f"agent_socket: {config.agent_socket}\nnodes: {{n1: [A100-40GB, A100-40GB]}}\n"
     )
-    EmulatedNode(config.emulated_dir, "n1", list(config.nodes["n1"]))
     return config
+
+
+@pytest.fixture
+def gpus(site, nvml_emu_node) -> tuple[NvmlNode, Path]:
+    """n1's GPUs through NVML on the emulated libnvidia-ml, and the emulated node's directory."""
+    if os.geteuid() != 0:
+        pytest.skip("NVML creates MIG instances for root only, the emulated library too")
+    return nvml_emu_node(list(site.nodes["n1"]), node="n1")
 
 
 @pytest.fixture
@@ -51,9 +58,8 @@ def batch() -> FakeBatch:
     return FakeBatch(["n1"])
 
 
-def node_agent(config: SiteConfig, batch: FakeBatch, backend: EmulatedNode | None = None) -> NodeAgent:
-    return NodeAgent("n1", backend or EmulatedNode(config.emulated_dir, "n1"), Journal(config.node_dir / "journal"),
-                     batch, config.job_dir)  # fmt: skip
+def node_agent(config: SiteConfig, batch: FakeBatch, backend: NvmlNode) -> NodeAgent:
+    return NodeAgent("n1", backend, Journal(config.node_dir / "journal"), batch, config.job_dir)
 
 
 def released(controller: Controller, batch: FakeBatch) -> str:
@@ -78,13 +84,13 @@ def events(config: SiteConfig, capsys, *options: str) -> tuple[int, str]:
     return run_cli(capsys, ["events", "--config", config.path, *options])
 
 
-def test_an_unwritable_journal_reaches_the_events_of_the_job_with_the_reason(site, batch, capsys):
+def test_an_unwritable_journal_reaches_the_events_of_the_job_with_the_reason(site, batch, gpus, capsys):
     controller = Controller(site, Store(site.state), batch)
     job = released(controller, batch)
-    a = node_agent(site, batch)
+    a = node_agent(site, batch, gpus[0])
     (site.node_dir / "journal" / f"{job}.tmp").mkdir()  # the entry cannot be written (root ignores modes)
     assert a.prolog(job).report.kind == "requeue"
-    assert all(EmulatedNode(site.emulated_dir, "n1").instances(g) == [] for g in (0, 1))  # not left as a stray
+    assert all(gpus[0].instances(g) == [] for g in (0, 1))  # not left as a stray
     controller.step()
     code, out = events(site, capsys, "--job", job)
     assert code == 0
@@ -97,10 +103,10 @@ def test_an_unwritable_journal_reaches_the_events_of_the_job_with_the_reason(sit
     assert requeued and requeued[-1]["node"] == "n1" and "IsADirectoryError" in requeued[-1]["reason"]
 
 
-def test_a_journal_folder_that_is_a_file_reaches_the_events_too(site, batch, capsys):
+def test_a_journal_folder_that_is_a_file_reaches_the_events_too(site, batch, gpus, capsys):
     controller = Controller(site, Store(site.state), batch)
     job = released(controller, batch)
-    a = node_agent(site, batch)
+    a = node_agent(site, batch, gpus[0])
     journal = site.node_dir / "journal"
     shutil.rmtree(journal)
     journal.write_text("a file where the journal folder should be\n")
@@ -110,10 +116,10 @@ def test_a_journal_folder_that_is_a_file_reaches_the_events_too(site, batch, cap
     assert code == 0 and "NotADirectoryError" in out and "journal" in out, out
 
 
-def test_a_failed_prolog_is_a_warning_in_the_nodes_syslog_with_the_job_id(site, batch, monkeypatch):
+def test_a_failed_prolog_is_a_warning_in_the_nodes_syslog_with_the_job_id(site, batch, gpus, monkeypatch):
     controller = Controller(site, Store(site.state), batch)
     job = released(controller, batch)
-    server = AgentServer(site.agent_socket, node_agent(site, batch, FailingGpu(site.emulated_dir, "n1")))
+    server = AgentServer(site.agent_socket, node_agent(site, batch, FailingGpu()))
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     logged: list[tuple[int, str]] = []
     monkeypatch.setattr(hook_client.syslog, "openlog", lambda *args: None)
@@ -128,31 +134,31 @@ def test_a_failed_prolog_is_a_warning_in_the_nodes_syslog_with_the_job_id(site, 
     assert text.startswith(f"job {job}: ") and "NVML: Unknown Error" in text
 
 
-class FailingGpu(EmulatedNode):
+class FailingGpu(NvmlNode):
     """A GPU backend whose create fails as NVML does when the driver is in a bad state."""
 
     def create(self, gpu: int, profile: str, start: int):
         raise GpuBackendError("NVML: Unknown Error")
 
 
-def test_a_gpu_backend_error_reaches_the_events_even_when_the_job_ended_before_a_pass(site, batch, capsys):
+def test_a_gpu_backend_error_reaches_the_events_even_when_the_job_ended_before_a_pass(site, batch, gpus, capsys):
     controller = Controller(site, Store(site.state), batch)
     job = released(controller, batch)
-    node_agent(site, batch, FailingGpu(site.emulated_dir, "n1")).prolog(job)
+    node_agent(site, batch, FailingGpu()).prolog(job)
     batch.finish(job, exit_status=1, outcome="FAILED")  # quick: no pass saw it running
     controller.step()
     code, out = events(site, capsys, "--job", job, "--kind", "node-problem")
     assert code == 0 and "NVML: Unknown Error" in out and "n1" in out, out
 
 
-def test_an_epilog_that_cannot_destroy_reaches_the_events_once(site, batch, capsys):
+def test_an_epilog_that_cannot_destroy_reaches_the_events_once(site, batch, gpus, capsys):
     controller = Controller(site, Store(site.state), batch)
     job = released(controller, batch)
-    gpus = EmulatedNode(site.emulated_dir, "n1")
-    a = node_agent(site, batch, gpus)
+    backend, directory = gpus
+    a = node_agent(site, batch, backend)
     a.prolog(job)
     controller.step()
-    gpus.attach(Journal(site.node_dir / "journal").get(job).uuid, os.getpid())  # a process still holds it
+    nvml_emu.attach(directory, Journal(site.node_dir / "journal").get(job).uuid, os.getpid())  # still held
     batch.finish(job)
     detail = a.epilog(job, attempts=1)
     assert "still in use" in detail
@@ -166,10 +172,10 @@ def test_an_epilog_that_cannot_destroy_reaches_the_events_once(site, batch, caps
     assert code == 0 and job in out and "still in use" in out
 
 
-def test_strays_a_reconcile_destroyed_reach_the_events_of_the_node(site, batch, capsys):
+def test_strays_a_reconcile_destroyed_reach_the_events_of_the_node(site, batch, gpus, capsys):
     controller = Controller(site, Store(site.state), batch)
-    EmulatedNode(site.emulated_dir, "n1").create(0, "1g.5gb", 6)  # no job owns it
-    assert len(node_agent(site, batch).reconcile()) == 1
+    gpus[0].create(0, "1g.5gb", 6)  # no job owns it
+    assert len(node_agent(site, batch, gpus[0]).reconcile()) == 1
     controller.step()
     code, out = events(site, capsys, "--node", "n1", "--since", "1h", "--json")
     [stray] = [e for e in json.loads(out) if e["kind"] == "node-problem"]
@@ -216,8 +222,8 @@ def installed(site, tmp_path) -> Path:
 
 
 @pytest.fixture
-def agent_up(site, batch):
-    server = AgentServer(site.agent_socket, node_agent(site, batch))
+def agent_up(site, batch, gpus):
+    server = AgentServer(site.agent_socket, node_agent(site, batch, gpus[0]))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield
@@ -259,7 +265,7 @@ def test_doctor_flags_a_prolog_that_is_not_executable_or_not_ours(installed, tmp
     assert check.ok
 
 
-def test_doctor_on_a_node_without_agent_or_slurm_fails_with_fixes(site, capsys, tmp_path):
+def test_doctor_on_a_node_without_agent_or_slurm_fails_with_fixes(site, gpus, capsys, tmp_path):
     with open(site.path, "a") as f:
         f.write(f"slurm_bin: {tmp_path}/no-slurm\n")
     code, out = doctor(site, capsys, "--node", "n1", "--json")

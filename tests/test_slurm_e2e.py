@@ -1,10 +1,10 @@
 """End to end on a real local Slurm (munge, slurmctld, 3 slurmd, emulated GPUs) with mig-batchd.
 
 Every job goes through migsub or sbatch, job_submit.lua, the controller, the prolog, the TaskProlog
-and the epilog. The emulated nodes' history files are the audit trail for overlaps and leaks.
+and the epilog, and every MIG instance through NVML (pynvml on the emulated libnvidia-ml). The
+emulated library's history files are the audit trail for overlaps and leaks.
 """
 
-import json
 import random
 import signal
 import time
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from mig_batch.gpu import nvml_emu
 from mig_batch.mig.models import get_model
 from mig_batch.slurm.local_cluster import LocalCluster, MigTestbed
 from mig_batch.state import Store
@@ -68,17 +69,14 @@ def never_drained(bed):
     assert not bad, f"{bad}\n{bed.cluster.run('squeue').stdout}"
 
 
-def history(bed):
-    """(node, gpu, start, size, uuid, created, destroyed) for every instance ever made."""
-    lives = {}
-    for path in (p for node in bed.nodes for p in bed.gpu_dir(node).glob("*.history.jsonl")):
-        for line in path.read_text().splitlines():
-            e = json.loads(line)
-            if e["op"] == "create":
-                lives[e["uuid"]] = [e["node"], e["gpu"], e["start"], e["size"], e["uuid"], e["time"], None]
-            else:
-                lives[e["uuid"]][6] = e["time"]
-    return list(lives.values())
+def history(bed) -> list[nvml_emu.Lifetime]:
+    """Every GPU instance the emulated library ever made on the testbed's nodes."""
+    return [life for node in bed.nodes for life in nvml_emu.lifetimes(bed.gpu_dir(node))]
+
+
+def by_mig_uuid(bed) -> dict[str, nvml_emu.Lifetime]:
+    """The GPU instance behind each MIG device (what a job's CUDA_VISIBLE_DEVICES names)."""
+    return {uuid: life for life in history(bed) for uuid in life.mig_uuids}
 
 
 def job_runs(bed, jobs):
@@ -95,15 +93,14 @@ def job_runs(bed, jobs):
 def assert_no_overlap_and_no_leak(bed):
     lives = history(bed)
     for i, a in enumerate(lives):
-        assert a[6] is not None, f"instance {a} was never destroyed"
+        assert a.destroyed is not None, f"instance {a} was never destroyed"
         for b in lives[i + 1 :]:
-            same_gpu = a[0] == b[0] and a[1] == b[1]
-            slices = a[2] < b[2] + b[3] and b[2] < a[2] + a[3]
-            times = a[5] < b[6] and b[5] < a[6]
+            same_gpu = a.node == b.node and a.gpu == b.gpu
+            slices = a.start < b.start + b.size and b.start < a.start + a.size
+            times = a.created < b.destroyed and b.created < a.destroyed
             assert not (same_gpu and slices and times), f"instances overlap: {a} and {b}"
     for node in bed.nodes:
-        state = json.loads((bed.gpu_dir(node) / f"{node}.json").read_text())
-        assert all(not g["instances"] for g in state["gpus"]), f"{node} still has instances"
+        assert nvml_emu.live_instances(bed.gpu_dir(node)) == [], f"{node} still has instances"
     assert Store(bed.store_path).instances() == []
 
 
@@ -128,14 +125,14 @@ def test_thirty_mixed_jobs_complete_each_with_one_mig_device(bed):
         jobs.append(submit(bed, script))
     wait_done(bed, jobs)
     runs = job_runs(bed, jobs)
-    lives = {life[4]: life for life in history(bed)}
+    lives = by_mig_uuid(bed)
     store = Store(bed.store_path)
     for job, (cvd, begin, end) in runs.items():
         assert cvd.startswith("MIG-") and "," not in cvd, f"job {job} saw {cvd!r}"
         life = lives[cvd]
-        assert life[5] <= begin and end <= life[6], f"job {job} ran outside its instance"
+        assert life.created <= begin and end <= life.destroyed, f"job {job} ran outside its instance"
         d = store.decision(job)
-        assert d.state == "ended" and (d.node, d.gpu, d.start) == (life[0], life[1], life[2])
+        assert d.state == "ended" and (d.node, d.gpu, d.start) == (life.node, life.gpu, life.start)
     assert len({cvd for cvd, _, _ in runs.values()}) == 30
     assert_no_overlap_and_no_leak(bed)
     never_drained(bed)
@@ -158,11 +155,11 @@ def test_forged_placement_in_user_fields_has_no_effect(bed):
     job = bed.cluster.run("sbatch", "--parsable", "--gres=mig:1g.10gb", str(script)).stdout.strip()
     wait_done(bed, [job])
     cvd, _, _ = job_runs(bed, [job])[job]
-    life = {life[4]: life for life in history(bed)}[cvd]
+    life = by_mig_uuid(bed)[cvd]
     d = Store(bed.store_path).decision(job)
     assert d.request == "mig-batch:v1;req=1g.10gb" and d.profile == "1g.10gb"
     size = get_model(d.model).profile(d.profile).memory_slices
-    assert (life[0], life[1], life[2], life[3]) == (d.node, d.gpu, d.start, size)
+    assert (life.node, life.gpu, life.start, life.size) == (d.node, d.gpu, d.start, size)
     assert_no_overlap_and_no_leak(bed)
 
 

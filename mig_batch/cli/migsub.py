@@ -54,14 +54,13 @@ def _option_parser() -> argparse.ArgumentParser:
     p.add_argument("--subjob-min", metavar="DURATION", help="--atomize: shortest useful subjob (default 60s)")
     p.add_argument("--subjob-max", metavar="DURATION", help="--atomize: longest subjob (default 1h)")
     p.add_argument("--deadline", metavar="DURATION", help="--atomize: finish within this long (deadline policy)")
-    p.add_argument("--emulate-memory", metavar="FILE", help="--atomize on emulated GPUs: replay seconds,MiB")
     p.add_argument("--dry-run", action="store_true", help="show the translation and the sbatch command only")
     p.add_argument("--json", action="store_true", help="print the dry run as JSON")
     return p
 
 
 DIRECTIVE_OPTIONS = ("mig", "gpu_mem", "gpu_compute", "gpu", "moldable", "checkpoint_dir", "subjob_min", "subjob_max",
-                     "deadline", "emulate_memory")  # fmt: skip
+                     "deadline")  # fmt: skip
 ATOMIZE_OPTIONS = DIRECTIVE_OPTIONS[5:]
 
 
@@ -102,7 +101,7 @@ def read_directives(script: Path) -> tuple[dict[str, str], dict[str, str], list[
                 raise DirectiveError(
                     f"{where}: unknown option {' '.join(unknown)}; #MIG accepts --mig, --gpu-mem, "
                     f"--gpu-compute, --gpu, --moldable, --atomize, --checkpoint-dir, --subjob-min, --subjob-max, "
-                    f"--deadline, --emulate-memory"
+                    f"--deadline"
                 )
             if namespace.atomize:
                 options["atomize"], sources["atomize"] = "1", where
@@ -166,7 +165,6 @@ class Chain:
     min_s: float
     max_s: float
     deadline: float | None
-    emulate_memory: Path | None
 
 
 def chain_of(options: dict[str, str], sources: dict[str, str]) -> Chain | None:
@@ -192,13 +190,10 @@ def chain_of(options: dict[str, str], sources: dict[str, str]) -> Chain | None:
         raise DirectiveError(f"{sources.get('subjob_min', '--subjob-min')}: the shortest subjob ({low:g} s) is "
                              f"longer than the longest ({high:g} s)")  # fmt: skip
     deadline = time.time() + duration("deadline", "1s") if "deadline" in options else None
-    emulate = Path(options["emulate_memory"]).resolve() if "emulate_memory" in options else None
-    if emulate is not None and not emulate.is_file():
-        raise DirectiveError(f"{sources['emulate_memory']}: no such file {emulate}")
     directory = Path(options["checkpoint_dir"]).expanduser().resolve()
     if ";" in str(directory) or any(c.isspace() for c in str(directory)):
         raise DirectiveError(f"{sources['checkpoint_dir']}: the checkpoint directory may not contain ';' or spaces")
-    return Chain(directory, low, high, deadline, emulate)
+    return Chain(directory, low, high, deadline)
 
 
 def script_command(script: Path) -> list[str]:
@@ -213,8 +208,6 @@ def script_command(script: Path) -> list[str]:
 def chain_script(spec: JobSpec, chain: Chain, sbatch_lines: list[str]) -> str:
     """The batch script of every subjob: the user's #SBATCH lines, then the runner around the script."""
     runner = [sys.executable, "-m", "mig_batch.subjob.runner"]
-    if chain.emulate_memory is not None:
-        runner += ["--emulate-memory", str(chain.emulate_memory)]
     command = [*runner, "--", *script_command(spec.script.resolve()), *spec.script_args]
     return "\n".join(["#!/bin/bash", *sbatch_lines, "#SBATCH --requeue", "#SBATCH --open-mode=append",
                       f"export MIG_BATCH_CHECKPOINT_DIR={shlex.quote(str(chain.checkpoint_dir))}",

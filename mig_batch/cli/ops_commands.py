@@ -316,10 +316,7 @@ def check_gpus(config: SiteConfig, node: str) -> list[Check]:
     """The GPU backend reads this node's GPUs; the inventory's models are there, with MIG mode on."""
     from mig_batch.config import open_backend
 
-    if config.gpu_backend == "nvml":
-        fix = "install the NVIDIA driver and nvidia-ml-py into mig_batch's Python; nvidia-smi must list the GPUs"
-    else:
-        fix = f"check emulated_dir: {config.emulated_dir} in the site config"
+    fix = "install the NVIDIA driver and nvidia-ml-py into mig_batch's Python; nvidia-smi must list the GPUs"
     try:
         gpus = open_backend(config, node).gpus()
     except Exception as exc:  # any failure here is the finding, reported with the fix

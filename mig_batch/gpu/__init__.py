@@ -1,1 +1,1 @@
-"""GPU backends: one interface over NVML (real GPUs) and an emulated, file-backed node."""
+"""The GPU backend: one interface over NVML (``nvml``); ``nvml_emu``: an emulated libnvidia-ml for tests."""

@@ -1,6 +1,6 @@
-"""The GPU backend interface and its errors, shared by the NVML and emulated backends.
+"""The GPU backend interface and its errors (the one implementation is ``nvml.NvmlNode``).
 
-Errors mirror NVML's return codes so callers handle both backends alike: an overlapping placement is
+Errors mirror NVML's return codes: an overlapping placement is
 ``InsufficientResources`` (NVML_ERROR_INSUFFICIENT_RESOURCES), destroying an instance with processes
 is ``InUse`` (NVML_ERROR_IN_USE), an unknown profile or a GPU without MIG is ``NotSupported``.
 """

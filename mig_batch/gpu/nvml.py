@@ -31,7 +31,7 @@ from mig_batch.mig.probe import DriverGpu, DriverProfile
 
 
 def _nvml():
-    import pynvml  # imported here so that nodes without the driver can still use the emulated backend
+    import pynvml  # imported here so that hosts without GPUs (the controller, submit hosts) never load it
 
     return pynvml
 

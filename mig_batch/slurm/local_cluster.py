@@ -9,6 +9,7 @@ the controller's state, each node's spool, logs. Nodes are ``slurmd -N name`` pr
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -279,17 +280,24 @@ def _free_ports(count: int) -> list[int]:
 
 
 NODE_PATHS = ("/var/lib/mig-batch", "/run/mig-batch")  # what each node owns, in its own mount namespace
+NODE_GPU_DIR = f"{NODE_PATHS[0]}/nvml-emu"  # each node's emulated GPUs, as the node sees them
 
 
 @dataclass
 class MigTestbed:
     """A cluster in a box: the local cluster with mig_batch installed (job_submit.lua, hook shims, a
-    node agent per node, emulated GPUs) and mig-batchd.
+    node agent per node) and mig-batchd, on GPUs of the emulated libnvidia-ml with ``gpu_backend: nvml``.
 
     Each slurmd and its agent run in their own mount namespace: their own ``/var/lib/mig-batch``
     (emulated GPUs, journal) and ``/run/mig-batch`` (agent socket, job files), backed by
     ``nodes/<node>/``; the controller's directory (``controller/``: its config and store) is covered
     by an empty file system there, so no node can reach the store. The controller runs on the host.
+
+    Every process that opens NVML loads the emulated library by name and serves the node's GPUs at
+    :data:`NODE_GPU_DIR` (the same path in every node's namespace): the agent and the hooks run
+    :attr:`node_python`, a wrapper that sets that environment (slurmd starts the Prolog and Epilog
+    with an environment of its own making, so nothing else reaches the hooks' slow path); jobs
+    inherit it from their submitter (sbatch's ``--export=ALL``) through :meth:`env`.
     """
 
     root: Path
@@ -326,12 +334,35 @@ class MigTestbed:
         return self.root / "nodes" / node
 
     def gpu_dir(self, node: str) -> Path:
-        """The node's emulated GPUs, seen from the host."""
-        return self.node_dir(node) / "lib" / "emulated"
+        """The node's emulated GPUs (an ``nvml_emu`` node directory), seen from the host."""
+        return self.node_dir(node) / "lib" / Path(NODE_GPU_DIR).relative_to(NODE_PATHS[0])
+
+    @property
+    def node_python(self) -> Path:
+        """The Python of node processes: the interpreter, with the emulated GPUs' environment."""
+        return self.root / "etc" / "python-on-emulated-gpus"
+
+    def gpu_env(self) -> dict[str, str]:
+        """What a process on a node needs to open the node's emulated GPUs through NVML."""
+        from mig_batch.gpu import nvml_emu
+
+        return nvml_emu.library_env(nvml_emu.build_library(), Path(NODE_GPU_DIR))
 
     def env(self) -> dict[str, str]:
+        """Commands' environment; jobs submitted with it see their node's GPUs (sbatch exports it)."""
         assert self.cluster is not None
-        return {**self.cluster.env(), "MIG_BATCH_CONFIG": str(self.config_path)}
+        return {**self.cluster.env(), **self.gpu_env(), "MIG_BATCH_CONFIG": str(self.config_path)}
+
+    def make_gpus(self) -> None:
+        """Each node's emulated GPUs and the Python that opens them (instances made earlier are kept)."""
+        from mig_batch.gpu import nvml_emu
+
+        for node, models in self.nodes.items():
+            nvml_emu.make_node(self.gpu_dir(node), node, models)
+        exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(self.gpu_env().items()))
+        self.node_python.parent.mkdir(parents=True, exist_ok=True)
+        self.node_python.write_text(f"#!/bin/sh\n{exports}exec {shlex.quote(sys.executable)} \"$@\"\n")
+        self.node_python.chmod(0o755)
 
     def write_config(self, policy: str | None = None) -> None:
         import yaml
@@ -340,8 +371,7 @@ class MigTestbed:
         self.config_path.parent.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(yaml.safe_dump({
             **common,
-            "gpu_backend": "emulated",
-            "emulated_dir": f"{NODE_PATHS[0]}/emulated",
+            "gpu_backend": "nvml",
             "node_dir": f"{NODE_PATHS[0]}/node",
             "job_dir": f"{NODE_PATHS[1]}/jobs",
             "agent_socket": f"{NODE_PATHS[1]}/agent.sock",
@@ -370,10 +400,11 @@ class MigTestbed:
 
         self.root.mkdir(parents=True, exist_ok=True)
         self.write_config()
+        self.make_gpus()
         etc = self.root / "etc"
         models = [get_model(m) for m in sorted({m for ms in self.nodes.values() for m in ms})]
-        install(etc, sys.executable, str(self.config_path), f"{NODE_PATHS[1]}/jobs", f"{NODE_PATHS[1]}/agent.sock",
-                models)  # fmt: skip
+        install(etc, str(self.node_python), str(self.config_path), f"{NODE_PATHS[1]}/jobs",
+                f"{NODE_PATHS[1]}/agent.sock", models)  # fmt: skip
         gres_types, gres, accounting = "mig", {}, ""
         if self.slice_gres:  # the generated gres.conf as a site would append it; counts on the node lines
             (etc / "gres.conf").write_text(slice_accounting_conf(self.nodes, self.slice_gres)[1])
@@ -406,7 +437,7 @@ class MigTestbed:
         assert self.cluster is not None
         log = open(self.root / "log" / f"agent-{node}.log", "ab")  # noqa: SIM115 - lives as long as the process
         self.agents[node] = subprocess.Popen(
-            ["nsenter", f"--mount=/proc/{self.cluster.node_pid(node)}/ns/mnt", "--", sys.executable, "-m",
+            ["nsenter", f"--mount=/proc/{self.cluster.node_pid(node)}/ns/mnt", "--", str(self.node_python), "-m",
              "mig_batch.slurm.hooks", "agent", "--node", node, "--log-level", "debug"],
             env=self.env(), stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip

@@ -1,14 +1,14 @@
 """Run one subjob: start the training command, forward signals, keep the deadline, sample memory.
 
-    python -m mig_batch.subjob.runner [--sample-every S] [--emulate-memory FILE] -- COMMAND [ARGS]
+    python -m mig_batch.subjob.runner [--sample-every S] [--grace S] -- COMMAND [ARGS]
 
 * USR1 (Slurm's ``--signal=B:USR1@margin``, or ``scancel -s USR1``) is forwarded to the command's
   process group; the runner also sends it itself ``MIG_BATCH_CHECKPOINT_MARGIN`` seconds before
   ``MIG_BATCH_DEADLINE``, since Slurm's time limits have minute resolution.
 * At the deadline plus ``--grace`` seconds the command gets SIGTERM, and SIGKILL 5 s later.
 * GPU memory of the job's MIG instance (``CUDA_VISIBLE_DEVICES=MIG-...``) is sampled through the
-  site's GPU backend into the chain's sample file, the history admission learns from. On an emulated
-  node ``--emulate-memory FILE`` (``seconds,MiB`` lines) makes the instance replay that trajectory.
+  site's GPU backend (NVML's memory in use of the MIG device) into the chain's sample file, the
+  history admission learns from.
 * The exit status is the command's (128 + signal when a signal ended it). Unless the command
   finished the chain (0), the runner first submits the chain's next Slurm job, held until
   mig-batchd grants it a gap: one job per subjob, so no job id is requeued (slurmd skips the Prolog
@@ -25,7 +25,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from mig_batch.atomize.samples import samples_file
 from mig_batch.subjob import (
@@ -40,7 +39,7 @@ from mig_batch.subjob import (
 
 
 class _Sampler:
-    def __init__(self, emulate: Path | None, pid: int):
+    def __init__(self) -> None:
         self.backend = self.instance = self.out = None
         uuid = os.environ.get("CUDA_VISIBLE_DEVICES", "")
         ckpt = os.environ.get(ENV_CHECKPOINT_DIR)
@@ -54,14 +53,6 @@ class _Sampler:
             self.instance = self.backend.find(uuid)
             if self.instance is None:
                 raise LookupError(f"no MIG instance {uuid} on this node")
-            if emulate is not None and hasattr(self.backend, "replay"):
-                from mig_batch.atomize.samples import read_trajectory
-
-                trajectory = read_trajectory(emulate)
-                if trajectory is None:
-                    raise ValueError(f"{emulate}: no 'seconds,MiB' lines")
-                self.backend.attach(uuid, pid)
-                self.backend.replay(uuid, list(zip(trajectory.times, trajectory.mib, strict=True)))
             job, run = os.environ.get("SLURM_JOB_ID", "local"), int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
             self.out = samples_file(ckpt, job, run)
             self.out.parent.mkdir(parents=True, exist_ok=True)
@@ -82,7 +73,7 @@ class _Sampler:
             f.write(f"{time.time() - self.t0:.3f},{used:.1f}\n")
 
 
-def run(command: list[str], sample_every: float, grace: float, emulate: Path | None) -> int:
+def run(command: list[str], sample_every: float, grace: float) -> int:
     if os.environ.get("SLURM_JOB_ID") and not os.environ.get(ENV_DEADLINE):
         # slurmd skips the Prolog when it still caches a requeued job's id: no instance, no window
         print("mig-batch subjob: this start has no MIG instance (the node's prolog did not run for it); "
@@ -101,7 +92,7 @@ def run(command: list[str], sample_every: float, grace: float, emulate: Path | N
 
     for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
-    sampler = _Sampler(emulate, child.pid)
+    sampler = _Sampler()
     warned = terminated = False
     next_sample = time.time()
     while True:
@@ -156,13 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mig-batch-subjob", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sample-every", type=float, default=1.0, help="seconds between GPU memory samples")
     parser.add_argument("--grace", type=float, default=5.0, help="seconds after the deadline before SIGTERM")
-    parser.add_argument("--emulate-memory", type=Path, help="emulated nodes: replay this seconds,MiB file")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the command to run after --, e.g. -- bash train.sh")
-    return run(command, args.sample_every, args.grace, args.emulate_memory)
+    return run(command, args.sample_every, args.grace)
 
 
 if __name__ == "__main__":

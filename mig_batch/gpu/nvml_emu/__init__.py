@@ -3,8 +3,9 @@
 The library is built with the system C compiler into a cache directory keyed by the source's hash
 (:func:`build_library`). A node is a directory (:func:`make_node`): ``gpus``, the GPUs and their MIG
 profile tables generated from etc/gpus models; ``state``, the instances now; ``history``, one JSON
-line per create/destroy. The library serves the node named by ``$MIG_BATCH_NVML_EMU_DIR``, read at
-``nvmlInit``.
+line per create/destroy; ``usage``, what the test harness says runs on the MIG devices (:func:`attach`,
+:func:`replay`), which the library reports through NVML's own calls. The library serves the node named
+by ``$MIG_BATCH_NVML_EMU_DIR``, read at ``nvmlInit``.
 
 pynvml opens the library as ``CDLL("libnvidia-ml.so.1")``, i.e. by name through the dynamic loader,
 so a process finds the emulated library the way it finds the driver's: the directory holding it on
@@ -17,13 +18,16 @@ runs unchanged.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import json
 import os
 import subprocess
 import tempfile
+import time
 import uuid as uuidlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +51,7 @@ PROFILE_ENUM_VALUES = {
     "1_SLICE_REV2": 9,
 }
 SMS_PER_COMPUTE_SLICE = 16  # only for models that do not state their SMs (Hopper's figure)
+MAX_GPUS = 64  # per node: nvml_emu.c's MAX_GPUS
 
 
 class BuildError(RuntimeError):
@@ -136,6 +141,8 @@ def profile_rows(model: GpuModel) -> list[str]:
 
 def node_table(node: str, gpus: Sequence[EmulatedGpu]) -> str:
     """The text of a node's ``gpus`` file (tab-separated; read by nvml_emu.c's ``load_table``)."""
+    if len(gpus) > MAX_GPUS:
+        raise ValueError(f"an emulated node holds at most {MAX_GPUS} GPUs; {node} was given {len(gpus)}")
     lines = ["# emulated NVML node: written by mig_batch.gpu.nvml_emu.make_node", f"node\t{node}"]
     for index, gpu in enumerate(gpus):
         model = gpu.model
@@ -177,6 +184,7 @@ class Lifetime:
     key: str
     created: float
     destroyed: float | None
+    mig_uuids: tuple[str, ...] = ()  # its compute instances' MIG devices (what CUDA_VISIBLE_DEVICES names)
 
 
 def read_history(directory: Path) -> list[dict]:
@@ -187,19 +195,25 @@ def read_history(directory: Path) -> list[dict]:
 def lifetimes(directory: Path) -> list[Lifetime]:
     """Every GPU instance the node ever had, from its history file."""
     open_: dict[str, dict] = {}
+    by_id: dict[tuple[int, int], str] = {}  # (GPU, GPU instance id) -> key of the instance alive with that id
+    migs: dict[str, list[str]] = {}
     done = []
     for event in read_history(directory):
         if event["op"] == "create":
             open_[event["uuid"]] = event
+            by_id[event["gpu"], event["gi_id"]] = event["uuid"]
+            migs[event["uuid"]] = []
+        elif event["op"] == "ci_create":
+            migs[by_id[event["gpu"], event["gi_id"]]].append(event["uuid"])
         elif event["op"] == "destroy":
             made = open_.pop(event["uuid"])
-            done.append(_lifetime(made, event["time"]))
-    return done + [_lifetime(made, None) for made in open_.values()]
+            done.append(_lifetime(made, event["time"], migs[made["uuid"]]))
+    return done + [_lifetime(made, None, migs[made["uuid"]]) for made in open_.values()]
 
 
-def _lifetime(made: dict, destroyed: float | None) -> Lifetime:
+def _lifetime(made: dict, destroyed: float | None, mig_uuids: list[str]) -> Lifetime:
     return Lifetime(made["node"], made["gpu"], made["gi_id"], made["profile"], made["start"], made["size"],
-                    made["uuid"], made["time"], destroyed)  # fmt: skip
+                    made["uuid"], made["time"], destroyed, tuple(mig_uuids))  # fmt: skip
 
 
 def live_instances(directory: Path) -> list[tuple[int, int]]:
@@ -213,3 +227,55 @@ def live_instances(directory: Path) -> list[tuple[int, int]]:
         if fields[0] == "gi":
             out.append((int(fields[1]), int(fields[2])))
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# what runs on the MIG devices (the harness's controls; the library reports them through NVML)
+
+
+@contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """The node's lock, the one every library call that touches instances takes."""
+    with open(Path(directory) / "lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def mig_uuids(directory: Path) -> set[str]:
+    """UUIDs of the node's MIG devices now (one per compute instance)."""
+    path = Path(directory) / "state"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return {fields[7] for fields in map(str.split, lines) if fields[0] == "ci" and len(fields) == 8}
+
+
+def _add_usage(directory: Path, uuid: str, line: str, replaces: str | None = None) -> None:
+    """Append ``line`` to the node's usage file, dropping lines of devices gone and, if given, the
+    device's earlier lines of kind ``replaces``."""
+    path = Path(directory) / "usage"
+    with _locked(directory):
+        live = mig_uuids(directory)
+        if uuid not in live:
+            raise LookupError(f"the emulated node {directory} has no MIG device {uuid}")
+        kept = [old for old in (path.read_text().splitlines() if path.exists() else [])
+                if old.split()[1] in live and not (old.split()[0] == replaces and old.split()[1] == uuid)]  # fmt: skip
+        partial = path.with_name("usage.tmp")
+        partial.write_text("".join(f"{old}\n" for old in [*kept, line]))
+        os.replace(partial, path)
+
+
+def attach(directory: Path, uuid: str, pid: int) -> None:
+    """From now on, process ``pid`` runs on MIG device ``uuid``: while it lives, NVML lists it among
+    the device's compute processes and refuses to destroy the instance (NVML_ERROR_IN_USE)."""
+    _add_usage(directory, uuid, f"attach {uuid} {int(pid)}")
+
+
+def replay(directory: Path, uuid: str, points: Sequence[tuple[float, float]]) -> None:
+    """From now on, MIG device ``uuid``'s memory in use (nvmlDeviceGetMemoryInfo) follows ``points``:
+    (seconds from now, MiB), each value held until the next point."""
+    if not points:
+        raise ValueError("a memory replay needs at least one (seconds, MiB) point")
+    timeline = ",".join(f"{float(t):g}:{float(mib):g}" for t, mib in sorted(points))
+    _add_usage(directory, uuid, f"replay {uuid} {time.time():.6f} {timeline}", replaces="replay")

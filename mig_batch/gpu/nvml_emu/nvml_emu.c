@@ -10,6 +10,11 @@
  *   lock     flock(2) target: every call that reads or changes instances holds it, so that the
  *            Prolog, the Epilog and any other process see one node
  *   history  one JSON line per create/destroy, appended under the lock (the tests' audit)
+ *   usage    what runs on the MIG devices (written by the test harness, mig_batch.gpu.nvml_emu's
+ *            attach() and replay(), under the lock): "attach <MIG-uuid> <pid>" lines (a compute
+ *            instance is IN_USE while such a pid lives; nvmlDeviceGetComputeRunningProcesses lists
+ *            it) and "replay <MIG-uuid> <t0> <s>:<MiB>,..." lines (the device's memory in use,
+ *            nvmlDeviceGetMemoryInfo, follows that trajectory from epoch time t0)
  *
  * Stricter than the driver in one way: pointers passed in are checked to be readable memory
  * (NVML_ERROR_INVALID_ARGUMENT if not), so that a wrong ctypes argument shape (a struct passed by
@@ -19,6 +24,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,7 +49,7 @@ enum {
     NVML_ERROR_UNKNOWN = 999,
 };
 
-#define MAX_GPUS 16
+#define MAX_GPUS 64 /* the throughput bench emulates 48 per node */
 #define MAX_PROFILES 24
 #define MAX_STARTS 16
 #define MAX_GI 32 /* GPU instance ids 1..MAX_GI-1 */
@@ -89,6 +95,9 @@ typedef struct {
 } nvmlComputeInstanceProfileInfo_v3_t;
 typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
 typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
+typedef struct { unsigned int pid; unsigned long long usedGpuMemory; } nvmlProcessInfo_v1_t;
+typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; }
+    nvmlProcessInfo_v2_t; /* also the _v3 call's layout */
 
 /* NVML_STRUCT_VERSION(type, n) = sizeof(type) | n << 24 */
 #define STRUCT_VERSION(type, n) ((unsigned int)(sizeof(type) | ((n) << 24)))
@@ -315,6 +324,78 @@ static void log_event(const char *op, unsigned int g, int gi, int ci, const char
     fclose(f);
 }
 
+/* ---- what runs on the MIG devices (file "usage"; read with the lock held) ---- */
+#define MAX_ATTACHED 512
+#define MAX_REPLAYS 128
+#define MAX_POINTS 256
+struct attached { char uuid[UUID_LEN]; int pid; };
+struct replay { char uuid[UUID_LEN]; double t0; unsigned int n; double seconds[MAX_POINTS], mib[MAX_POINTS]; };
+static struct attached attached[MAX_ATTACHED];
+static struct replay replays[MAX_REPLAYS];
+static unsigned int n_attached, n_replays;
+
+static void load_usage(void) {
+    char path[4200], *line = 0;
+    size_t capacity = 0;
+    n_attached = n_replays = 0;
+    snprintf(path, sizeof path, "%s/usage", node_dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return; /* nothing attached, nothing replayed */
+    while (getline(&line, &capacity, f) > 0) {
+        char uuid[UUID_LEN];
+        int pid, used = 0;
+        double t0;
+        if (sscanf(line, "attach %95s %d", uuid, &pid) == 2 && n_attached < MAX_ATTACHED) {
+            attached[n_attached] = (struct attached){.pid = pid};
+            snprintf(attached[n_attached++].uuid, UUID_LEN, "%s", uuid);
+        } else if (sscanf(line, "replay %95s %lf %n", uuid, &t0, &used) == 2 && used > 0 && n_replays < MAX_REPLAYS) {
+            struct replay *r = &replays[n_replays++];
+            *r = (struct replay){.t0 = t0};
+            snprintf(r->uuid, UUID_LEN, "%s", uuid);
+            for (char *p = line + used; r->n < MAX_POINTS;) {
+                int took = 0;
+                if (sscanf(p, "%lf:%lf%n", &r->seconds[r->n], &r->mib[r->n], &took) != 2) break;
+                r->n++;
+                p += took;
+                if (*p != ',') break;
+                p++;
+            }
+        }
+    }
+    free(line);
+    fclose(f);
+}
+
+static int pid_alive(int pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
+
+/* Live pids attached to a MIG device (its compute instance's UUID); up to max of them into pids. */
+static unsigned int attached_pids(const char *uuid, unsigned int *pids, unsigned int max) {
+    unsigned int n = 0;
+    for (unsigned int k = 0; k < n_attached; k++)
+        if (!strcmp(attached[k].uuid, uuid) && pid_alive(attached[k].pid)) {
+            if (n < max) pids[n] = (unsigned int)attached[k].pid;
+            n++;
+        }
+    return n;
+}
+
+/* Bytes in use on a MIG device now: its replayed trajectory's value in force (the first point's
+ * before that), at most its total; 0 when nothing is replayed on it. */
+static unsigned long long replayed_bytes(const char *uuid, unsigned long long total) {
+    for (unsigned int k = n_replays; k-- > 0;) { /* the last line for a UUID wins */
+        const struct replay *r = &replays[k];
+        if (strcmp(r->uuid, uuid) || r->n == 0) continue;
+        struct timeval now;
+        gettimeofday(&now, 0);
+        double elapsed = (double)now.tv_sec + now.tv_usec / 1e6 - r->t0, mib = r->mib[0];
+        for (unsigned int i = 0; i < r->n; i++)
+            if (r->seconds[i] <= elapsed) mib = r->mib[i];
+        unsigned long long bytes = (unsigned long long)(mib * 1048576.0);
+        return bytes < total ? bytes : total;
+    }
+    return 0;
+}
+
 /* ---- lookups ---- */
 static const struct profile *profile_by_id(unsigned int g, unsigned int id) {
     for (unsigned int k = 0; k < gpus[g].n_profiles; k++)
@@ -485,20 +566,31 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int len
     return rc;
 }
 
-/* Bytes of memory a device has: the GPU's, or its GPU instance profile's for a MIG device. */
-static nvmlReturn_t device_memory(nvmlDevice_t device, unsigned long long *total) {
+/* Bytes of memory a device has and uses: the GPU's (used: what its MIG devices use), or its GPU
+ * instance profile's for a MIG device (used: its replayed trajectory, see "usage"). */
+static nvmlReturn_t device_memory(nvmlDevice_t device, unsigned long long *total, unsigned long long *used) {
     int g = device_gpu(device);
     if (g < 0) return NVML_ERROR_INVALID_ARGUMENT;
-    if (!is_mig_device(device)) {
-        *total = (unsigned long long)gpus[g].memory_mib << 20;
-        return NVML_SUCCESS;
-    }
     nvmlReturn_t rc = NVML_ERROR_INVALID_ARGUMENT;
     WITH_STATE(0, {
-        const struct profile *p = mig_live(device) ? profile_by_id(g, state[g][device->gi].profile_id) : 0;
-        if (p) {
-            *total = (unsigned long long)p->memory_mib << 20;
+        load_usage();
+        *used = 0;
+        if (!is_mig_device(device)) {
+            *total = (unsigned long long)gpus[g].memory_mib << 20;
+            for (int gi = 0; gi < MAX_GI; gi++)
+                for (int ci = 0; ci < MAX_CI; ci++)
+                    if (state[g][gi].used && state[g][gi].ci[ci].used) {
+                        const struct profile *p = profile_by_id(g, state[g][gi].profile_id);
+                        *used += replayed_bytes(state[g][gi].ci[ci].uuid, p ? (unsigned long long)p->memory_mib << 20 : 0);
+                    }
             rc = NVML_SUCCESS;
+        } else {
+            const struct profile *p = mig_live(device) ? profile_by_id(g, state[g][device->gi].profile_id) : 0;
+            if (p) {
+                *total = (unsigned long long)p->memory_mib << 20;
+                *used = replayed_bytes(state[g][device->gi].ci[device->ci].uuid, *total);
+                rc = NVML_SUCCESS;
+            }
         }
     });
     return rc;
@@ -507,9 +599,9 @@ static nvmlReturn_t device_memory(nvmlDevice_t device, unsigned long long *total
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
     REQUIRE_INIT();
     REQUIRE_POINTER(memory);
-    unsigned long long total = 0;
-    nvmlReturn_t rc = device_memory(device, &total);
-    if (rc == NVML_SUCCESS) *memory = (nvmlMemory_t){.total = total, .free = total, .used = 0};
+    unsigned long long total = 0, used = 0;
+    nvmlReturn_t rc = device_memory(device, &total, &used);
+    if (rc == NVML_SUCCESS) *memory = (nvmlMemory_t){.total = total, .free = total - used, .used = used};
     return rc;
 }
 
@@ -517,11 +609,60 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *me
     REQUIRE_INIT();
     REQUIRE_POINTER(memory);
     if (memory->version != STRUCT_VERSION(nvmlMemory_v2_t, 2)) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
-    unsigned long long total = 0;
-    nvmlReturn_t rc = device_memory(device, &total);
+    unsigned long long total = 0, used = 0;
+    nvmlReturn_t rc = device_memory(device, &total, &used);
     if (rc == NVML_SUCCESS)
-        *memory = (nvmlMemory_v2_t){.version = memory->version, .total = total, .free = total};
+        *memory = (nvmlMemory_v2_t){.version = memory->version, .total = total, .free = total - used, .used = used};
     return rc;
+}
+
+/* Processes on a device (a MIG device: those attached to it; the full GPU: those on any of its MIG
+ * devices). NVML's protocol: *count in, the array's length; out, how many there are;
+ * INSUFFICIENT_SIZE when the array (or NULL) cannot hold them. v2 is v1 plus the instance ids. */
+static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *count, void *infos, int v2) {
+    REQUIRE_INIT();
+    REQUIRE_POINTER(count);
+    int g = device_gpu(device);
+    if (g < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    size_t size = v2 ? sizeof(nvmlProcessInfo_v2_t) : sizeof(nvmlProcessInfo_v1_t);
+    unsigned int room = infos ? *count : 0;
+    if (room && !readable(infos, room * size)) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int n = 0;
+    WITH_STATE(0, {
+        load_usage();
+        for (int gi = 0; gi < MAX_GI; gi++)
+            for (int ci = 0; ci < MAX_CI; ci++) {
+                struct gi_state *s = &state[g][gi];
+                if (!s->used || !s->ci[ci].used) continue;
+                if (is_mig_device(device) && (device->gi != gi || device->ci != ci)) continue;
+                const struct profile *p = profile_by_id(g, s->profile_id);
+                unsigned long long memory = replayed_bytes(s->ci[ci].uuid, p ? (unsigned long long)p->memory_mib << 20 : 0);
+                unsigned int pids[MAX_ATTACHED];
+                unsigned int found = attached_pids(s->ci[ci].uuid, pids, MAX_ATTACHED);
+                for (unsigned int k = 0; k < found; k++, n++) {
+                    if (n >= room) continue;
+                    unsigned long long share = memory / found; /* the instance's memory, split evenly */
+                    if (v2)
+                        ((nvmlProcessInfo_v2_t *)infos)[n] = (nvmlProcessInfo_v2_t){pids[k], share, gi, ci};
+                    else
+                        ((nvmlProcessInfo_v1_t *)infos)[n] = (nvmlProcessInfo_v1_t){pids[k], share};
+                }
+            }
+    });
+    *count = n;
+    return n > room ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *count, nvmlProcessInfo_v1_t *infos) {
+    return running_processes(device, count, infos, 0);
+}
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *count,
+                                                     nvmlProcessInfo_v2_t *infos) {
+    return running_processes(device, count, infos, 1);
+}
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
+                                                     nvmlProcessInfo_v2_t *infos) {
+    return running_processes(device, count, infos, 1);
 }
 
 nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending) {
@@ -1025,7 +1166,12 @@ nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t compute_instance) 
     if (geteuid() != 0) return NVML_ERROR_NO_PERMISSION;
     nvmlReturn_t rc = NVML_ERROR_INVALID_ARGUMENT;
     WITH_STATE(1, {
-        if (ci_live(compute_instance)) {
+        load_usage();
+        unsigned int pid;
+        if (ci_live(compute_instance) &&
+            attached_pids(state[compute_instance->gpu][compute_instance->gi].ci[compute_instance->ci].uuid, &pid, 1)) {
+            rc = NVML_ERROR_IN_USE; /* a process still runs on it */
+        } else if (ci_live(compute_instance)) {
             int g = compute_instance->gpu, gi = compute_instance->gi, ci = compute_instance->ci;
             struct gi_state *s = &state[g][gi];
             struct ci_state gone = s->ci[ci];
