@@ -54,8 +54,9 @@ def test_installed_wheel_works_outside_the_checkout(wheel: Path, tmp_path: Path)
     # editable install of mig_batch among them, are not processed), so no network is needed
     site = Path(sysconfig.get_paths(vars={"base": str(env_dir), "platbase": str(env_dir)})["purelib"])
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # --ignore-installed: the deps path may hold a mig_batch already (CI installs the wheel there too)
     _run(sys.executable, "-m", "pip", "--python", bin_dir / "python", "install", "-q", "--no-deps", "--no-index",
-         wheel, cwd=tmp_path)  # fmt: skip
+         "--ignore-installed", wheel, cwd=tmp_path)  # fmt: skip
     away = tmp_path / "elsewhere"
     away.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MIG_BATCH_GPU_DIRS", "MIG_BATCH_CONFIG")}
@@ -87,5 +88,6 @@ def test_the_suite_runs_against_the_installed_wheel() -> None:
     """In CI's wheel run, the tests must exercise the installed package, not the checkout next to them."""
     import mig_batch
 
-    assert not Path(mig_batch.__file__).resolve().is_relative_to(REPO), f"mig_batch came from {mig_batch.__file__}"
+    source = (REPO / "mig_batch").resolve()  # the venv may sit inside the checkout: compare the package itself
+    assert Path(mig_batch.__file__).resolve().parent != source, f"mig_batch came from {mig_batch.__file__}"
     assert (Path(mig_batch.__file__).parent / "_plugins" / "slurm" / "job_submit.lua.in").is_file()
