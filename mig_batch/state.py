@@ -215,6 +215,16 @@ class Store:
                         db.execute(statement)
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
+    @classmethod
+    @contextmanager
+    def reading(cls, path: Path | str) -> Iterator[Store]:
+        """An existing store, open for the length of a ``with`` (the CLI's readers); never creates one."""
+        store = cls(path, create=False)
+        try:
+            yield store
+        finally:
+            store.close()
+
     def close(self) -> None:
         self.db.close()
 

@@ -2,7 +2,6 @@
 ctypes calls for real, every time), and on a real MIG GPU where one is free. Processes sharing a node,
 and processes keeping an instance in use, are tested on the library in test_nvml_emu."""
 
-import os
 
 import pytest
 
@@ -38,9 +37,7 @@ def _backends():
 @pytest.fixture(params=list(_backends()))
 def node(request):
     if request.param.startswith("nvml-emu:"):
-        if os.geteuid() != 0:
-            pytest.skip("NVML creates MIG instances for root only, the emulated library too")
-        make = request.getfixturevalue("nvml_emu_node")
+        make = request.getfixturevalue("nvml_emu_creator")
         backend, _directory = make([request.param.removeprefix("nvml-emu:")])
         yield backend, 0
         return

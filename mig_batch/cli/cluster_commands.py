@@ -98,14 +98,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     from mig_batch.state import ACTIVE, Store
 
     config = load_config(args.config)
-    store = Store(config.state, create=False)
-    try:
+    with Store.reading(config.state) as store:
         decisions: dict[tuple[str, int], list] = {}
         for d in store.decisions(ACTIVE):
             decisions.setdefault((d.node, d.gpu), []).append(d)
         instances = {r.job: r for r in store.instances()}
-    finally:
-        store.close()
     gpus = []
     for node in sorted(config.nodes):
         for index, model_name in enumerate(config.nodes[node]):
@@ -127,11 +124,8 @@ def cmd_offers(args: argparse.Namespace) -> int:
     if args.last <= 0:
         raise ValueError(f"--last must be a positive number of offers (got {args.last})")
     config = load_config(args.config)
-    store = Store(config.state, create=False)
-    try:
+    with Store.reading(config.state) as store:
         data = {"chains": [vars(c) for c in store.chains()], "offers": store.offers(args.last)}
-    finally:
-        store.close()
     emit(data, args.json, _render_offers)
     return 0
 

@@ -81,11 +81,8 @@ def cmd_events(args: argparse.Namespace) -> int:
     if args.last <= 0:
         raise ValueError(f"--last must be a positive number of events (got {args.last})")
     config = load_config(args.config)
-    store = Store(config.state, create=False)
-    try:
+    with Store.reading(config.state) as store:
         events = store.events(job=args.job, kind=args.kind, node=args.node, since=args.since, last=args.last)
-    finally:
-        store.close()
     emit(events, args.json, _render_events)
     return 0
 

@@ -179,8 +179,8 @@ class Controller:
         stats.placed += len(released)
 
     def _watch_nodes(self, nodes: list[NodeStatus]) -> None:
-        """Fence the GPUs of nodes the batch system reports down; lift the fence once the node's agent
-        has reconciled since (its stray instances are gone, its slices known again)."""
+        """Mark the nodes the batch system reports down; unmark one once its agent has reconciled since
+        (its stray instances are gone, its slices known again). ``_measure_room`` applies the fences."""
         now = time.time()
         for node in nodes:
             if node.node not in self.config.nodes:
@@ -196,7 +196,6 @@ class Controller:
                     and agent.reconciled >= self._down_since[node.node]:  # fmt: skip
                 del self._down_since[node.node]
                 self.store.event(None, "node-back", node=node.node, strays=agent.strays)
-        self._apply_fences()
 
     def _record_node_problem(self, node: str, agent: AgentTag) -> None:
         """The agent's last problem as a ``node-problem`` event, once: keyed by the agent's start and
@@ -504,8 +503,9 @@ class Controller:
                 window, run = subjobs[-1].window_s, subjobs[-1].run
                 limit = self.chains.time_limit_min(window)
         slices = get_model(d.model).profile(d.profile).memory_slices
-        return Pin(d.job, d.node, placed_tag(tag, Placed(d.node, d.gpu, d.profile, d.start, window, run)), limit,
-                   slices)
+        return Pin(
+            d.job, d.node, placed_tag(tag, Placed(d.node, d.gpu, d.profile, d.start, window, run)), limit, slices
+        )
 
     def run(self, stop_after: float | None = None) -> None:
         deadline = None if stop_after is None else time.monotonic() + stop_after
