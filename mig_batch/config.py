@@ -8,12 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from mig_batch.errors import MigBatchError
 from mig_batch.gpu.base import GpuBackend
 from mig_batch.mig.models import UnknownModelError, get_model
 from mig_batch.placement.policies import policy_names
+from mig_batch.yaml_text import YAMLError, parse_yaml
 
 DEFAULT_PATH = Path("/etc/mig-batch/mig-batch.yaml")
 BACKENDS = ("nvml",)  # tests run it on the emulated libnvidia-ml (mig_batch.gpu.nvml_emu)
@@ -70,10 +69,10 @@ def config_path(explicit: str | os.PathLike | None = None) -> Path:
 def load_config(explicit: str | os.PathLike | None = None) -> SiteConfig:
     path = config_path(explicit)
     try:
-        raw: Any = yaml.safe_load(path.read_text()) or {}
+        raw: Any = parse_yaml(path.read_text()) or {}
     except OSError as exc:
         raise ConfigError(f"cannot read the mig_batch config {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
+    except YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of settings")

@@ -13,10 +13,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from mig_batch.errors import MigBatchError
 from mig_batch.resources import resource_path
+from mig_batch.yaml_text import YAMLError, parse_yaml
 
 NVML_PROFILE_ENUMS = (
     "1_SLICE",
@@ -239,8 +238,8 @@ def parse_model(data: Any, path: str = "<memory>") -> GpuModel:
 
 def load_model_file(path: Path) -> GpuModel:
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
+        data = parse_yaml(path.read_text())
+    except YAMLError as exc:
         raise ModelError(f"{path}: not valid YAML: {exc}") from None
     return parse_model(data, str(path))
 

@@ -15,10 +15,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from mig_batch.errors import MigBatchError
 from mig_batch.planner.problem import Task
+from mig_batch.yaml_text import YAMLError, parse_yaml
 
 
 class QueueFileError(MigBatchError, ValueError):
@@ -68,9 +67,9 @@ def parse_queue(data: Any, source: str = "queue") -> tuple[str | None, list[Task
 
 def read_queue(path: Path) -> tuple[str | None, list[Task]]:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = parse_yaml(path.read_text())
     except OSError as exc:
         raise QueueFileError(f"cannot read {path}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
+    except YAMLError as exc:
         raise QueueFileError(f"{path} is not valid YAML: {exc}") from exc
     return parse_queue(data, str(path))
