@@ -33,6 +33,7 @@ from mig_batch.batch.states import ACTIVE, check_decision
 from mig_batch.errors import MigBatchError
 
 SCHEMA_VERSION = 3
+MIG_OFF = "mig-off"  # event: a node's agent found these GPUs with MIG mode off (an empty list: none now)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS decisions (

@@ -208,3 +208,23 @@ def test_without_cpu_figures_placement_is_mfi_alone(site, batch):
     jobs = [batch.add(RIGID) for _ in range(4)]
     c.step()
     assert nodes_of(store, jobs) == ["n1", "n1", "n1", "n2"]
+
+
+def test_gpus_an_agent_finds_with_mig_mode_off_take_no_placement_and_status_says_so(site, batch, capsys):
+    from mig_batch.cli.main import main
+
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    batch.set_node_tag("n1", AgentTag(started=0, reconciled=1, mig_off=(0,)).text())
+    jobs = [batch.add(BIG) for _ in range(2)]
+    c.step()
+    assert store.decision(jobs[0]).node == "n2" and store.decision(jobs[1]) is None  # n1's only GPU is off
+    assert store.events(kind="mig-off", node="n1")[-1]["gpus"] == [0]
+    site_file = site.state.parent / "site.yaml"
+    site_file.write_text(f"state: {site.state}\nnodes: {{n1: [A100-80GB], n2: [A100-80GB]}}\n")
+    assert main(["status", "--config", str(site_file), "--json"]) == 0
+    status = {(g["node"], g["gpu"]): g["mig_mode"] for g in __import__("json").loads(capsys.readouterr().out)}
+    assert status == {("n1", 0): "off", ("n2", 0): "on"}
+    batch.set_node_tag("n1", AgentTag(started=0, reconciled=1).text())  # an administrator enabled it
+    c.step()
+    assert store.decision(jobs[1]).node == "n1"

@@ -213,3 +213,23 @@ def test_the_hook_client_asks_the_agent_and_takes_the_slow_path_once_the_agent_i
     server.server_close()
     subprocess.run([*client, "epilog", job, str(sock), *fallback], check=True, timeout=30)
     assert slow.read_text() == "sh\n"
+
+
+def test_a_gpu_with_mig_mode_off_is_refused_by_name_and_published_for_the_controller(site, batch, nvml_emu_creator):
+    from mig_batch.gpu import nvml_emu
+    from mig_batch.mig.models import get_model
+
+    model = get_model("A100-40GB")
+    backend, _ = nvml_emu_creator([nvml_emu.EmulatedGpu(model, True), nvml_emu.EmulatedGpu(model, False)], node="n1")
+    a = agent(site, batch, backend)
+    assert a.reconcile() == []  # a GPU with MIG off is not an error of its own: it is listed, not touched
+    assert parse_agent_tag(batch.nodes()[0].agent_tag).mig_off == (1,)
+    job = decide(batch, 1, "1g.5gb", 0)  # decided before the controller learned it
+    result = a.prolog(job)
+    assert result.report.kind == "requeue" and "MIG mode is off on GPU 1 of n1" in result.report.reason
+    assert "nvidia-smi -i 1 -mig 1" in result.report.reason
+    assert backend.instances(0) == [] and "NoDevFiles" in (site.job_dir / job).read_text()
+    published = parse_agent_tag(batch.nodes()[0].agent_tag)
+    assert published.mig_off == (1,) and published.problem.job == job
+    ok = decide(batch, 0, "1g.5gb", 0)
+    assert a.prolog(ok).report.kind == "made"

@@ -187,9 +187,12 @@ class AgentTag:
     strays: int = 0  # instances it found with no live job and destroyed, in its last reconcile
     problems: int = 0  # problems since it started: the controller records each new count once
     problem: NodeProblem | None = None  # the last one
+    mig_off: tuple[int, ...] = ()  # GPUs with MIG mode off: nothing can be placed on them
 
     def text(self) -> str:
         text = f"{MANAGED_PREFIX}agent;started={self.started:.3f};reconciled={self.reconciled:.3f};strays={self.strays}"
+        if self.mig_off:
+            text += f";migoff={','.join(map(str, self.mig_off))}"
         if self.problem is not None:
             text += f";problems={self.problems};problem={self.problem.text()}"
         return text
@@ -219,8 +222,9 @@ def parse_agent_tag(text: str) -> AgentTag | None:
     fields = _fields(text)
     try:
         problem = parse_problem(fields["problem"]) if "problem" in fields else None
+        mig_off = tuple(int(g) for g in fields["migoff"].split(",")) if fields.get("migoff") else ()
         return AgentTag(float(fields["started"]), float(fields["reconciled"]), int(fields.get("strays", 0)),
-                        int(fields.get("problems", 0)), problem)  # fmt: skip
+                        int(fields.get("problems", 0)), problem, mig_off)  # fmt: skip
     except (KeyError, ValueError):
         return None
 

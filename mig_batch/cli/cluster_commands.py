@@ -95,7 +95,7 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from mig_batch.state import ACTIVE, Store
+    from mig_batch.state import ACTIVE, MIG_OFF, Store
 
     config = load_config(args.config)
     with Store.reading(config.state) as store:
@@ -103,6 +103,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         for d in store.decisions(ACTIVE):
             decisions.setdefault((d.node, d.gpu), []).append(d)
         instances = {r.job: r for r in store.instances()}
+        mig_off = {node: set(last[-1].get("gpus", [])) for node in config.nodes
+                   if (last := store.events(kind=MIG_OFF, node=node, last=1))}  # fmt: skip
     gpus = []
     for node in sorted(config.nodes):
         for index, model_name in enumerate(config.nodes[node]):
@@ -113,7 +115,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                 jobs.append({"job": d.job, "profile": d.profile, "start": d.start,
                              "size": model.profile(d.profile).memory_slices, "state": d.state,
                              "uuid": inst.uuid if inst else None})  # fmt: skip
-            gpus.append({"node": node, "gpu": index, "model": model.name, "slices": model.memory_slices, "jobs": jobs})
+            gpus.append({"node": node, "gpu": index, "model": model.name, "slices": model.memory_slices,
+                         "mig_mode": "off" if index in mig_off.get(node, ()) else "on", "jobs": jobs})  # fmt: skip
     emit(gpus, args.json, _render_status)
     return 0
 
@@ -168,6 +171,9 @@ def _render_status(gpus: list[dict]) -> None:
             for s in range(job["start"], job["start"] + job["size"]):
                 cells[s] = mark
             legend.append(f"{mark}={job['job']} {job['profile']}@{job['start']} ({job['state']})")
+        if g["mig_mode"] == "off":
+            cells = ["x"] * g["slices"]
+            legend.insert(0, f"MIG mode off: no MIG job is placed here (enable: nvidia-smi -i {g['gpu']} -mig 1)")
         table.add_row(g["node"], str(g["gpu"]), g["model"], "".join(cells), ", ".join(legend))
     console.print(table)
 

@@ -44,7 +44,7 @@ from mig_batch.placement.base import Placement, PlacementRequest
 from mig_batch.placement.cluster import Cluster, Gpu, PlacementConflict
 from mig_batch.placement.moldable import MoldableJob, MoldablePlanner, expected_end
 from mig_batch.placement.policies import make_policy
-from mig_batch.state import ChainRecord, Decision, InstanceRecord, Store
+from mig_batch.state import MIG_OFF, ChainRecord, Decision, InstanceRecord, Store
 
 log = logging.getLogger("mig-batchd")
 NODE_PROBLEM = "node-problem"  # the event kind of a node's hook or reconcile problem
@@ -82,7 +82,8 @@ class Controller:
         self.chains = ChainDriver(config, store, self.view)
         self._down_since: dict[str, float] = {}  # fenced nodes: when the batch system reported them down
         self._room: dict[str, int] = {}  # node -> CPUs idle and not promised to a released job (when known)
-        self._fenced_nodes: set[str] = set()  # nodes whose GPUs the view hides now: down, or no CPU idle
+        self._fenced: set[int] = set()  # GPUs the view hides now: node down or without idle CPU, or MIG mode off
+        self._mig_off: dict[str, tuple[int, ...]] = {}  # per node, the GPUs its agent found with MIG mode off
         self._reported: set[str] = {r.job for r in store.instances()}  # jobs whose node report is recorded
         self._problems_seen: dict[str, str] = {}  # node -> the key of its agent's last problem recorded
         for d in store.decisions():
@@ -188,6 +189,12 @@ class Controller:
             agent = parse_agent_tag(node.agent_tag)
             if agent is not None and agent.problem is not None:
                 self._record_node_problem(node.node, agent)
+            if agent is not None and agent.mig_off != self._mig_off.get(node.node, ()):
+                self._mig_off[node.node] = agent.mig_off
+                self.store.event(None, MIG_OFF, node=node.node, gpus=list(agent.mig_off))
+                if agent.mig_off:
+                    log.warning("node %s: MIG mode is off on GPU(s) %s; nothing is placed there", node.node,
+                                ", ".join(map(str, agent.mig_off)))  # fmt: skip
             if not node.up:
                 if node.node not in self._down_since:
                     self._down_since[node.node] = now
@@ -235,11 +242,11 @@ class Controller:
         full = {n for n, cpus in self._room.items() if cpus <= 0}
         if full and full >= set(self._room) - set(self._down_since):
             full = set()  # every node is full: place as before, the jobs wait for CPUs where MIG fits best
-        wanted = set(self._down_since) | full
-        for gpu in self.view.gpus:
-            if (gpu.host in wanted) != (gpu.host in self._fenced_nodes):
-                (self.view.fence if gpu.host in wanted else self.view.unfence)(gpu.gid)
-        self._fenced_nodes = wanted
+        hosts = set(self._down_since) | full
+        wanted = {g.gid for g in self.view.gpus if g.host in hosts or g.index in self._mig_off.get(g.host, ())}
+        for gid in wanted ^ self._fenced:
+            (self.view.fence if gid in wanted else self.view.unfence)(gid)
+        self._fenced = wanted
 
     def _unlinked(self, job: BatchJob, tag: JobTag) -> bool:
         """A job naming a known chain it is not (yet) linked to. One naming an unknown chain (a lost

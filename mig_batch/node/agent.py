@@ -31,7 +31,7 @@ from mig_batch.batch.tags import (
     profiles_by_model,
     with_report,
 )
-from mig_batch.gpu.base import GpuBackend, GpuBackendError, InsufficientResources, InUse, NotFound
+from mig_batch.gpu.base import GpuBackend, GpuBackendError, InsufficientResources, InUse, NotFound, NotSupported
 from mig_batch.node.journal import Entry, Journal
 from mig_batch.placement.base import Placement, PlacementRequest
 from mig_batch.placement.cluster import Cluster, Gpu
@@ -98,6 +98,7 @@ class NodeAgent:
         # what the node's field shows (see AgentTag): the last reconcile and the problems since start
         self.reconciled, self.strays, self.problems = 0.0, 0, 0
         self.last_problem: NodeProblem | None = None
+        self.mig_off: tuple[int, ...] = ()  # GPUs found with MIG mode off: the controller places nothing there
 
     # --- job start --------------------------------------------------------------------------
     def prolog(self, job_id: str) -> PrologResult:
@@ -134,6 +135,14 @@ class NodeAgent:
             if place.node != self.node:
                 raise InsufficientResources(f"decided for {place.node}, running on {self.node}")
             inst = self.backend.create(place.gpu, place.profile, place.start)
+        except NotSupported:
+            if not self._mig_off_now(place.gpu):
+                raise
+            reason = (f"MIG mode is off on GPU {place.gpu} of {self.node}; the job is requeued and that GPU takes "
+                      f"no MIG job until an administrator runs 'nvidia-smi -i {place.gpu} -mig 1'")  # fmt: skip
+            self._publish_problem(NodeProblem("prolog", job_id, reason))
+            report = NodeReport("requeue", reason=reason)
+            return PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"], report, reason)
         except InsufficientResources as exc:
             decided_model = next((g.model for g in self.backend.gpus() if g.index == place.gpu), None)
             local = place_locally(self.backend, self.node, job.admin_tag, decided_model, place.profile, self.policy)
@@ -215,11 +224,16 @@ class NodeAgent:
         self._publish()
 
     def _publish(self) -> None:
-        tag = AgentTag(self.started, self.reconciled, self.strays, self.problems, self.last_problem)
+        tag = AgentTag(self.started, self.reconciled, self.strays, self.problems, self.last_problem, self.mig_off)
         try:
             self.channel.set_node_tag(self.node, tag.text())
         except BatchError as exc:
             log.warning("could not publish the node's state: %s", exc)
+
+    def _mig_off_now(self, gpu: int) -> bool:
+        """Read every GPU's MIG mode again (an administrator may have switched one); is ``gpu``'s off?"""
+        self.mig_off = tuple(g.index for g in self.backend.gpus() if not g.mig_enabled)
+        return gpu in self.mig_off
 
     def _local_strays(self, gpu: int) -> list[str]:
         """Instances on ``gpu`` that no journal entry names: no job owns them (a crashed create)."""
@@ -254,8 +268,14 @@ class NodeAgent:
                 self.journal.remove(entry.job)
                 (self.job_dir / entry.job).unlink(missing_ok=True)
             owned = {e.uuid for e in self.journal.entries()}
-            for gpu in self.backend.gpus():
-                strays += [self._destroy_stray(i) for i in self.backend.instances(gpu.index) if i.uuid not in owned]
+            gpus = self.backend.gpus()
+            self.mig_off = tuple(g.index for g in gpus if not g.mig_enabled)
+            if self.mig_off:
+                log.warning("MIG mode is off on GPU(s) %s: no MIG job is placed there until an administrator "
+                            "enables it (nvidia-smi -i N -mig 1)", ", ".join(map(str, self.mig_off)))  # fmt: skip
+            for gpu in gpus:
+                if gpu.mig_enabled:
+                    strays += [self._destroy_stray(i) for i in self.backend.instances(gpu.index) if i.uuid not in owned]
             self.reconciled, self.strays = self.clock(), len(strays)
             if strays:
                 self._publish_problem(NodeProblem("reconcile", "", f"destroyed {len(strays)} stray "
