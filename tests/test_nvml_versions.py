@@ -45,3 +45,35 @@ def test_nvml_suite_on_nvidia_ml_py(version, tmp_path):
                          env=env, capture_output=True, text=True, cwd=REPO, timeout=300)  # fmt: skip
     summary = run.stdout.strip().splitlines()[-1]
     assert run.returncode == 0 and "skipped" not in summary, run.stdout[-4000:] + run.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_slurm_jobs_on_the_lowest_nvidia_ml_py_skip_a_gpu_with_mig_mode_off(tmp_path):
+    """The node agents and hooks of a real local Slurm on the lowest nvidia-ml-py; one of the node's two
+    GPUs has MIG mode off: every job runs on the other, none is lost, and status says why."""
+    import json
+
+    from test_slurm_e2e import assert_no_overlap_and_no_leak, by_mig_uuid, job_runs, job_script, submit, wait_done
+
+    from mig_batch.slurm.local_cluster import LocalCluster, MigTestbed
+    from mig_batch.state import Store
+
+    if LocalCluster.available() is not None:
+        pytest.skip(str(LocalCluster.available()))
+    lowest = _installed(VERSIONS[0])
+    with MigTestbed(tmp_path / "bed", nodes={"n1": ["A100-80GB", "A100-80GB"]}, mig_off={"n1": [1]},
+                    node_pythonpath=str(lowest)) as bed:  # fmt: skip
+        (bed.root / "out").mkdir()
+        seen = bed.in_node("n1", str(bed.node_python), "-c",
+                           "import importlib.metadata as m, pynvml; print(m.version('nvidia-ml-py'), pynvml.__file__)")
+        assert seen.stdout.split() == [VERSIONS[0], str(lowest / "pynvml.py")], seen.stdout + seen.stderr
+        jobs = [submit(bed, job_script(bed, f"j{n}", "#MIG --mig 3g.40gb", seconds=1.0)) for n in range(5)]
+        wait_done(bed, jobs, timeout=180)
+        lives = by_mig_uuid(bed)
+        for job, (cvd, _begin, _end) in job_runs(bed, jobs).items():
+            assert cvd.startswith("MIG-") and lives[cvd].gpu == 0, f"job {job} saw {cvd!r}"
+        assert_no_overlap_and_no_leak(bed)
+        status = bed.cluster.run(sys.executable, "-m", "mig_batch.cli.main", "status", "--json", "--config",
+                                 str(bed.controller_config))  # fmt: skip
+        assert [g["mig_mode"] for g in json.loads(status.stdout)] == ["on", "off"]
+        assert Store(bed.store_path).events(kind="mig-off", node="n1")[-1]["gpus"] == [1]

@@ -309,6 +309,8 @@ class MigTestbed:
     accounting: bool = False  # slurmdbd + MariaDB: sacct and association/QOS limits on the slices
     poll_interval_s: float = 0.2
     reconcile_interval_s: float = 5.0
+    mig_off: dict[str, list[int]] = field(default_factory=dict)  # GPUs emulated with MIG mode off, per node
+    node_pythonpath: str = ""  # put first on the node processes' path (e.g. another nvidia-ml-py version)
     cluster: LocalCluster | None = None
     controller: subprocess.Popen | None = None
     agents: dict[str, subprocess.Popen] = field(default_factory=dict)
@@ -356,10 +358,14 @@ class MigTestbed:
     def make_gpus(self) -> None:
         """Each node's emulated GPUs and the Python that opens them (instances made earlier are kept)."""
         from mig_batch.gpu import nvml_emu
+        from mig_batch.mig.models import get_model
 
         for node, models in self.nodes.items():
-            nvml_emu.make_node(self.gpu_dir(node), node, models)
-        exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(self.gpu_env().items()))
+            off = self.mig_off.get(node, [])
+            gpus = [nvml_emu.EmulatedGpu(get_model(m), i not in off) for i, m in enumerate(models)]
+            nvml_emu.make_node(self.gpu_dir(node), node, gpus)
+        env = self.gpu_env() | ({"PYTHONPATH": self.node_pythonpath} if self.node_pythonpath else {})
+        exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
         self.node_python.parent.mkdir(parents=True, exist_ok=True)
         self.node_python.write_text(f"#!/bin/sh\n{exports}exec {shlex.quote(sys.executable)} \"$@\"\n")
         self.node_python.chmod(0o755)
