@@ -7,11 +7,13 @@ import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from mig_batch.cli.main import COMMANDS, build_parser
 
+REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("matplotlib", "ortools", "numpy", "pandas")
 PROBE = """
 import contextlib, io, json, sys
@@ -49,3 +51,25 @@ def test_the_command_table_matches_what_the_modules_register():
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     registered = {choice.dest: choice.help for choice in sub._choices_actions}
     assert registered == {name: help_text for name, (_, help_text) in COMMANDS.items()}
+
+
+PRINTS_NO_DATA = {"slurm gen-lua": "prints the Lua script itself", "slurm install": "writes files"}
+
+
+def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        yield " ".join(path), parser
+    for action in subs:
+        for name, child in action.choices.items():
+            yield from _leaves(child, (*path, name))
+
+
+def test_every_command_that_prints_data_takes_json_and_the_readme_names_the_others():
+    readme = (REPO / "README.md").read_text()
+    for name, parser in _leaves(build_parser(None)):
+        options = {o for a in parser._actions for o in a.option_strings}
+        if name in PRINTS_NO_DATA:
+            assert f"`{name}`" in readme, f"README should say why `{name}` has no --json"
+        else:
+            assert "--json" in options, f"mig-batch {name} prints data but takes no --json"
