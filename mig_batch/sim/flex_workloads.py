@@ -83,8 +83,10 @@ def window_sample(runtimes: Sequence[float], duration: str) -> np.ndarray:
     return inside
 
 
-def size_counts(mix: str, job_type: str, max_size: int | None = None) -> list[tuple[int, str, int]]:
-    """(size, kind, jobs) for one category; sizes above ``max_size`` are capped to it (Fig. 7's 'up to 4')."""
+def size_counts(
+    mix: str, job_type: str, max_size: int | None = None, over_max: str = "cap"
+) -> list[tuple[int, str, int]]:
+    """(size, kind, jobs) for one category; sizes above ``max_size`` are capped to it or dropped (Fig. 7)."""
     if mix not in TRAIN_MIX:
         raise FlexWorkloadError(f"unknown size mix {mix!r}; known: {', '.join(SIZE_MIXES)}")
     if job_type not in JOB_TYPES:
@@ -95,8 +97,11 @@ def size_counts(mix: str, job_type: str, max_size: int | None = None) -> list[tu
         rows += [(size, "train", n * factor) for size, n in TRAIN_MIX[mix].items()]
     if job_type in ("infer", "mixed"):
         rows += [(size, "infer", n * factor) for size, n in INFER_MIX[mix].items()]
+    if over_max not in ("cap", "drop"):
+        raise FlexWorkloadError(f"sizes over the maximum are 'cap'ped or 'drop'ped, not {over_max!r}")
     if max_size is not None:
-        rows = [(min(size, max_size), kind, n) for size, kind, n in rows]
+        kept = rows if over_max == "cap" else [row for row in rows if row[0] <= max_size]
+        rows = [(min(size, max_size), kind, n) for size, kind, n in kept]
     return rows
 
 
@@ -106,13 +111,14 @@ def generate_trace(
     seed: int,
     max_size: int | None = None,
     mean_interarrival_s: float = 0.0,
+    over_max: str = "cap",
 ) -> list[FlexJob]:
     """One trace of ``category``: jobs in a random order, submitted at 0 (or Poisson arrivals)."""
     if mean_interarrival_s < 0:
         raise FlexWorkloadError(f"mean inter-arrival must be >= 0 s, got {mean_interarrival_s}")
     rng = np.random.default_rng(seed)
     pool = window_sample(runtimes, category.duration)
-    shapes = [(size, kind) for size, kind, n in size_counts(category.mix, category.job_type, max_size)
+    shapes = [(size, kind) for size, kind, n in size_counts(category.mix, category.job_type, max_size, over_max)
               for _ in range(n)]  # fmt: skip
     order = rng.permutation(len(shapes))
     works = rng.choice(pool, size=len(shapes), replace=True)
