@@ -50,6 +50,7 @@ A100_DESTROY_S = {1: 0.20, 2: 0.20, 3: 0.21, 4: 0.21, 7: 0.22}
 FM_LAYOUT = (*((s, "1g.5gb") for s in range(6)), (6, "1g.10gb"))  # Flex-MIG §3: six 1g.5gb + one 1g.10gb
 SM_LAYOUT = ((0, "4g.20gb"), (4, "2g.10gb"), (6, "1g.10gb"))  # Flex-MIG §5.1: [1g.10gb, 2g.10gb, 4g.20gb]
 LEAF = "1g.5gb"
+SIZE_UNIT_MIB = 4800  # one size unit is "5 GB"; NVIDIA's 1g.5gb has 4,864 MiB, so a little below it
 POLICIES = ("fm", "dm", "sm", "mbdyn", "hybrid")
 PAPER_POLICIES = ("fm", "dm", "sm")
 
@@ -194,7 +195,7 @@ class Plan:
     """A policy's decision for one job."""
 
     allocation: list[tuple[int, Instance]]
-    speed: float  # run time = work_s x speed (contention excluded)
+    time_factor: float  # run time = work_s x this (contention excluded)
     mode: str
     destroy: list[tuple[int, Instance]] = field(default_factory=list)
     drain_gpu: int | None = None
@@ -204,7 +205,8 @@ class Plan:
 def one_to_one_profile(model: GpuModel, size: int) -> Profile:
     """Flex-MIG §5.1: size 1 -> 1g.5gb, 2 -> 2g.10gb, 4 -> 4g.20gb, 6-8 -> 7g.40gb (5 GB per size unit)."""
     fitting = [p for p in model.base_profiles
-               if p.compute_slices >= min(size, model.compute_slices) and p.memory_mib >= min(size, 8) * 4800]
+               if p.compute_slices >= min(size, model.compute_slices)
+               and p.memory_mib >= min(size, 8) * SIZE_UNIT_MIB]
     if not fitting:  # fmt: skip
         raise FlexSimError(f"no {model.name} profile holds a size-{size} job")
     return min(fitting, key=lambda p: (p.compute_slices, p.memory_slices))
@@ -504,7 +506,7 @@ def simulate(policy_name: str, jobs: Sequence[FlexJob], params: FlexParams) -> R
         result.destroyed += len(destroyed)
         for g, inst in plan.allocation:
             state.gpus[g][inst] = job.job_id
-        exec_s = job.work_s * plan.speed * factor(plan.mode)
+        exec_s = job.work_s * plan.time_factor * factor(plan.mode)
         setup = _reconfig_s(model, created, destroyed)
         compute = sum(model.profile(inst.profile).compute_slices for _, inst in plan.allocation)
         run = _Running(job, list(plan.allocation), now, now + setup + exec_s, exec_s, compute, plan.mode, 0, now)
