@@ -80,6 +80,14 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("mig-batch", ["plan", "{t}/queue.yaml", "--planner", "nope"], "invalid choice"),
     ("mig-batch", ["plan", "{t}/queue.yaml", "--out", "{t}/afile/sub"], "not a directory"),
     ("mig-batch", ["plan", "{t}"], "{t}"),
+    # simulate flex
+    ("mig-batch", ["simulate", "flex", "--traces-per-category", "0"], "--traces-per-category"),
+    ("mig-batch", ["simulate", "flex", "--window", "0"], "--window"),
+    ("mig-batch", ["simulate", "flex", "--slowdown", "2=fast"], "--slowdown"),
+    ("mig-batch", ["simulate", "flex", "--contention", "0.5", "--out", "{t}/out"], "contention"),
+    ("mig-batch", ["simulate", "flex", "--fig7-sizes", "halve"], "invalid choice"),
+    ("mig-batch", ["simulate", "flex", "--quick", "--data-dir", "{t}/none", "--out", "{t}/out"], "philly_runtime"),
+    ("mig-batch", ["simulate", "flex", "--quick", "--out", "{t}/afile"], "is a file"),
     # bench
     ("mig-batch", ["bench", "placement", "--sizes", "0"], "--sizes"),
     ("mig-batch", ["bench", "placement", "--sizes", "ten"], "--sizes"),

@@ -93,6 +93,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--out", type=Path, default=Path("out/atomize"), help="folder for atomize.json and the plot")
     a.add_argument("--json", action="store_true", help="print the numbers as JSON")
     a.set_defaults(handler=cmd_simulate_atomize)
+    from mig_batch.cli.flex_commands import register_flex
+
+    register_flex(kinds)
 
 
 def _csv(text: str) -> tuple[str, ...]:
