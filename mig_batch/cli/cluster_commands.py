@@ -51,7 +51,7 @@ def cmd_gen_lua(args: argparse.Namespace) -> int:
     from mig_batch.slurm.install import job_submit_lua
 
     config = None if args.all_models else _maybe_config(args.config)
-    sys.stdout.write(job_submit_lua(_models(config, args.all_models)))
+    sys.stdout.write(job_submit_lua(_models(config, args.all_models), config.nodes if config else None))
     return 0
 
 
