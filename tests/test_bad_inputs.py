@@ -47,7 +47,7 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("mig-batch", ["translate", "--gpu", "V100", "--mem", "10G"], "unknown GPU model"),
     ("mig-batch", ["translate", "--gpu", "A30-24GB", "--mem", "500G"], "largest"),
     ("mig-batch", ["translate", "--gres", "mig:lots"], "lots"),
-    ("mig-batch", ["translate", "--gres", "mig:3g.40gb:2"], "one MIG instance"),
+    ("mig-batch", ["translate", "--gres", "mig:3g.40gb:0"], "give at least 1"),
     ("mig-batch", ["translate", "--gres", "mig:20G", "--mem", "1G"], "cannot be combined"),
     ("mig-batch", ["translate", "--gpu", "A100-40GB", "--profile", "9g.1gb"], "9g.1gb"),
     # simulate
