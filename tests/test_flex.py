@@ -320,3 +320,40 @@ def test_the_taskprolog_gives_each_task_its_own_rank(tmp_path):
     line = next(x for x in lua.splitlines() if 'name = "1g.10gb"' in x)
     assert f"per_gpu = {max_per_gpu(tables_for('A100-80GB'), '1g.10gb')}" in line
     assert '["n1"] = { "A100-80GB" }' in lua
+
+
+# --- migsub ----------------------------------------------------------------------------------------------
+
+
+def test_migsub_adds_the_tasks_and_refuses_more_than_a_node_holds(tmp_path, monkeypatch, capsys):
+    from mig_batch.cli.migsub import main
+
+    (tmp_path / "site.yaml").write_text("nodes: {n1: [A100-80GB], n2: [A100-40GB, A100-40GB]}\n")
+    monkeypatch.setenv("MIG_BATCH_CONFIG", str(tmp_path / "site.yaml"))
+    job = tmp_path / "job.sh"
+    job.write_text("#!/bin/sh\n#MIG --instances 4\necho hi\n")
+    assert main(["--dry-run", "--json", "--mig", "1g.10gb", str(job)]) == 0
+    import json
+
+    sbatch = json.loads(capsys.readouterr().out)["sbatch"]
+    assert "--gres=mig:1g.10gb:4" in sbatch and "--ntasks-per-node=4" in sbatch and "--nodes=1" in sbatch
+    most = 2 * max_per_gpu(tables_for("A100-40GB"), "1g.5gb")  # n2: two A100-40GB
+    assert main(["--dry-run", "--mig", "1g.5gb", "--instances", str(most), str(job)]) == 0
+    capsys.readouterr()
+    assert main(["--dry-run", "--mig", "1g.5gb", "--instances", str(most + 1), str(job)]) == 2
+    assert f"no node of this site holds {most + 1} instances of 1g.5gb; the most is {most} (on n2)" in \
+        capsys.readouterr().err  # fmt: skip
+    two_nodes = tmp_path / "nodes.sh"
+    two_nodes.write_text("#!/bin/sh\n#SBATCH --nodes=2\necho hi\n")
+    assert main(["--dry-run", "--mig", "1g.10gb", "--instances", "2", str(two_nodes)]) == 2
+    assert "runs on one node" in capsys.readouterr().err
+
+
+def test_the_placement_bench_runs_every_job_under_both_rules():
+    from mig_batch.bench.flex_place import run, workload
+
+    jobs = workload(3, 60, per_slot=1.5)
+    for policy in ("flex-mig", "mfi"):
+        outcome = run(policy, jobs)
+        assert outcome.makespan >= max(j.arrival for j in jobs) and outcome.mean_wait >= 0
+        assert 1 <= outcome.gpus_per_multi_job <= 2  # a node has two GPUs
