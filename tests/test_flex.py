@@ -357,3 +357,35 @@ def test_the_placement_bench_runs_every_job_under_both_rules():
         outcome = run(policy, jobs)
         assert outcome.makespan >= max(j.arrival for j in jobs) and outcome.mean_wait >= 0
         assert 1 <= outcome.gpus_per_multi_job <= 2  # a node has two GPUs
+
+
+def test_a_prolog_that_stopped_midway_is_started_again_for_every_rank(site, gpus):
+    batch = FakeBatch(["n1"])
+    job = _released(batch, SPOTS)
+    a = _agent(site, batch, gpus)
+    a.prolog(job)
+    journal = Journal(site.node_dir / "journal")
+    lost = journal.get(f"{job}#3")
+    journal.remove(f"{job}#3")  # as if the agent died before journaling rank 3
+    gpus.destroy(lost.gpu, lost.gi_id)
+    a.prolog(job)
+    assert len(journal.entries()) == 4 and sum(len(gpus.instances(g)) for g in (0, 1)) == 4
+    assert [r.uuid for r in parse_report(batch.job(job).admin_tag).ranks()] == \
+        [journal.get(f"{job}#{r}" if r else job).uuid for r in range(4)]  # fmt: skip
+
+
+def test_status_shows_every_rank_on_its_gpu(tmp_path, capsys):
+    import json
+
+    from mig_batch.cli.main import main
+    from mig_batch.state import Decision
+
+    (tmp_path / "site.yaml").write_text(f"state: {tmp_path}/state.db\nnodes: {{n1: [A100-80GB, A100-80GB]}}\n")
+    store = Store(tmp_path / "state.db")
+    store.record_decision(Decision("9", FOUR, "n1", 0, "A100-80GB", "1g.10gb", 0, "decided", "multi-mfi"),
+                          spots=SPOTS)  # fmt: skip
+    store.close()
+    assert main(["status", "--config", str(tmp_path / "site.yaml"), "--json"]) == 0
+    gpus = json.loads(capsys.readouterr().out)
+    seen = [(g["gpu"], j["job"], j["start"]) for g in gpus for j in g["jobs"]]
+    assert sorted(seen) == sorted((g, "9" if r == 0 else f"9#{r}", s) for r, (g, _, s) in enumerate(SPOTS))

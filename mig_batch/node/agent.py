@@ -145,10 +145,16 @@ class NodeAgent:
     def _provision(self, job_id: str, job: BatchJob | None) -> PrologResult:
         if job is None or not job.managed:
             return PrologResult([], None)  # not ours
-        known = self._entries(job_id)
-        if known and all(self.backend.find(e.uuid) is not None for e in known):  # this prolog ran before
-            return PrologResult(self._exports(known, parse_place(job.admin_tag)), None)
         place = parse_place(job.admin_tag)
+        known = self._entries(job_id)
+        wanted = len(place.ranks()) if place is not None else 1
+        if known and len(known) == wanted and all(self.backend.find(e.uuid) is not None for e in known):
+            return PrologResult(self._exports(known, place), None)  # this prolog ran before
+        for entry in known:  # a part of a job's instances (an earlier prolog stopped midway): start again
+            found = self.backend.find(entry.uuid)
+            if found is not None:
+                self._destroy_all([found])
+            self.journal.remove(entry.job)
         if place is None:
             report = NodeReport("requeue", reason=f"released without a placement, on {self.node}")
             return PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"], report, report.reason)
