@@ -252,7 +252,7 @@ def test_the_agent_makes_every_rank_binds_one_per_task_and_the_epilog_destroys_a
     made = {(i.gpu, i.start): i.uuid for g in (0, 1) for i in gpus.instances(g)}
     uuids = [made[(g, s)] for g, _, s in SPOTS]
     text = (site.job_dir / job).read_text()
-    assert f"export MIG_BATCH_INSTANCES={','.join(uuids)}\n" in text
+    assert f"export MIG_BATCH_INSTANCES={','.join(uuids)}\n" in text and "export MIG_BATCH_INSTANCE_COUNT=4\n" in text
     for rank, uuid in enumerate(uuids):
         assert f"#rank {rank} export CUDA_VISIBLE_DEVICES={uuid}\n" in text
     report = parse_report(batch.job(job).admin_tag)

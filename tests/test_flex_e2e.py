@@ -1,6 +1,6 @@
 """Jobs over several MIG instances (Flex-MIG's one-to-many) end to end on a real local Slurm: one node with
 one A100-80GB (emulated libnvidia-ml), migsub and plain sbatch, job_submit.lua, mig-batchd, the Prolog
-(all N instances), the TaskProlog (one instance per task by SLURM_LOCALID), srun, the DDP example over
+(all N instances), the TaskProlog (one instance per task by SLURM_LOCALID), srun and torchrun, the DDP example over
 gloo, and the Epilog (all N destroyed)."""
 
 import importlib.util
@@ -44,8 +44,11 @@ def bed(tmp_path_factory):
     testbed.stop()
 
 
-def script(bed, name, directives, seconds, ddp=False):
-    run_ddp = f"srun {sys.executable} {EXAMPLE}" if ddp and HAVE_TORCH else ""
+def script(bed, name, directives, seconds, ddp=""):
+    """``ddp``: run the DDP example with "srun" (one task per rank) or "torchrun" (inside the batch step)."""
+    launch = {"srun": f"srun {sys.executable} {EXAMPLE}", "torchrun": f"{sys.executable} -m torch.distributed.run "
+              f'--standalone --nproc-per-node="$MIG_BATCH_INSTANCE_COUNT" {EXAMPLE}'}  # fmt: skip
+    run_ddp = launch[ddp] if ddp and HAVE_TORCH else ""
     path = bed.root / f"{name}.sh"
     path.write_text(RANKS.format(out=bed.root / "out", directives=directives, seconds=seconds, ddp=run_ddp))
     return path
@@ -79,9 +82,9 @@ def ranks_of(bed, job):
 
 
 def test_three_jobs_over_seven_instances_side_by_side_then_a_held_one(bed):
-    four = bed.migsub(str(script(bed, "four", "#MIG --mig 1g.10gb --instances 4", 12, ddp=True))).stdout.strip()
+    four = bed.migsub(str(script(bed, "four", "#MIG --mig 1g.10gb --instances 4", 12, ddp="srun"))).stdout.strip()
     two = bed.cluster.run("sbatch", "--parsable", "--gres=mig:1g.10gb:2",  # plain sbatch through job_submit.lua
-                          str(script(bed, "two", "", 12, ddp=True))).stdout.strip()  # fmt: skip
+                          str(script(bed, "two", "", 12, ddp="torchrun"))).stdout.strip()  # fmt: skip
     one = bed.migsub(str(script(bed, "one", "#MIG --mig 1g.10gb", 12))).stdout.strip()
     deadline = time.monotonic() + 60
     while not all(squeue_state(bed, j) == "RUNNING" for j in (four, two, one)):

@@ -7,7 +7,7 @@ Run one rank per task with srun (the TaskProlog gives each task its own instance
 or with torchrun inside the batch script (each worker picks its instance from MIG_BATCH_INSTANCES by
 LOCAL_RANK before CUDA starts)::
 
-    torchrun --standalone --nproc-per-node="$SLURM_NTASKS_PER_NODE" flex_ddp_gloo.py
+    torchrun --standalone --nproc-per-node="$MIG_BATCH_INSTANCE_COUNT" flex_ddp_gloo.py
 
 It checks that every rank saw exactly one MIG device, all distinct, and that one DDP step's all-reduced
 gradient equals the gradient of the same step in a single process over the whole batch. gloo, not NCCL:

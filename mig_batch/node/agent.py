@@ -245,13 +245,15 @@ class NodeAgent:
 
     def _exports(self, entries: list[Entry], place: Placed | None) -> list[str]:
         """The job's environment. A multi-instance job also gets ``MIG_BATCH_INSTANCES`` (every UUID in rank
-        order) and one ``#rank R export ...`` line per rank: the TaskProlog gives each task the lines of its
-        own ``SLURM_LOCALID`` after the common ones (rank 0's instance by default)."""
+        order), ``MIG_BATCH_INSTANCE_COUNT`` and one ``#rank R export ...`` line per rank: the TaskProlog
+        gives each task the lines of its own ``SLURM_LOCALID`` after the common ones (rank 0's instance by
+        default)."""
         entry = entries[0]
         lines = [f"export CUDA_VISIBLE_DEVICES={entry.uuid}",
                  f"export MIG_BATCH_INSTANCE={self.node}/{entry.gpu}/{entry.profile}@{entry.start}"]  # fmt: skip
         if len(entries) > 1:
-            lines.append(f"export MIG_BATCH_INSTANCES={','.join(e.uuid for e in entries)}")
+            lines += [f"export MIG_BATCH_INSTANCES={','.join(e.uuid for e in entries)}",
+                      f"export MIG_BATCH_INSTANCE_COUNT={len(entries)}"]  # torchrun's --nproc-per-node
             for rank, e in enumerate(entries):
                 spot = f"{self.node}/{e.gpu}/{e.profile}@{e.start}"
                 lines += [f"#rank {rank} export CUDA_VISIBLE_DEVICES={e.uuid}",
