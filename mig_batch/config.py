@@ -11,6 +11,7 @@ from typing import Any
 from mig_batch.errors import MigBatchError
 from mig_batch.gpu.base import GpuBackend
 from mig_batch.mig.models import UnknownModelError, get_model
+from mig_batch.placement.multi import MULTI_POLICIES
 from mig_batch.placement.policies import policy_names
 from mig_batch.yaml_text import YAMLError, parse_yaml
 
@@ -48,6 +49,7 @@ class MoldableConfig:
 class SiteConfig:
     state: Path = Path("/var/lib/mig-batch/state.db")
     policy: str = "mfi"
+    multi_policy: str = "mfi"  # jobs over several instances: mfi (ours, packs) | flex-mig (round-robin baseline)
     poll_interval_s: float = 1.0
     gpu_backend: str = "nvml"
     job_dir: Path = Path("/run/mig-batch/jobs")
@@ -83,6 +85,9 @@ def load_config(explicit: str | os.PathLike | None = None) -> SiteConfig:
     policy = str(raw.get("policy", "mfi"))
     if policy not in LIVE_POLICIES:
         raise ConfigError(f"{path}: policy {policy!r} is not one of {', '.join(LIVE_POLICIES)}")
+    multi_policy = str(raw.get("multi_policy", "mfi"))
+    if multi_policy not in MULTI_POLICIES:
+        raise ConfigError(f"{path}: multi_policy {multi_policy!r} is not one of {', '.join(MULTI_POLICIES)}")
     backend = str(raw.get("gpu_backend", "nvml"))
     if backend not in BACKENDS:
         raise ConfigError(f"{path}: gpu_backend {backend!r} is not one of {', '.join(BACKENDS)}")
@@ -98,6 +103,7 @@ def load_config(explicit: str | os.PathLike | None = None) -> SiteConfig:
     return SiteConfig(
         state=Path(raw.get("state", SiteConfig.state)),
         policy=policy,
+        multi_policy=multi_policy,
         poll_interval_s=interval,
         gpu_backend=backend,
         job_dir=Path(raw.get("job_dir", SiteConfig.job_dir)),

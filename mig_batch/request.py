@@ -169,12 +169,13 @@ def translate_any(request: MigRequest, models: Iterable[GpuModel]) -> dict[str, 
 # Slurm-style GRES strings
 
 _GRES_RE = re.compile(r"^(?:gres[:/])?(gpu|mig)(?::([^:]+))?(?::(\d+))?$", re.IGNORECASE)
-GRES_FORMS = "mig:20G, mig:3g, mig:3g.40gb, mig:3g.40gb:1, gpu:3g.40gb:1"
+GRES_FORMS = "mig:20G, mig:3g, mig:3g.40gb, mig:3g.40gb:4 (four instances), gpu:3g.40gb:1"
 _PROFILE_RE = re.compile(r"^\d+g\.\d+gb(\+me)?$", re.IGNORECASE)
 
 
 def parse_gres(spec: str) -> MigRequest:
-    """Read ``gpu:3g.40gb:1``, ``mig:20G``, ``mig:3g`` or ``mig:3g.40gb`` (an optional ``gres:`` prefix).
+    """Read ``gpu:3g.40gb:1``, ``mig:20G``, ``mig:3g`` or ``mig:3g.40gb`` (an optional ``gres:`` prefix); a count
+    (``mig:1g.10gb:4``) asks for that many instances on one node, one per task.
 
     ``mig:3g`` (lower-case g, as in profile names) asks for 3 compute slices; ``mig:3G`` for 3 GiB.
     """
@@ -182,9 +183,9 @@ def parse_gres(spec: str) -> MigRequest:
     if not match or match.group(2) is None:
         raise RequestError(f"cannot read MIG request {spec!r}; accepted forms: {GRES_FORMS}")
     kind, what, count = match.group(1).lower(), match.group(2), int(match.group(3) or 1)
-    if count != 1:  # job_submit.lua refuses the same: one MIG instance per job
-        raise RequestError(f"MIG request {spec!r} asks for {count} instances; a job gets one MIG instance "
-                           f"(leave the count out or give :1)")  # fmt: skip
+    if count < 1:  # job_submit.lua refuses the same
+        raise RequestError(f"MIG request {spec!r} asks for {count} instances; give at least 1 (mig:1g.10gb:4 asks "
+                           f"for four instances on one node, one per task)")  # fmt: skip
     if _PROFILE_RE.match(what):
         return MigRequest(profiles=(what.lower(),), count=count)
     if kind == "gpu":

@@ -14,7 +14,9 @@ instances: what the prolog created for a job (node, GPU, profile, start, uuid, G
 deletes the row after destroying the instance.
 chains (schema 2): atomizable jobs (SJA) and their progress; subjobs: each granted run of a chain
 (window, deadline, outcome); chain_jobs (schema 3): the Slurm jobs of a chain, one per subjob, the
-first one naming the chain; offers and replies: every negotiation round that changed something,
+first one naming the chain; decision_spots (schema 4): every rank's (GPU, profile, start) of a
+multi-instance job (rank 0 is the decision's own spot), written in the decision's transaction, so a
+job has all its spots or none; offers and replies: every negotiation round that changed something,
 for ``mig-batch offers``.
 """
 
@@ -32,7 +34,7 @@ from typing import Any
 from mig_batch.batch.states import ACTIVE, check_decision
 from mig_batch.errors import MigBatchError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 MIG_OFF = "mig-off"  # event: a node's agent found these GPUs with MIG mode off (an empty list: none now)
 
 _SCHEMA = """
@@ -116,6 +118,14 @@ CREATE TABLE IF NOT EXISTS replies (
     bound_mib REAL NOT NULL,
     basis TEXT NOT NULL,
     reason TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS decision_spots (
+    job TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    gpu INTEGER NOT NULL,
+    profile TEXT NOT NULL,
+    start INTEGER NOT NULL,
+    PRIMARY KEY (job, rank)
 );
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -250,11 +260,29 @@ class Store:
             (d.job, d.request, d.node, d.gpu, d.model, d.profile, d.start, d.state, d.policy, now, now),
         )
 
-    def record_decision(self, d: Decision, event: str = "decided") -> None:
+    def record_decision(self, d: Decision, event: str = "decided",
+                        spots: tuple[tuple[int, str, int], ...] = ()) -> None:  # fmt: skip
+        """Record ``d``; for a multi-instance job also every rank's (gpu, profile, start), in the same
+        transaction (all or none). Rank 0 must be the decision's own spot."""
+        if spots and spots[0] != (d.gpu, d.profile, d.start):
+            raise ValueError(f"job {d.job}: rank 0 {spots[0]} is not the decision's spot")
         now = time.time()
         with self._tx() as db:
             self._upsert_decision(db, d, now)
-            self._event(db, d.job, event, {"node": d.node, "gpu": d.gpu, "profile": d.profile, "start": d.start})
+            db.execute("DELETE FROM decision_spots WHERE job=?", (d.job,))
+            if len(spots) > 1:
+                db.executemany("INSERT INTO decision_spots VALUES (?,?,?,?,?)",
+                               [(d.job, rank, *spot) for rank, spot in enumerate(spots)])  # fmt: skip
+            detail: dict[str, Any] = {"node": d.node, "gpu": d.gpu, "profile": d.profile, "start": d.start}
+            if len(spots) > 1:
+                detail["spots"] = [f"{g}/{p}@{s}" for g, p, s in spots]
+            self._event(db, d.job, event, detail)
+
+    def spots(self, job: str) -> list[tuple[int, str, int]]:
+        """A multi-instance job's (gpu, profile, start) in rank order; [] for a single-instance job."""
+        rows = self.db.execute("SELECT gpu, profile, start FROM decision_spots WHERE job=? ORDER BY rank",
+                               (job,)).fetchall()  # fmt: skip
+        return [(int(g), str(p), int(s)) for g, p, s in rows]
 
     def set_state(self, job: str, state: str, **detail: Any) -> None:
         """Move a decision to ``state`` (checked against the allowed transitions), with an event."""
@@ -314,9 +342,19 @@ class Store:
             rows = self.db.execute(f"SELECT {_INSTANCE_COLS} FROM instances WHERE node=?", (node,)).fetchall()
         return [InstanceRecord(*r) for r in rows]
 
+    def record_instances(self, records: list[InstanceRecord]) -> None:
+        """A multi-instance job's instances in one transaction: rank 0 under the job, rank r under ``job#r``."""
+        with self._tx() as db:
+            for rank, r in enumerate(records):
+                key = r.job if rank == 0 else f"{r.job}#{rank}"
+                db.execute("INSERT OR REPLACE INTO instances VALUES (?,?,?,?,?,?,?,?)",
+                           (key, r.node, r.gpu, r.profile, r.start, r.gi_id, r.uuid, time.time()))  # fmt: skip
+            self._event(db, records[0].job, "instance-created", {"node": records[0].node, "uuids": [
+                r.uuid for r in records]})  # fmt: skip
+
     def forget_instance(self, job: str, **detail: Any) -> None:
         with self._tx() as db:
-            db.execute("DELETE FROM instances WHERE job=?", (job,))
+            db.execute("DELETE FROM instances WHERE job=? OR substr(job, 1, ?)=?", (job, len(job) + 1, f"{job}#"))
             self._event(db, job, "instance-destroyed", detail)
 
     # chains (SJA)

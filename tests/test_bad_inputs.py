@@ -47,7 +47,7 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("mig-batch", ["translate", "--gpu", "V100", "--mem", "10G"], "unknown GPU model"),
     ("mig-batch", ["translate", "--gpu", "A30-24GB", "--mem", "500G"], "largest"),
     ("mig-batch", ["translate", "--gres", "mig:lots"], "lots"),
-    ("mig-batch", ["translate", "--gres", "mig:3g.40gb:2"], "one MIG instance"),
+    ("mig-batch", ["translate", "--gres", "mig:3g.40gb:0"], "give at least 1"),
     ("mig-batch", ["translate", "--gres", "mig:20G", "--mem", "1G"], "cannot be combined"),
     ("mig-batch", ["translate", "--gpu", "A100-40GB", "--profile", "9g.1gb"], "9g.1gb"),
     # simulate
@@ -140,6 +140,10 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("migsub", ["--dry-run", "{t}/gres_job.sh"], "asks for GPUs too"),
     ("migsub", ["--dry-run", "--gpu-mem", "900G", "{t}/job.sh"], "no MIG profile"),
     ("migsub", ["--dry-run", "--atomize", "--gpu-mem", "10G", "{t}/job.sh"], "--checkpoint-dir"),
+    ("migsub", ["--dry-run", "--mig", "1g.10gb", "--instances", "0", "{t}/job.sh"], "at least 1"),
+    ("migsub", ["--dry-run", "--mig", "1g.10gb", "--instances", "two", "{t}/job.sh"], "whole number"),
+    ("migsub", ["--dry-run", "--mig", "1g.10gb", "--instances", "4", "{t}/tasks3_job.sh"], "contradicts --instances 4"),
+    ("migsub", ["--dry-run", "--moldable", "1g=60", "--instances", "2", "{t}/job.sh"], "exclude each other"),
     ("migsub", [], "required"),
     # the daemons
     ("mig-batchd", ["--once", "--config", "{t}/wrong_slurm_bin.yaml"], "slurm_bin"),
@@ -148,6 +152,7 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("mig-batchd", ["--log-level", "LOUD"], "not a log level"),
     ("mig-batch-agent", ["--config", "{t}/missing.yaml"], "cannot read"),
     ("mig-batch-agent", ["--config", "{t}/unknown_setting.yaml"], "unknown setting"),
+    ("mig-batch-agent", ["--config", "{t}/bad_multi_policy.yaml"], "multi_policy 'spread' is not one of mfi, flex-mig"),
     ("mig-batch-agent", ["--log-level", "LOUD"], "not a log level"),
 ]
 
@@ -170,6 +175,8 @@ def files(tmp_path: Path) -> Path:
     (tmp_path / "queue.yaml").write_text("tasks:\n  - {name: a, times: {1: 100, 2: 60}}\n")
     (tmp_path / "huge_queue.yaml").write_text("tasks:\n  - {name: a, times: {1: 100}, count: 1000000}\n")
     (tmp_path / "job.sh").write_text("#!/bin/sh\necho hi\n")
+    (tmp_path / "tasks3_job.sh").write_text("#!/bin/sh\n#SBATCH --ntasks=3\necho hi\n")
+    (tmp_path / "bad_multi_policy.yaml").write_text("multi_policy: spread\n")
     (tmp_path / "gres_job.sh").write_text("#!/bin/sh\n#SBATCH --gres=gpu:1\n#MIG --gpu-mem 10G\necho hi\n")
     return tmp_path
 

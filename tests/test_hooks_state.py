@@ -19,7 +19,7 @@ from mig_batch.node import hook_client
 from mig_batch.node.agent import NodeAgent
 from mig_batch.node.journal import Journal
 from mig_batch.node.service import AgentServer
-from mig_batch.state import Decision, StateError, Store
+from mig_batch.state import SCHEMA_VERSION, Decision, StateError, Store
 
 TAG = "mig-batch:v1;req=4g.20gb"
 
@@ -192,7 +192,7 @@ def test_a_schema_2_store_gains_chain_links(tmp_path):
     db.close()
     store = Store(path)
     assert store.chain_jobs("1") == []
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 3
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
 def test_the_hook_client_asks_the_agent_and_takes_the_slow_path_once_the_agent_is_gone(site, batch, tmp_path, gpus):

@@ -115,7 +115,7 @@ def test_parse_gres(spec, expected):
     assert parse_gres(spec) == expected
 
 
-@pytest.mark.parametrize("spec", ["gpu", "mig", "gpu:20G", "mig:lots", "tpu:1", "mig:3g.40gb:0", "mig:3g.40gb:2"])
+@pytest.mark.parametrize("spec", ["gpu", "mig", "gpu:20G", "mig:lots", "tpu:1", "mig:3g.40gb:0"])
 def test_parse_gres_rejects(spec):
     with pytest.raises(RequestError):
         parse_gres(spec)
@@ -168,3 +168,8 @@ def test_a_moldable_size_no_model_of_the_site_runs_is_refused_by_name():
     with pytest.raises(RequestError, match="'9g.90gb' runs on no GPU model"):
         moldable_per_model(parse_moldable("1g=1h,9g.90gb=5m"), models)
     assert set(moldable_per_model(parse_moldable("1g=1h,4g=20m"), models)) == {"A30-24GB", "A100-80GB"}
+
+
+def test_parse_gres_count_asks_for_instances():
+    assert parse_gres("mig:1g.10gb:4") == MigRequest(profiles=("1g.10gb",), count=4)
+    assert parse_gres("mig:5G:2").count == 2 and parse_gres("mig:5G").count == 1

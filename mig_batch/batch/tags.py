@@ -2,13 +2,16 @@
 
 The managed-job tag job_submit.lua writes into AdminComment (operator-only), and its parser:
 
-``mig-batch:v1;req=<spec>[;compute=<share>][;moldable=<size>:<s>,...][;model=<GPU model>][;atomize=1;ckpt=<dir>;
-smin=<s>;smax=<s>[;deadline=<epoch>][;chain=<first job>]][;place=<node>/<gpu>/<profile>@<start>]``
+``mig-batch:v1;req=<spec>[;n=<instances>][;compute=<share>][;moldable=<size>:<s>,...][;model=<GPU model>][;atomize=1;
+ckpt=<dir>;smin=<s>;smax=<s>[;deadline=<epoch>][;chain=<first job>]][;place=<node>/<gpu>/<profile>@<start>]
+[;spots=<gpu>/<profile>@<start>,...]``
 where ``spec`` is what followed ``mig:`` in ``--gres`` (3g.40gb, 20480M, 20G, 3g); ``moldable`` lists
 sizes with predicted seconds (migsub --moldable; ``spec`` is then its memory floor or smallest size);
 the atomize fields mark a subjob chain (migsub --atomize), ``chain`` a later job of one (the runner
-submits one job per subjob). ``place`` (and ``window``, a subjob's granted seconds) is the controller's
-decision, written when it pins the job: the node agent reads it from there, never from a field a user can
+submits one job per subjob). ``n`` asks for that many instances on one node, one per task (absent: one;
+a tag without it parses as before). ``place`` (and ``window``, a subjob's granted seconds) is the controller's
+decision, written when it pins the job (a multi-instance job's ``place`` is its rank 0 and ``spots`` lists
+every rank's spot, all in one write): the node agent reads it from there, never from a field a user can
 set. ``node=`` is the node's report, appended by the agent in the Prolog (:class:`NodeReport`). A node's
 own field carries its agent's state (:class:`AgentTag`).
 """
@@ -39,6 +42,7 @@ class JobTag:
     model: str | None = None
     atomize: Atomize | None = None
     moldable: str | None = None  # "1g:300,3g.40gb:110": sizes with predicted seconds
+    instances: int = 1  # instances on one node, one per task (Flex-MIG's one-to-many)
 
     def moldable_request(self) -> MoldableRequest | None:
         if not self.moldable:
@@ -48,12 +52,13 @@ class JobTag:
 
     def request(self) -> MigRequest:
         base = parse_gres(f"mig:{self.spec}")
-        if self.compute:
-            return MigRequest(base.memory_mib, parse_compute(self.compute), base.profiles, base.media, base.count)
-        return base
+        compute = parse_compute(self.compute) if self.compute else base.compute
+        return MigRequest(base.memory_mib, compute, base.profiles, base.media, self.instances)
 
     def text(self) -> str:
         parts = [f"{MANAGED_PREFIX}v1", f"req={self.spec}"]
+        if self.instances != 1:
+            parts.append(f"n={self.instances}")
         if self.compute:
             parts.append(f"compute={self.compute}")
         if self.moldable:
@@ -84,8 +89,14 @@ def parse_tag(text: str) -> JobTag:
                               fields.get("chain") or None)  # fmt: skip
         except (KeyError, ValueError):
             raise ValueError(f"mig_batch tag with atomize=1 needs ckpt=, smin= and smax=: {text!r}") from None
+    try:
+        instances = int(fields.get("n", "1"))
+    except ValueError:
+        instances = 0
+    if instances < 1:
+        raise ValueError(f"mig_batch tag with n= not a positive number of instances: {text!r}")
     return JobTag(fields["req"], fields.get("compute") or None, fields.get("model") or None, atomize,
-                  fields.get("moldable") or None)  # fmt: skip
+                  fields.get("moldable") or None, instances)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -98,12 +109,25 @@ class Placed:
     start: int
     window_s: float | None = None  # a subjob's granted window
     subjob: int | None = None  # a subjob's run number in its chain
+    spots: tuple[tuple[int, str, int], ...] = ()  # a multi-instance job: (gpu, profile, start) per rank
+
+    def ranks(self) -> tuple[tuple[int, str, int], ...]:
+        """Every rank's (gpu, profile, start): one for a single-instance job."""
+        return self.spots or ((self.gpu, self.profile, self.start),)
 
 
 def placed_tag(tag: JobTag, place: Placed) -> str:
     window = f";window={place.window_s:.3f}" if place.window_s is not None else ""
     window += f";subjob={place.subjob}" if place.subjob is not None else ""
+    if len(place.spots) > 1:
+        window += ";spots=" + ",".join(f"{g}/{p}@{s}" for g, p, s in place.spots)
     return f"{tag.text()};place={place.node}/{place.gpu}/{place.profile}@{place.start}{window}"
+
+
+def _spot(text: str) -> tuple[int, str, int]:
+    where, _, start = text.rpartition("@")
+    gpu, _, profile = where.partition("/")
+    return int(gpu), profile, int(start)
 
 
 def _fields(text: str) -> dict[str, str]:
@@ -120,7 +144,8 @@ def parse_place(text: str) -> Placed | None:
         node, gpu, profile = where.split("/")
         window = float(fields["window"]) if "window" in fields else None
         subjob = int(fields["subjob"]) if "subjob" in fields else None
-        return Placed(node, int(gpu), profile, int(start), window, subjob)
+        spots = tuple(_spot(item) for item in fields["spots"].split(",")) if fields.get("spots") else ()
+        return Placed(node, int(gpu), profile, int(start), window, subjob, spots)
     except ValueError:
         raise ValueError(f"mig_batch tag with an unreadable place=: {text!r}") from None
 
@@ -140,11 +165,19 @@ class NodeReport:
     gi_id: int = -1
     uuid: str = ""
     reason: str = ""
+    more: tuple[NodeReport, ...] = ()  # a multi-instance job: ranks 1..N-1 (this report is rank 0)
+
+    def spot(self) -> str:
+        return f"{self.gpu}/{self.profile}@{self.start}/{self.gi_id}/{self.uuid}"
+
+    def ranks(self) -> tuple[NodeReport, ...]:
+        return (self, *self.more) if self.kind != "requeue" else ()
 
     def text(self) -> str:
         if self.kind == "requeue":
             return f"node=requeue:{_clean(self.reason)}"
-        return f"node={self.kind}:{self.gpu}/{self.profile}@{self.start}/{self.gi_id}/{self.uuid}"
+        more = ";ranks=" + ",".join(r.spot() for r in self.more) if self.more else ""
+        return f"node={self.kind}:{self.spot()}{more}"
 
 
 def _clean(text: str) -> str:
@@ -153,7 +186,7 @@ def _clean(text: str) -> str:
 
 def with_report(text: str, report: NodeReport) -> str:
     """``text`` (a pinned tag) with the node's report in place of any earlier one."""
-    kept = [part for part in text.split(";") if not part.startswith("node=")]
+    kept = [part for part in text.split(";") if not part.startswith(("node=", "ranks="))]
     return ";".join([*kept, report.text()])
 
 
@@ -165,13 +198,20 @@ def parse_report(text: str) -> NodeReport | None:
     if kind == "requeue":
         return NodeReport(kind, reason=rest)
     try:
-        gpu, spot, gi_id, uuid = rest.split("/")
-        profile, _, start = spot.partition("@")
         if kind not in REPORT_KINDS:
             raise ValueError(kind)
-        return NodeReport(kind, int(gpu), profile, int(start), int(gi_id), uuid)
+        more = _fields(text).get("ranks")
+        ranks = tuple(_report_spot(kind, item) for item in more.split(",")) if more else ()
+        first = _report_spot(kind, rest)
+        return NodeReport(kind, first.gpu, first.profile, first.start, first.gi_id, first.uuid, more=ranks)
     except ValueError:
         raise ValueError(f"mig_batch tag with an unreadable node report: {text!r}") from None
+
+
+def _report_spot(kind: str, text: str) -> NodeReport:
+    gpu, spot, gi_id, uuid = text.split("/")
+    profile, _, start = spot.partition("@")
+    return NodeReport(kind, int(gpu), profile, int(start), int(gi_id), uuid)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import subprocess
@@ -51,7 +52,7 @@ def cmd_gen_lua(args: argparse.Namespace) -> int:
     from mig_batch.slurm.install import job_submit_lua
 
     config = None if args.all_models else _maybe_config(args.config)
-    sys.stdout.write(job_submit_lua(_models(config, args.all_models)))
+    sys.stdout.write(job_submit_lua(_models(config, args.all_models), config.nodes if config else None))
     return 0
 
 
@@ -101,7 +102,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     with Store.reading(config.state) as store:
         decisions: dict[tuple[str, int], list] = {}
         for d in store.decisions(ACTIVE):
-            decisions.setdefault((d.node, d.gpu), []).append(d)
+            spots = store.spots(d.job)  # a job over several instances: every rank, rank r as job#r
+            for rank, (gpu, profile, start) in enumerate(spots):
+                key = d.job if rank == 0 else f"{d.job}#{rank}"
+                decisions.setdefault((d.node, gpu), []).append(dataclasses.replace(d, job=key, gpu=gpu,
+                                                                                   profile=profile, start=start))
+            if not spots:
+                decisions.setdefault((d.node, d.gpu), []).append(d)
         instances = {r.job: r for r in store.instances()}
         mig_off = {node: set(last[-1].get("gpus", [])) for node in config.nodes
                    if (last := store.events(kind=MIG_OFF, node=node, last=1))}  # fmt: skip

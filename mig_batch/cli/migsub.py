@@ -9,6 +9,8 @@ until the first line that is neither blank nor a comment.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import shlex
@@ -48,6 +50,7 @@ def _option_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-mem", metavar="SIZE", help="GPU memory the job needs, e.g. 18G")
     p.add_argument("--gpu-compute", metavar="SHARE", help="compute share: 0.3, 30%% or 2g")
     p.add_argument("--gpu", metavar="MODEL", help="GPU model the job must run on, e.g. A100-80GB")
+    p.add_argument("--instances", metavar="N", help="N instances of that size on one node, one per task")
     p.add_argument("--moldable", metavar="SIZES", help="sizes with predicted times: 1g=300,2g=160,3g=110")
     p.add_argument("--atomize", action="store_true", help="run as a chain of checkpointed subjobs in gaps (SJA)")
     p.add_argument("--checkpoint-dir", metavar="DIR", help="--atomize: where the chain's checkpoints live")
@@ -59,9 +62,8 @@ def _option_parser() -> argparse.ArgumentParser:
     return p
 
 
-DIRECTIVE_OPTIONS = ("mig", "gpu_mem", "gpu_compute", "gpu", "moldable", "checkpoint_dir", "subjob_min", "subjob_max",
-                     "deadline")  # fmt: skip
-ATOMIZE_OPTIONS = DIRECTIVE_OPTIONS[5:]
+ATOMIZE_OPTIONS = ("checkpoint_dir", "subjob_min", "subjob_max", "deadline")
+DIRECTIVE_OPTIONS = ("mig", "gpu_mem", "gpu_compute", "gpu", "moldable", *ATOMIZE_OPTIONS, "instances")
 
 
 @dataclass
@@ -100,8 +102,8 @@ def read_directives(script: Path) -> tuple[dict[str, str], dict[str, str], list[
             if unknown:
                 raise DirectiveError(
                     f"{where}: unknown option {' '.join(unknown)}; #MIG accepts --mig, --gpu-mem, "
-                    f"--gpu-compute, --gpu, --moldable, --atomize, --checkpoint-dir, --subjob-min, --subjob-max, "
-                    f"--deadline"
+                    f"--gpu-compute, --gpu, --instances, --moldable, --atomize, --checkpoint-dir, --subjob-min, "
+                    f"--subjob-max, --deadline"
                 )
             if namespace.atomize:
                 options["atomize"], sources["atomize"] = "1", where
@@ -119,6 +121,8 @@ def build_request(options: dict[str, str], sources: dict[str, str]) -> MigReques
         except RequestError as exc:
             raise DirectiveError(f"{sources[key]}: {exc}") from None
 
+    if "instances" in options:
+        instances_of(options, sources)  # refuses --instances with --moldable
     if "moldable" in options:
         if "mig" in options:
             raise DirectiveError(f"{sources['mig']}: --mig and --moldable exclude each other")
@@ -129,17 +133,98 @@ def build_request(options: dict[str, str], sources: dict[str, str]) -> MigReques
         memory_mib=checked("gpu_mem", parse_memory) if "gpu_mem" in options else None,
         compute=checked("gpu_compute", parse_compute) if "gpu_compute" in options else None,
         profiles=(options["mig"].lower(),) if "mig" in options else (),
+        count=instances_of(options, sources),
     )
+
+
+def instances_of(options: dict[str, str], sources: dict[str, str]) -> int:
+    """``--instances N``: a whole number of at least 1 (1 when not given)."""
+    if "instances" not in options:
+        return 1
+    text = options["instances"].strip()
+    if not text.isdigit() or int(text) < 1:
+        raise DirectiveError(f"{sources['instances']}: --instances must be a whole number of at least 1, got "
+                             f"{options['instances']!r}")  # fmt: skip
+    for other in ("moldable", "atomize"):
+        if other in options:
+            raise DirectiveError(f"{sources['instances']}: --instances and --{other} exclude each other")
+    return int(text)
+
+
+_TASK_OPTIONS = {"--ntasks-per-node": "per_node", "--ntasks": "tasks", "-n": "tasks", "--nodes": "nodes", "-N": "nodes"}
+
+
+def task_counts(sbatch_lines: list[str]) -> dict[str, tuple[str, str]]:
+    """What the script's #SBATCH lines say about tasks and nodes: kind -> (value, line)."""
+    out: dict[str, tuple[str, str]] = {}
+    for line in sbatch_lines:
+        try:
+            words = shlex.split(line[len("#SBATCH") :])
+        except ValueError:
+            continue
+        for i, word in enumerate(words):
+            name, eq, value = word.partition("=")
+            if name in _TASK_OPTIONS:
+                if not eq:
+                    value = words[i + 1] if i + 1 < len(words) else ""
+                out[_TASK_OPTIONS[name]] = (value, line)
+            elif name.startswith("-n") and name[2:].isdigit():
+                out["tasks"] = (name[2:], line)
+    return out
+
+
+def check_instances(count: int, sbatch_lines: list[str], request: MigRequest, models: list) -> list[str]:
+    """The sbatch options a job over ``count`` instances adds (one task per instance, on one node); refused
+    when the script's task count contradicts it or no node of the site holds that many."""
+    if count == 1:
+        return []
+    counts = task_counts(sbatch_lines)
+    nodes = counts.get("nodes", ("1", ""))
+    if nodes[0] not in ("1", "1-1"):
+        raise DirectiveError(f"'{nodes[1]}': a job over {count} instances runs on one node")
+    for kind in ("per_node", "tasks"):
+        if kind in counts and counts[kind][0] != str(count):
+            raise DirectiveError(f"'{counts[kind][1]}' contradicts --instances {count}: one task per instance "
+                                 f"(give {count} tasks, or leave the task count to migsub)")  # fmt: skip
+    capacity = site_capacity(request, models)
+    if capacity is not None and capacity[0] < count:
+        one = dataclasses.replace(request, count=1).describe()
+        raise RequestError(f"no node of this site holds {count} instances of {one}; "
+                           f"the most is {capacity[0]} ({capacity[1]})")  # fmt: skip
+    return [] if counts else [f"--ntasks-per-node={count}", "--nodes=1"]
+
+
+def site_capacity(request: MigRequest, models: list) -> tuple[int, str] | None:
+    """(the most instances of ``request`` one empty node of the site holds, which node); None without an
+    inventory in the site config."""
+    from mig_batch.placement.multi import node_capacity
+    from mig_batch.request import translate
+
+    try:
+        config = load_config()
+    except ConfigError:
+        return None
+    if not config.nodes:
+        return None
+    names = {m.name for m in models}
+    profiles = {}
+    for model in models:
+        with contextlib.suppress(RequestError):
+            profiles[model.name] = translate(request, model).name
+    held = [(node_capacity([m for m in gpus if m in names], profiles), node) for node, gpus in config.nodes.items()]
+    most, node = max(held)
+    return most, f"on {node}"
 
 
 def gres_of(options: dict[str, str]) -> str:
     """The GRES string job_submit.lua reads back: the user's request, not yet a profile."""
+    count = f":{int(options['instances'])}" if int(options.get("instances", "1")) > 1 else ""
     if "mig" in options:
-        return f"mig:{options['mig'].lower()}"
+        return f"mig:{options['mig'].lower()}{count}"
     if "gpu_mem" in options:
-        return f"mig:{parse_memory(options['gpu_mem'])}M"
+        return f"mig:{parse_memory(options['gpu_mem'])}M{count}"
     if "gpu_compute" in options:
-        return f"mig:{parse_compute(options['gpu_compute']).slices}g"
+        return f"mig:{parse_compute(options['gpu_compute']).slices}g{count}"
     sizes = parse_moldable(options["moldable"]).times  # moldable, no memory floor: its smallest size
     return f"mig:{min(sizes, key=lambda size: (int(size.split('g')[0]), size))}"
 
@@ -215,8 +300,8 @@ def chain_script(spec: JobSpec, chain: Chain, sbatch_lines: list[str]) -> str:
                       "exec " + shlex.join(command), ""])  # fmt: skip
 
 
-def sbatch_command(spec: JobSpec, chain: Chain | None = None) -> list[str]:
-    cmd = ["sbatch", "--parsable", f"--gres={gres_of(spec.options)}"]
+def sbatch_command(spec: JobSpec, chain: Chain | None = None, tasks: Sequence[str] = ()) -> list[str]:
+    cmd = ["sbatch", "--parsable", f"--gres={gres_of(spec.options)}", *tasks]
     comment = []
     if "gpu_compute" in spec.options:
         comment.append(f"compute={spec.options['gpu_compute']}")
@@ -271,8 +356,12 @@ def _run(argv: list[str]) -> int:
         if args.atomize:
             options["atomize"], sources["atomize"] = "1", "--atomize"
         chain = chain_of(options, sources)
+        tasks = []
+        if isinstance(request, MigRequest):
+            instances_of(options, sources)  # --instances with --atomize
+            tasks = check_instances(request.count, sbatch_lines, request, models)
         spec = JobSpec(args.script, args.script_args, options, sources)
-        command = sbatch_command(spec, chain)
+        command = sbatch_command(spec, chain, tasks)
         stdin = chain_script(spec, chain, sbatch_lines) if chain is not None else None
     except (DirectiveError, RequestError, UnknownModelError) as exc:
         return fail(str(exc))

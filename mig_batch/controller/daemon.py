@@ -43,6 +43,7 @@ from mig_batch.mig.models import get_model
 from mig_batch.placement.base import Placement, PlacementRequest
 from mig_batch.placement.cluster import Cluster, Gpu, PlacementConflict
 from mig_batch.placement.moldable import MoldableJob, MoldablePlanner, expected_end
+from mig_batch.placement.multi import MultiPlacement, MultiPolicy
 from mig_batch.placement.policies import make_policy
 from mig_batch.state import MIG_OFF, ChainRecord, Decision, InstanceRecord, Store
 
@@ -57,6 +58,11 @@ class PassStats:
     waiting: int = 0
     ended: int = 0
     errors: list[str] = field(default_factory=list)
+
+
+def rank_key(job: str, rank: int) -> str:
+    """A multi-instance job's rank as the view names it: the job itself for rank 0, ``job#r`` after."""
+    return job if rank == 0 else f"{job}#{rank}"
 
 
 def build_view(nodes: dict[str, tuple[str, ...]]) -> Cluster:
@@ -74,6 +80,9 @@ class Controller:
             raise ValueError(f"{config.path}: no nodes in the inventory; the controller has nothing to place on")
         self.config, self.store, self.batch = config, store, batch
         self.policy = make_policy(config.policy)
+        self.multi = MultiPolicy(config.multi_policy)  # jobs over several instances (Flex-MIG's one-to-many)
+        self._ranks: dict[str, int] = {}  # multi-instance job -> its instances in the view (job, job#1, ...)
+        self._why_waiting: dict[str, str] = {}  # multi-instance job -> the reason last recorded
         self.view = build_view(config.nodes)
         self.gid = {(g.host, g.index): g.gid for g in self.view.gpus}
         self._profiles: dict[str, dict[str, str] | str] = {}  # tag text -> model -> profile, or the error
@@ -90,21 +99,27 @@ class Controller:
             self._occupy(d)
 
     def _occupy(self, d: Decision) -> None:
-        gid = self.gid.get((d.node, d.gpu))
-        if gid is None:
-            self.store.event(d.job, "inventory-mismatch", node=d.node, gpu=d.gpu)
-            return
-        if d.job in self.view.job_gpu:
-            return
-        try:
-            self.view.allocate(gid, d.job, d.profile, d.start)
-        except PlacementConflict as exc:  # two records claim one slot: report, keep the first
-            self.store.event(d.job, "view-conflict", error=str(exc))
+        spots = self.store.spots(d.job) or [(d.gpu, d.profile, d.start)]
+        if len(spots) > 1:
+            self._ranks[d.job] = len(spots)
+        for rank, (gpu, profile, start) in enumerate(spots):
+            gid = self.gid.get((d.node, gpu))
+            if gid is None:
+                self.store.event(d.job, "inventory-mismatch", node=d.node, gpu=gpu)
+                continue
+            key = rank_key(d.job, rank)
+            if key in self.view.job_gpu:
+                continue
+            try:
+                self.view.allocate(gid, key, profile, start)
+            except PlacementConflict as exc:  # two records claim one slot: report, keep the first
+                self.store.event(d.job, "view-conflict", error=str(exc))
 
     def _free(self, job: str) -> None:
         self._predicted.pop(job, None)  # a requeued job may get another size next time
-        if job in self.view.job_gpu:
-            self.view.release(job)
+        for rank in range(self._ranks.pop(job, 1)):
+            if rank_key(job, rank) in self.view.job_gpu:
+                self.view.release(rank_key(job, rank))
 
     def profiles_for(self, tag: JobTag) -> dict[str, str] | str:
         key = tag.text()
@@ -140,7 +155,7 @@ class Controller:
             if tag.moldable is not None:
                 moldable.append((job, tag))
                 continue
-            d = self._place(job, tag)
+            d = self._place_multi(job, tag) if tag.instances > 1 else self._place(job, tag)
             if d is not None:
                 decided.append(d)
             else:
@@ -309,23 +324,31 @@ class Controller:
             return
         if report.kind == "replaced":
             self._moved(d, report)
-        self.store.record_instance(InstanceRecord(d.job, d.node, report.gpu, report.profile, report.start,
-                                                  report.gi_id, report.uuid))  # fmt: skip
+        records = [InstanceRecord(d.job, d.node, r.gpu, r.profile, r.start, r.gi_id, r.uuid) for r in report.ranks()]
+        if len(records) > 1:
+            self.store.record_instances(records)
+        else:
+            self.store.record_instance(records[0])
 
     def _moved(self, d: Decision, report: NodeReport) -> None:
         """The node made the instance elsewhere on itself (the decided spot was taken): follow it."""
         self.store.event(d.job, "node-replaced", node=d.node, decided=f"{d.gpu}/{d.profile}@{d.start}",
                          placed=f"{report.gpu}/{report.profile}@{report.start}")  # fmt: skip
         self._free(d.job)
-        gid = self.gid.get((d.node, report.gpu))
-        try:
-            if gid is not None:
-                self.view.allocate(gid, d.job, report.profile, report.start)
-        except PlacementConflict as exc:  # the view disagrees with the node: the node is right, report it
-            self.store.event(d.job, "view-conflict", error=str(exc))
+        ranks = report.ranks()
+        if len(ranks) > 1:
+            self._ranks[d.job] = len(ranks)
+        for rank, r in enumerate(ranks):
+            gid = self.gid.get((d.node, r.gpu))
+            try:
+                if gid is not None:
+                    self.view.allocate(gid, rank_key(d.job, rank), r.profile, r.start)
+            except PlacementConflict as exc:  # the view disagrees with the node: the node is right, report it
+                self.store.event(d.job, "view-conflict", error=str(exc))
         moved = Decision(d.job, d.request, d.node, report.gpu, d.model, report.profile, report.start,
                          DecisionState.RUNNING, d.policy)  # fmt: skip
-        self.store.record_decision(moved, event="replaced")
+        spots = tuple((r.gpu, r.profile, r.start) for r in ranks) if len(ranks) > 1 else ()
+        self.store.record_decision(moved, event="replaced", spots=spots)
 
     def _requeue(self, d: Decision, job: BatchJob, reason: str) -> None:
         """Back to the queue, held, to be decided again."""
@@ -494,6 +517,48 @@ class Controller:
         self._use_room(decision.host, job.cpus)
         return self._decide(job, tag, decision, self.config.policy)
 
+    def _place_multi(self, job: BatchJob, tag: JobTag) -> Decision | None:
+        """A job over several instances: the node and every rank's spot in one decision, or it stays held
+        with the reason (recorded once per change of reason)."""
+        profiles = self.profiles_for(tag)
+        if isinstance(profiles, str):
+            self.store.event(job.job_id, "unplaceable", error=profiles)
+            return None
+        if tag.atomize is not None or tag.moldable is not None:
+            self._waiting(job.job_id, "a job over several instances cannot be a subjob chain or moldable")
+            return None
+        decision = self.multi.decide(self.view, profiles, tag.instances)
+        if not isinstance(decision, MultiPlacement):
+            self._waiting(job.job_id, decision.reason)
+            return None
+        self._why_waiting.pop(job.job_id, None)
+        self._use_room(decision.host, job.cpus)
+        return self._decide_multi(job, tag, decision, f"multi-{self.multi.name}")
+
+    def _waiting(self, job: str, reason: str) -> None:
+        if self._why_waiting.get(job) != reason:
+            self._why_waiting[job] = reason
+            self.store.event(job, "waiting", reason=reason)
+            log.info("job %s waits: %s", job, reason)
+
+    def _decide_multi(self, job: BatchJob, tag: JobTag, p: MultiPlacement, policy: str) -> Decision:
+        """Take every spot in the view and record them in one transaction, before Slurm hears of it."""
+        taken = []
+        try:
+            for rank, spot in enumerate(p.spots):
+                self.view.allocate(spot.gid, rank_key(job.job_id, rank), spot.profile, spot.start)
+                taken.append(rank_key(job.job_id, rank))
+        except PlacementConflict:
+            for key in taken:  # all or none, in the view too
+                self.view.release(key)
+            raise
+        self._ranks[job.job_id] = len(p.spots)
+        first = p.spots[0]
+        d = Decision(job.job_id, tag.text(), p.host, first.gpu_index, p.model, first.profile, first.start, "decided",
+                     policy)  # fmt: skip
+        self.store.record_decision(d, spots=tuple((s.gpu_index, s.profile, s.start) for s in p.spots))
+        return d
+
     def _decide(self, job: BatchJob, tag: JobTag, p: Placement, policy: str) -> Decision:
         """Take the placement in the view and record it, before Slurm hears of it."""
         self.view.allocate(p.gid, job.job_id, p.profile, p.start)
@@ -509,9 +574,12 @@ class Controller:
             if subjobs:
                 window, run = subjobs[-1].window_s, subjobs[-1].run
                 limit = self.chains.time_limit_min(window)
-        slices = get_model(d.model).profile(d.profile).memory_slices
+        spots = tuple(self.store.spots(d.job)) if tag.instances > 1 else ()
+        model = get_model(d.model)
+        slices = sum(model.profile(p).memory_slices for _, p, _ in spots) if spots else \
+            model.profile(d.profile).memory_slices  # fmt: skip
         return Pin(
-            d.job, d.node, placed_tag(tag, Placed(d.node, d.gpu, d.profile, d.start, window, run)), limit, slices
+            d.job, d.node, placed_tag(tag, Placed(d.node, d.gpu, d.profile, d.start, window, run, spots)), limit, slices
         )
 
     def run(self, stop_after: float | None = None) -> None:

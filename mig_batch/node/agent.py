@@ -35,6 +35,7 @@ from mig_batch.gpu.base import GpuBackend, GpuBackendError, InsufficientResource
 from mig_batch.node.journal import Entry, Journal
 from mig_batch.placement.base import Placement, PlacementRequest
 from mig_batch.placement.cluster import Cluster, Gpu
+from mig_batch.placement.multi import MULTI_POLICIES, MultiPlacement, MultiPolicy
 from mig_batch.placement.policies import make_policy
 from mig_batch.subjob import ENV_DEADLINE, ENV_MARGIN
 
@@ -87,6 +88,28 @@ def place_locally(backend: GpuBackend, node: str, request: str, decided_model: s
     return decision if isinstance(decision, Placement) else None
 
 
+def place_ranks_locally(backend: GpuBackend, node: str, request: str, decided_model: str | None,
+                        decided_profile: str, instances: int,
+                        policy: str = "mfi") -> MultiPlacement | None:  # fmt: skip
+    """Where on this node all ``instances`` of a multi-instance job fit now (``policy`` if it is a
+    multi-instance policy, else ours), as :func:`place_locally` does for one instance."""
+    view = node_view(backend, node)
+    models = {g.model for g in view.gpus}
+    profiles = profiles_by_model(parse_tag(request), models)
+    profiles = {} if isinstance(profiles, str) else profiles
+    if decided_model in models:
+        profiles[decided_model] = decided_profile
+    if not profiles:
+        return None
+    decision = MultiPolicy(policy if policy in MULTI_POLICIES else "mfi").decide(view, profiles, instances)
+    return decision if isinstance(decision, MultiPlacement) else None
+
+
+def rank_job(job_id: str, rank: int) -> str:
+    """The journal's name of a multi-instance job's rank: the job itself for rank 0, ``job#r`` after."""
+    return job_id if rank == 0 else f"{job_id}#{rank}"
+
+
 class NodeAgent:
     def __init__(self, node: str, backend: GpuBackend, journal: Journal, channel: NodeChannel, job_dir: Path,
                  policy: str = "mfi", checkpoint_margin_s: float = 30.0,
@@ -123,13 +146,21 @@ class NodeAgent:
     def _provision(self, job_id: str, job: BatchJob | None) -> PrologResult:
         if job is None or not job.managed:
             return PrologResult([], None)  # not ours
-        known = self.journal.get(job_id)
-        if known is not None and self.backend.find(known.uuid) is not None:  # this prolog ran before
-            return PrologResult(self._exports(known, parse_place(job.admin_tag)), None)
         place = parse_place(job.admin_tag)
+        known = self._entries(job_id)
+        wanted = len(place.ranks()) if place is not None else 1
+        if known and len(known) == wanted and all(self.backend.find(e.uuid) is not None for e in known):
+            return PrologResult(self._exports(known, place), None)  # this prolog ran before
+        for entry in known:  # a part of a job's instances (an earlier prolog stopped midway): start again
+            found = self.backend.find(entry.uuid)
+            if found is not None:
+                self._destroy_all([found])
+            self.journal.remove(entry.job)
         if place is None:
             report = NodeReport("requeue", reason=f"released without a placement, on {self.node}")
             return PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"], report, report.reason)
+        if len(place.spots) > 1:
+            return self._provision_ranks(job_id, job, place)
         kind = "made"
         try:
             if place.node != self.node:
@@ -159,11 +190,83 @@ class NodeAgent:
                 self.backend.destroy(inst.gpu, inst.gi_id)
             raise
         report = NodeReport(kind, inst.gpu, inst.profile, inst.start, inst.gi_id, inst.uuid)
-        return PrologResult(self._exports(entry, place), report)
+        return PrologResult(self._exports([entry], place), report)
 
-    def _exports(self, entry: Entry, place: Placed | None) -> list[str]:
+    def _provision_ranks(self, job_id: str, job: BatchJob, place: Placed) -> PrologResult:
+        """A multi-instance job: every rank's instance or none. A partial failure destroys what it made
+        and falls back, as for one instance, to a place for all of them elsewhere on this node."""
+        kind = "made"
+        try:
+            if place.node != self.node:
+                raise InsufficientResources(f"decided for {place.node}, running on {self.node}")
+            made = self._create_all(place.ranks())
+        except InsufficientResources as exc:
+            decided_model = next((g.model for g in self.backend.gpus() if g.index == place.gpu), None)
+            local = place_ranks_locally(self.backend, self.node, job.admin_tag, decided_model, place.profile,
+                                        len(place.spots), self.policy)  # fmt: skip
+            try:
+                if local is None:
+                    raise InsufficientResources("no room for all of them")
+                made = self._create_all([(s.gpu_index, s.profile, s.start) for s in local.spots])
+            except InsufficientResources as again:
+                report = NodeReport("requeue", reason=f"decided spots taken ({exc}); {len(place.spots)} instances "
+                                    f"do not fit on {self.node} ({again})")  # fmt: skip
+                return PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"], report, report.reason)
+            kind = "replaced"
+        now = self.clock()
+        entries = [Entry(rank_job(job_id, r), i.gpu, i.gi_id, i.profile, i.start, i.uuid, now)
+                   for r, i in enumerate(made)]  # fmt: skip
+        try:
+            for entry in entries:  # before the job can use them: a restart knows what it owns
+                self.journal.add(entry)
+        except Exception:
+            for entry in entries:
+                self.journal.remove(entry.job)
+            self._destroy_all(made)
+            raise
+        reports = [NodeReport(kind, i.gpu, i.profile, i.start, i.gi_id, i.uuid) for i in made]
+        report = NodeReport(kind, made[0].gpu, made[0].profile, made[0].start, made[0].gi_id, made[0].uuid,
+                            more=tuple(reports[1:]))  # fmt: skip
+        return PrologResult(self._exports(entries, place), report)
+
+    def _create_all(self, spots) -> list:
+        """Create an instance at every (gpu, profile, start); on any failure destroy the ones made and raise."""
+        made = []
+        try:
+            for gpu, profile, start in spots:
+                made.append(self.backend.create(gpu, profile, start))
+        except BaseException:
+            self._destroy_all(made)
+            raise
+        return made
+
+    def _destroy_all(self, made) -> None:
+        for inst in made:
+            with contextlib.suppress(GpuBackendError):
+                self.backend.destroy(inst.gpu, inst.gi_id)
+
+    def _entries(self, job_id: str) -> list[Entry]:
+        """The journal's entries of a job in rank order (one for a single-instance job)."""
+        out = []
+        while (entry := self.journal.get(rank_job(job_id, len(out)))) is not None:
+            out.append(entry)
+        return out
+
+    def _exports(self, entries: list[Entry], place: Placed | None) -> list[str]:
+        """The job's environment. A multi-instance job also gets ``MIG_BATCH_INSTANCES`` (every UUID in rank
+        order), ``MIG_BATCH_INSTANCE_COUNT`` and one ``#rank R export ...`` line per rank: the TaskProlog
+        gives each task the lines of its own ``SLURM_LOCALID`` after the common ones (rank 0's instance by
+        default)."""
+        entry = entries[0]
         lines = [f"export CUDA_VISIBLE_DEVICES={entry.uuid}",
                  f"export MIG_BATCH_INSTANCE={self.node}/{entry.gpu}/{entry.profile}@{entry.start}"]  # fmt: skip
+        if len(entries) > 1:
+            lines += [f"export MIG_BATCH_INSTANCES={','.join(e.uuid for e in entries)}",
+                      f"export MIG_BATCH_INSTANCE_COUNT={len(entries)}"]  # torchrun's --nproc-per-node
+            for rank, e in enumerate(entries):
+                spot = f"{self.node}/{e.gpu}/{e.profile}@{e.start}"
+                lines += [f"#rank {rank} export CUDA_VISIBLE_DEVICES={e.uuid}",
+                          f"#rank {rank} export MIG_BATCH_INSTANCE={spot}"]  # fmt: skip
         if place is not None and place.window_s is not None:  # a chain's subjob: its window starts now
             margin = min(self.margin, place.window_s / 4)  # short windows still do work
             lines += [f"export {ENV_DEADLINE}={self.clock() + place.window_s:.3f}", f"export {ENV_MARGIN}={margin:.3f}",
@@ -193,23 +296,25 @@ class NodeAgent:
         """(what happened, whether it is a problem)."""
         try:
             (self.job_dir / job_id).unlink(missing_ok=True)
-            entry = self.journal.get(job_id)
-            if entry is None:
+            entries = self._entries(job_id)
+            if not entries:
                 return "nothing to destroy", False
-            for attempt in range(attempts):
-                try:
-                    self.backend.destroy(entry.gpu, entry.gi_id)
-                    break
-                except NotFound:
-                    break  # gone already: idempotent
-                except InUse:
-                    if attempt == attempts - 1:
-                        return f"instance {entry.profile}@{entry.start} on GPU {entry.gpu} still in use; " \
-                               "the reconcile destroys it later", True  # fmt: skip
-                    time.sleep(pause_s)  # the job's processes are still exiting
-            self.journal.remove(job_id)
-            strays = self._local_strays(entry.gpu)
-            destroyed = f"destroyed {entry.profile}@{entry.start} on GPU {entry.gpu}"
+            for entry in entries:
+                for attempt in range(attempts):
+                    try:
+                        self.backend.destroy(entry.gpu, entry.gi_id)
+                        break
+                    except NotFound:
+                        break  # gone already: idempotent
+                    except InUse:
+                        if attempt == attempts - 1:
+                            return f"instance {entry.profile}@{entry.start} on GPU {entry.gpu} still in use; " \
+                                   "the reconcile destroys it later", True  # fmt: skip
+                        time.sleep(pause_s)  # the job's processes are still exiting
+                self.journal.remove(entry.job)
+            strays = [s for gpu in sorted({e.gpu for e in entries}) for s in self._local_strays(gpu)]
+            destroyed = ", ".join(f"{e.profile}@{e.start} on GPU {e.gpu}" for e in entries)
+            destroyed = f"destroyed {destroyed}"
             if strays:
                 return f"{destroyed}; destroyed {len(strays)} stray instance(s): {', '.join(strays)}", True
             return destroyed, False
@@ -259,14 +364,14 @@ class NodeAgent:
                 return []
             strays = []
             for entry in self.journal.entries():
-                if entry.job in live:
+                if entry.job.partition("#")[0] in live:  # a multi-instance job's rank r is job#r
                     continue
                 with_job = f"job {entry.job}'s "
                 found = self.backend.find(entry.uuid)
                 if found is not None:
                     strays.append(with_job + self._destroy_stray(found))
                 self.journal.remove(entry.job)
-                (self.job_dir / entry.job).unlink(missing_ok=True)
+                (self.job_dir / entry.job.partition("#")[0]).unlink(missing_ok=True)
             owned = {e.uuid for e in self.journal.entries()}
             gpus = self.backend.gpus()
             self.mig_off = tuple(g.index for g in gpus if not g.mig_enabled)

@@ -13,20 +13,31 @@ from mig_batch.resources import resource_path
 SHIMS = ("mig-batch-prolog", "mig-batch-epilog", "mig-batch-taskprolog", "mig-batch-subjob")
 
 
-def profile_table(models: Iterable[GpuModel]) -> str:
+def profile_table(models: Iterable[GpuModel], nodes: Mapping[str, Sequence[str]] | None = None) -> str:
+    """The Lua tables: each model's profiles (with how many fit one GPU, for jobs over several instances)
+    and, when the site's inventory is known, each node's GPU models."""
+    from mig_batch.mig.tables import tables_for
+    from mig_batch.placement.multi import max_per_gpu
+
     lines = ["MIG_MODELS = {"]
     for model in sorted(models, key=lambda m: m.name):
         lines.append(f'\t["{model.name}"] = {{ compute_slices = {model.compute_slices}, profiles = {{')
         for p in model.base_profiles:
-            lines.append(f'\t\t{{ name = "{p.name}", memory_mib = {p.memory_mib}, compute = {p.compute_slices} }},')
+            per_gpu = max_per_gpu(tables_for(model.name), p.name)
+            lines.append(f'\t\t{{ name = "{p.name}", memory_mib = {p.memory_mib}, compute = {p.compute_slices}, '
+                         f"slices = {p.memory_slices}, per_gpu = {per_gpu} }},")  # fmt: skip
         lines.append("\t} },")
+    lines.append("}")
+    lines.append("MIG_NODES = {")
+    for node, gpus in sorted((nodes or {}).items()):
+        lines.append(f'\t["{node}"] = {{ {", ".join(f"{chr(34)}{get_model(m).name}{chr(34)}" for m in gpus)} }},')
     lines.append("}")
     return "\n".join(lines)
 
 
-def job_submit_lua(models: Iterable[GpuModel]) -> str:
+def job_submit_lua(models: Iterable[GpuModel], nodes: Mapping[str, Sequence[str]] | None = None) -> str:
     template = resource_path("plugins", "slurm", "job_submit.lua.in").read_text()
-    return template.replace("--@PROFILES@", profile_table(models))
+    return template.replace("--@PROFILES@", profile_table(models, nodes))
 
 
 def node_slices(nodes: Mapping[str, Sequence[str]]) -> dict[str, int]:
@@ -65,7 +76,7 @@ def install(dest: Path, python: str, config: str, job_dir: str, agent_socket: st
         path.chmod(0o755)
         written.append(path)
     path = dest / "job_submit.lua"
-    path.write_text(job_submit_lua(models))
+    path.write_text(job_submit_lua(models, nodes))
     written.append(path)
     if slice_gres and nodes:  # lines to merge by hand: they touch the site's own NodeName lines
         for name, text in zip(("slurm.conf.mig-batch", "gres.conf.mig-batch"),

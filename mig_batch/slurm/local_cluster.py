@@ -410,7 +410,7 @@ class MigTestbed:
         etc = self.root / "etc"
         models = [get_model(m) for m in sorted({m for ms in self.nodes.values() for m in ms})]
         install(etc, str(self.node_python), str(self.config_path), f"{NODE_PATHS[1]}/jobs",
-                f"{NODE_PATHS[1]}/agent.sock", models)  # fmt: skip
+                f"{NODE_PATHS[1]}/agent.sock", models, self.nodes)  # fmt: skip
         gres_types, gres, accounting = "mig", {}, ""
         if self.slice_gres:  # the generated gres.conf as a site would append it; counts on the node lines
             (etc / "gres.conf").write_text(slice_accounting_conf(self.nodes, self.slice_gres)[1])
