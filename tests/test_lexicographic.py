@@ -167,3 +167,9 @@ def test_estimated_duration_is_an_upper_bound_within_3x_and_repeatable():
         estimate = estimated_duration(arrival)
         assert arrival.duration <= estimate <= 3 * arrival.duration
         assert estimate == estimated_duration(arrival)
+
+
+def test_robust_suite_runs_mix_by_default(tmp_path):
+    from mig_batch.sim.robust import quick_setup
+
+    assert "mix" in quick_setup(tmp_path).policies
