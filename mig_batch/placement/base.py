@@ -25,10 +25,17 @@ from mig_batch.placement.cluster import Cluster
 class PlacementRequest:
     job: str
     profiles: Mapping[str, str]  # GPU model -> profile name on that model
+    # what the batch system knows about the job's end (issue 20): the decision time and an estimate
+    # of the end, e.g. start + time limit (an upper bound); None where unknown. Only end-aware
+    # policies read them.
+    now: int | None = None
+    end: int | None = None
 
     @classmethod
-    def single(cls, job: str, model: str, profile: str) -> PlacementRequest:
-        return cls(job, {model: profile})
+    def single(
+        cls, job: str, model: str, profile: str, now: int | None = None, end: int | None = None
+    ) -> PlacementRequest:
+        return cls(job, {model: profile}, now, end)
 
 
 @dataclass(frozen=True)

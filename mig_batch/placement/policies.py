@@ -19,6 +19,8 @@ MIG-aware:
 Ours (see docs/placement.md for the evaluation):
   - mfi-pack: MFI, ties broken toward the GPU left with the fewest free slices.
   - emfi: expected MFI, F weighted by the observed frequency of each profile, ties packed.
+  - lex / mix: dead slices, best fit and CC combined lexicographically; mix picks the order by the
+    recent share of whole-GPU requests (mig_batch.placement.lexicographic).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from mig_batch.placement.base import (
 )
 from mig_batch.placement.cluster import Cluster
 from mig_batch.placement.grmu import Grmu
+from mig_batch.placement.lexicographic import Lexicographic, MixAware
 
 
 def _free_slices(tables: ModelTables, mask: int) -> int:
@@ -342,6 +345,8 @@ EXTRA: dict[str, Callable[..., Policy]] = {
     "mfi-partial": partial(MinimumFragmentationIncrement, FragVariant.PARTIAL),
     "mfi-pack": partial(MinimumFragmentationIncrement, pack_ties=True),
     "grmu": Grmu,
+    "lex": Lexicographic,
+    "mix": MixAware,
 }
 
 

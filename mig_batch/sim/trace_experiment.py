@@ -25,7 +25,7 @@ from mig_batch.sim.traces import TraceNode, read_nodes, read_pods, trace_arrival
 from mig_batch.sim.verdict import REFERENCE_POLICY, acceptance_by_profile, mark_starvation
 from mig_batch.sim.workloads import Arrival
 
-TRACE_POLICIES = ("nvidia", "bf-cc", "mcc", "mecc", "grmu", "mfi", "emfi")
+TRACE_POLICIES = ("nvidia", "bf-cc", "mcc", "mecc", "grmu", "mfi", "emfi", "mix")
 POD_FILE = "openb_pod_list_default.csv"
 NODE_FILE = "openb_node_list_gpu_node.csv"
 HOUR = 3600

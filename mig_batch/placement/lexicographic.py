@@ -1,0 +1,188 @@
+"""A lexicographic placement policy of ours (issue 20 point 4): best fit first, then waste, CC and F.
+
+Every criterion depends only on the GPU's (model, occupancy mask) and the chosen start, so the policy
+is a :class:`MaskScoredPolicy`: all keys are precomputed per (model, profile, mask) and a decision
+never visits GPUs.
+
+Criteria (lower is better), combined in the order given:
+- ``new``: 1 when the GPU is empty (placing there uses up a whole free GPU), else 0;
+- ``left``: free memory slices left on the GPU after placing (best fit: fill GPUs that are nearly full);
+- ``dead``: free slices that no profile can use any more after placing (no allowed window of any
+  profile fits in the free slices covering them) minus those dead before; wasted capacity;
+- ``cc``: minus the configuration capability after placing (GRMU's CC: more ways to place later);
+- ``df``: the increase of F (MFI Alg. 1 as printed).
+The start is the one with the lowest tuple on the start-dependent criteria, ties to the lowest start.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from functools import cache
+from typing import Any
+
+from mig_batch.mig.models import get_model
+from mig_batch.mig.scores import FragVariant
+from mig_batch.mig.tables import ModelTables
+from mig_batch.placement.base import (
+    Decision,
+    MaskChoice,
+    MaskScoredPolicy,
+    Placement,
+    PlacementRequest,
+    Policy,
+    Rejection,
+    placement_on,
+)
+from mig_batch.placement.cluster import Cluster
+
+CRITERIA = ("new", "left", "dead", "cc", "df")
+DEFAULT_ORDER = ("left", "dead", "cc", "df")
+
+
+def dead_slices(tables: ModelTables) -> tuple[int, ...]:
+    """[mask] -> free slices that no allowed window of any profile can cover (all its slices free)."""
+    return _dead_slices(tables.model.name)
+
+
+@cache
+def _dead_slices(model_name: str) -> tuple[int, ...]:
+    model = get_model(model_name)
+    full = (1 << model.memory_slices) - 1
+    windows = [p.window(s) for p in model.base_profiles for s in p.starts]
+    out = []
+    for mask in range(1 << model.memory_slices):
+        usable = 0
+        for window in windows:
+            if not window & mask:
+                usable |= window
+        out.append((full & ~mask & ~usable).bit_count())
+    return tuple(out)
+
+
+class Lexicographic(MaskScoredPolicy):
+    """Keys combined lexicographically in ``order`` (a subset of ``CRITERIA``); see the module doc."""
+
+    name = "lex"
+
+    def __init__(self, order: Sequence[str] = DEFAULT_ORDER, end_after: int | None = None) -> None:
+        super().__init__()
+        self.end_after = end_after  # end-time criterion after this many criteria (None: never)
+        self.gpu_end: dict[int, int] = {}  # gid -> latest estimated end of the jobs placed there since it was empty
+        unknown = [c for c in order if c not in CRITERIA]
+        if unknown or not order:
+            raise ValueError(f"unknown criteria {unknown}; known: {', '.join(CRITERIA)}")
+        self.order = tuple(order)
+
+    def mask_choice(self, tables: ModelTables, k: int, mask: int) -> MaskChoice | None:
+        starts = tables.free_starts[k][mask]
+        if not starts:
+            return None
+        model = tables.model
+        size = model.profile(tables.base_names[k]).memory_slices
+        left = model.memory_slices - mask.bit_count() - size
+        dead = dead_slices(tables)
+        frag = tables.frag[FragVariant.PRINTED]
+        cc_after = dict(tables.cc_after[k][mask])
+        name = tables.base_names[k]
+        best: tuple[tuple[Any, ...], int] | None = None
+        for s in starts:
+            after = mask | tables.window(name, s)
+            values = {
+                "new": int(mask == 0),
+                "left": left,
+                "dead": dead[after] - dead[mask],
+                "cc": -cc_after[s],
+                "df": frag[after] - frag[mask],
+            }
+            key = tuple(values[c] for c in self.order)
+            if best is None or (key, s) < best:
+                best = (key, s)
+        assert best is not None
+        return best
+
+    def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
+        if self.end_after is None or request.end is None or request.now is None or len(request.profiles) != 1:
+            decision = super().decide(cluster, request)
+        else:
+            decision = self._decide_by_end(cluster, request)
+        if self.end_after is not None and isinstance(decision, Placement) and request.end is not None:
+            emptied = cluster.gpus[decision.gid].mask == 0
+            self.gpu_end[decision.gid] = request.end if emptied else max(self.gpu_end.get(decision.gid, 0), request.end)
+        return decision
+
+    def _decide_by_end(self, cluster: Cluster, request: PlacementRequest) -> Decision:
+        """Among the masks tied on the first ``end_after`` criteria, the GPU (each mask's lowest id) whose
+        busy horizon the job extends least, then whose jobs end closest after it: jobs that end together
+        share a GPU, so whole GPUs free up together. Visits masks, never GPUs."""
+        ((model, profile),) = request.profiles.items()
+        tables = cluster.tables.get(model)
+        if tables is None:
+            return Rejection("no GPU can host the request")
+        assert request.end is not None and request.now is not None
+        group: tuple[Any, ...] | None = None
+        best: tuple[tuple[Any, ...], int, int] | None = None  # (rank, gid, start)
+        for key, mask, start in self._ranking(tables, tables.index(profile)).entries:
+            prefix = key[: self.end_after]
+            if group is not None and prefix != group:
+                break
+            gid = cluster.lowest_gpu(model, mask)
+            if gid is None:
+                continue
+            group = prefix
+            horizon = self.gpu_end.get(gid, request.now) if mask else request.now
+            rank = (max(0, request.end - horizon), max(0, horizon - request.end), key, gid)
+            if best is None or rank < best[0]:
+                best = (rank, gid, start)
+        if best is None:
+            return Rejection("no GPU can host the request")
+        return placement_on(cluster, best[1], profile, best[2])
+
+    def describe(self) -> dict[str, Any]:
+        return {"policy": self.name, "order": list(self.order), "end_after": self.end_after}
+
+
+class MixAware(Policy):
+    """Waste-first or fit-first by the recent request mix (issue 20's "look ahead at the request mix").
+
+    When whole-GPU requests are common (at least ``whole_share`` of the last ``window`` requests), empty
+    GPUs are worth keeping for them: best fit first, then dead slices (``fit_order``). Otherwise a
+    dead slice is the bigger loss: dead slices first, then best fit (``waste_order``). Both rankings
+    are precomputed per mask, so a decision stays flat in the cluster size.
+    """
+
+    name = "mix"
+
+    def __init__(
+        self,
+        whole_share: float = 0.4,
+        window: int = 2000,
+        fit_order: Sequence[str] = ("left", "dead", "cc"),
+        waste_order: Sequence[str] = ("dead", "left", "cc"),
+        end_after: int | None = None,
+    ) -> None:
+        self.whole_share = whole_share
+        self.fit = Lexicographic(fit_order, end_after=end_after)
+        self.waste = Lexicographic(waste_order, end_after=end_after)
+        self.recent: deque[bool] = deque(maxlen=window)
+        self.whole_recent = 0
+
+    def _observe(self, cluster: Cluster, request: PlacementRequest) -> None:
+        whole = False
+        for model, profile in request.profiles.items():
+            if model in cluster.models:
+                gpu_model = cluster.models[model]
+                whole = whole or gpu_model.profile(profile).memory_slices == gpu_model.memory_slices
+        if len(self.recent) == self.recent.maxlen and self.recent[0]:
+            self.whole_recent -= 1
+        self.recent.append(whole)
+        self.whole_recent += whole
+
+    def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
+        self._observe(cluster, request)
+        heavy = self.whole_recent >= self.whole_share * len(self.recent)
+        return (self.fit if heavy else self.waste).decide(cluster, request)
+
+    def describe(self) -> dict[str, Any]:
+        return {"policy": self.name, "whole_share": self.whole_share, "window": self.recent.maxlen,
+                "fit_order": list(self.fit.order), "waste_order": list(self.waste.order)}  # fmt: skip
