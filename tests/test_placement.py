@@ -181,3 +181,23 @@ def test_learning_policies_keep_their_settings():
     for j in range(3):
         mecc.decide(cluster, PlacementRequest.single(f"j{j}", MODEL, "1g.10gb"))
     assert mecc.profile_counts(MODEL) == {cluster.tables[MODEL].index("1g.10gb"): 3}
+
+
+def test_bf_end_puts_a_job_with_the_gpu_whose_jobs_end_at_the_same_time():
+    cluster = Cluster.homogeneous(MODEL, 2)
+    policy = make_policy("bf-end")
+
+    def place(job, end):
+        d = policy.decide(cluster, PlacementRequest.single(job, MODEL, "1g.10gb", end))
+        cluster.allocate(d.gid, job, d.profile, d.start)
+        return d.gid
+
+    assert place("early", 100.0) == 0
+    cluster.fence(0)
+    assert place("late", 1000.0) == 1
+    cluster.unfence(0)
+    assert cluster.gpus[0].mask == cluster.gpus[1].mask  # a tie for bf-cc: it takes the lowest GPU
+    assert make_policy("bf-cc").decide(cluster, PlacementRequest.single("x", MODEL, "1g.10gb", 990.0)).gid == 0
+    assert policy.decide(cluster, PlacementRequest.single("unknown", MODEL, "1g.10gb")).gid == 0  # no end: bf-cc
+    assert place("also-late", 990.0) == 1
+    assert place("also-early", 120.0) == 1  # best fit first: the end time only breaks its ties

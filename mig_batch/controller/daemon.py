@@ -515,7 +515,9 @@ class Controller:
         if isinstance(profiles, str):
             self.store.event(job.job_id, "unplaceable", error=profiles)
             return None
-        decision = self.policy.decide(self.view, PlacementRequest(job.job_id, profiles))
+        limit = job.time_limit_s
+        end = time.time() + limit if 0 < limit < math.inf else None  # for policies that use end times (bf-end)
+        decision = self.policy.decide(self.view, PlacementRequest(job.job_id, profiles, end))
         if not isinstance(decision, Placement):
             return None
         self._use_room(decision.host, job.cpus)

@@ -25,10 +25,11 @@ from mig_batch.placement.cluster import Cluster
 class PlacementRequest:
     job: str
     profiles: Mapping[str, str]  # GPU model -> profile name on that model
+    end: float | None = None  # when the job is expected to end (time limit or prediction), if known
 
     @classmethod
-    def single(cls, job: str, model: str, profile: str) -> PlacementRequest:
-        return cls(job, {model: profile})
+    def single(cls, job: str, model: str, profile: str, end: float | None = None) -> PlacementRequest:
+        return cls(job, {model: profile}, end)
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,12 @@ Ours (see docs/placement.md for the evaluation):
 from __future__ import annotations
 
 import inspect
+import math
 from abc import abstractmethod
 from collections import Counter, deque
 from collections.abc import Callable
 from functools import partial
+from itertools import islice
 from typing import Any
 
 from mig_batch.mig.scores import FragVariant
@@ -270,6 +272,67 @@ class BestFitDefaultStart(MaskScoredPolicy):
         return None if best is None else ((_free_slices(tables, mask) - _size(tables, k),), best[1])
 
 
+class BestFitEndTime(BestFitDefaultStart):
+    """``bf-cc`` whose ties go by end times (issue 20 point 4: jobs that end together share a GPU, so
+    whole GPUs free up together). ``closest``: the GPU whose jobs end closest to the new job's end;
+    ``extend``: the GPU whose busy time the job extends least, then the one that frees soonest after
+    it. Among the GPUs with the best key it looks at up to ``scan`` in all, so a decision stays flat
+    in the cluster size. A request without an end, or a tie among empty GPUs, goes to the lowest
+    GPU id."""
+
+    name = "bf-end"
+
+    def __init__(self, scan: int = 16, rule: str = "closest") -> None:
+        super().__init__()
+        if rule not in ("closest", "extend"):
+            raise ValueError(f"bf-end rule {rule!r} is not one of closest, extend")
+        self.scan, self.rule = scan, rule
+        if rule == "extend":
+            self.name = "bf-end-extend"
+        self._ends: dict[str, float] = {}  # job -> expected end, for the jobs this policy placed
+
+    def _gpu_end(self, cluster: Cluster, gid: int) -> float | None:
+        ends = [self._ends.get(job) for job in cluster.gpus[gid].instances]
+        known = [e for e in ends if e is not None]
+        return max(known) if known else None
+
+    def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
+        decision = super().decide(cluster, request)
+        if request.end is None or not math.isfinite(request.end) or isinstance(decision, Rejection):
+            return decision
+        if len(self._ends) > 4 * len(cluster.job_gpu) + 1024:  # forget jobs that have left
+            self._ends = {j: e for j, e in self._ends.items() if j in cluster.job_gpu}
+        self._ends[request.job] = request.end
+        model, profile = decision.model, decision.profile
+        tables = cluster.tables[model]
+        ranked = self._ranking(tables, tables.index(profile))
+        mask_now = cluster.gpus[decision.gid].mask
+        best_key = next(k for k, m, _ in ranked.entries if m == mask_now)
+        best = (math.inf, decision.gid, decision.start)
+        budget = self.scan  # GPUs looked at in all, so that a decision stays flat in the cluster size
+        for key, mask, start in ranked.entries:
+            if budget <= 0 or key > best_key:
+                break
+            bucket = cluster.buckets[model].get(mask)
+            if key != best_key or bucket is None or not bucket.members or start is None:
+                continue
+            members = sorted(bucket.members) if len(bucket) <= budget else islice(bucket.members, budget)
+            budget -= min(len(bucket), budget)
+            for gid in members:
+                if gid in cluster.fenced:
+                    continue
+                end = self._gpu_end(cluster, gid)
+                if end is None:
+                    distance = math.inf
+                elif self.rule == "extend":  # how much longer the GPU stays busy, then how much sooner it would free
+                    distance = max(0.0, request.end - end) * 1e6 + (end - request.end)
+                else:
+                    distance = abs(end - request.end)
+                if (distance, gid) < best[:2]:
+                    best = (distance, gid, start)
+        return placement_on(cluster, best[1], profile, best[2])
+
+
 class MaxCC(MaskScoredPolicy):
     """GRMU Alg. 6: the GPU (and default start) with the highest CC after allocation."""
 
@@ -335,12 +398,14 @@ POLICIES: dict[str, type[Policy]] = {
     "mecc": MaxExpectedCC,
     "hami": Hami,
     "emfi": ExpectedMFI,
+    "bf-end": BestFitEndTime,
 }
 
 
 EXTRA: dict[str, Callable[..., Policy]] = {
     "mfi-partial": partial(MinimumFragmentationIncrement, FragVariant.PARTIAL),
     "mfi-pack": partial(MinimumFragmentationIncrement, pack_ties=True),
+    "bf-end-extend": partial(BestFitEndTime, rule="extend"),
     "grmu": Grmu,
 }
 

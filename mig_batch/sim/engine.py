@@ -118,7 +118,7 @@ class Replay:
         self.arrived += 1
         profile = arrival.profile
         self.arrived_by_profile[profile] = self.arrived_by_profile.get(profile, 0) + 1
-        request = PlacementRequest.single(arrival.job, self.model, profile)
+        request = PlacementRequest.single(arrival.job, self.model, profile, float(arrival.slot + arrival.duration))
         decision = self.policy.decide(self.cluster, request)
         if isinstance(decision, Placement):
             self.cluster.allocate(decision.gid, arrival.job, decision.profile, decision.start)
