@@ -257,6 +257,9 @@ def _fragmented(tmp_path, live_defrag: bool):
 
 def _checkpoint(c, batch, chains, name):
     """Chain ``name``'s subjob checkpoints (exit 75); its next job is submitted first, as the runner does."""
+    import time
+
+    batch.clock = time.time()  # the next job is submitted now: it has not waited long (defrag_max_hold_s)
     nxt = batch.add(f"{batch.job(chains[name]).admin_tag.split(';place=')[0].split(';chain=')[0]};chain={chains[name]}")
     batch.finish(chains[name], exit_status=75)
     c.step()
@@ -280,3 +283,43 @@ def test_live_defrag_grants_a_chains_next_subjob_elsewhere_and_a_waiting_7g_job_
     assert batch.job(rigid).running and batch.job(chains["C"]).running
     assert not [call for call in batch.calls if call[0] in ("cancel", "requeue_hold", "hold")]
     assert not [d for d in store.decisions() if d.state == "requeued"]
+
+
+@pytest.mark.parametrize("max_hold_s", [1800.0, 0.0])
+def test_a_kept_window_holds_a_chain_back_only_for_a_bounded_time(tmp_path, max_hold_s):
+    import dataclasses
+    import time
+
+    from mig_batch.config import AtomizeConfig
+
+    nodes = {n: ("A100-80GB",) for n in ("n1", "n2")}
+    off = SiteConfig(state=tmp_path / "state.db", nodes=nodes)
+    batch = FakeBatch(list(nodes))
+    now = time.time()
+    batch.clock = now - 2990
+    store = Store(off.state)
+    c = Controller(off, store, batch)
+    fill = [batch.add(BIG, time_limit_s=7200), batch.add(BIG, time_limit_s=7200)]
+    c.step()
+    for job in fill:
+        made(batch, job)
+    on_n1 = next(j for j in fill if parse_place(batch.job(j).admin_tag).node == "n1")
+    batch.finish(on_n1)
+    tag = "mig-batch:v1;req=1g.10gb;atomize=1;ckpt={};smin={};smax=3000"
+    b = batch.add(tag.format(tmp_path / "B", 30))
+    c.step()
+    batch.clock = now - 2890
+    made(batch, b)  # B's window ends in about 230 s by its time limit
+    batch.clock = now - 60
+    a = batch.add(tag.format(tmp_path / "A", 600))  # needs 600 s: cannot run before B's window opens
+    whole = batch.add(BIG)  # fits nowhere; would fit on n1 once B checkpoints
+    on = dataclasses.replace(off, atomize=AtomizeConfig(live_defrag=True, defrag_max_hold_s=max_hold_s))
+    c = Controller(on, store, batch)
+    c.step()
+    assert batch.job(whole).held
+    granted = parse_place(batch.job(a).admin_tag)
+    if max_hold_s > 60:
+        assert granted is None  # n1 is kept for the 7g job: A waits
+    else:
+        assert granted is not None and granted.node == "n1"  # waited past the bound: offered the kept window
+    assert batch.job(b).running and batch.job(fill[1] if on_n1 == fill[0] else fill[0]).running
