@@ -35,6 +35,10 @@ class AtomizeConfig:
     checkpoint_margin_s: float = 30.0  # the job is told to checkpoint this long before its window closes
     grace_s: float = 10.0  # after the window: then SIGTERM; Slurm's time limit covers window + grace
     max_failures: int = 3  # consecutive failed subjobs before a chain is given up
+    # live defragmentation at checkpoint boundaries (mig_batch.atomize.defrag, docs/atomize.md)
+    live_defrag: bool = False  # grants go where they keep most capacity free; windows kept for blocked jobs
+    defrag_max_steered: int = 4  # blocked rigid jobs per pass whose window is kept from chain grants
+    defrag_max_hold_s: float = 1800.0  # a chain waiting this long is offered the kept windows too
 
 
 @dataclass(frozen=True)
@@ -169,7 +173,11 @@ def _moldable(raw: Any, path: Path) -> MoldableConfig:
 def _atomize(raw: Any, path: Path) -> AtomizeConfig:
     from mig_batch.atomize.protocol import GRANT_POLICIES
 
+    if "live_defrag" in raw and not isinstance(raw["live_defrag"], bool):
+        raise ConfigError(f"{path}: atomize.live_defrag must be true or false (got {raw['live_defrag']!r})")
     config = _section(raw, path, "atomize", AtomizeConfig)
+    if config.defrag_max_steered < 0:
+        raise ConfigError(f"{path}: atomize.defrag_max_steered must be 0 or more (got {config.defrag_max_steered})")
     if config.grant_policy not in GRANT_POLICIES:
         raise ConfigError(f"{path}: atomize.grant_policy {config.grant_policy!r} is not one of "
                           f"{', '.join(GRANT_POLICIES)}")  # fmt: skip
@@ -177,7 +185,7 @@ def _atomize(raw: Any, path: Path) -> AtomizeConfig:
         raise ConfigError(f"{path}: atomize.eps must lie strictly between 0 and 1 (got {config.eps})")
     if not 0 <= config.hysteresis < 1:
         raise ConfigError(f"{path}: atomize.hysteresis must lie in [0, 1) (got {config.hysteresis})")
-    for name in ("offer_horizon_s", "checkpoint_margin_s", "grace_s"):
+    for name in ("offer_horizon_s", "checkpoint_margin_s", "grace_s", "defrag_max_hold_s"):
         if getattr(config, name) < 0 or (name == "offer_horizon_s" and config.offer_horizon_s <= 0):
             raise ConfigError(f"{path}: atomize.{name} must be a positive number of seconds")
     return config

@@ -67,6 +67,7 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("mig-batch", ["simulate", "placement", "--experiment", "nope"], "invalid choice"),
     ("mig-batch", ["simulate", "atomize", "--gpus", "0"], "must be positive"),
     ("mig-batch", ["simulate", "atomize", "--grant-policy", "nope"], "--grant-policy"),
+    ("mig-batch", ["simulate", "atomize", "--live-defrag", "maybe"], "--live-defrag"),
     ("mig-batch", ["simulate", "atomize", "--out", "{t}/afile/sub"], "not a directory"),
     ("mig-batch", ["simulate", "atomize", "--workload", "alibaba", "--trace-dir", "{t}/none", "--out", "{t}/out"],
      "none"),

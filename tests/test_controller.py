@@ -228,3 +228,116 @@ def test_gpus_an_agent_finds_with_mig_mode_off_take_no_placement_and_status_says
     batch.set_node_tag("n1", AgentTag(started=0, reconciled=1).text())  # an administrator enabled it
     c.step()
     assert store.decision(jobs[1]).node == "n1"
+def _fragmented(tmp_path, live_defrag: bool):
+    """Three GPUs: n1 holds chain subjobs A and B (1g each), n2 chain C, n3 a long rigid 4g job;
+    two whole-GPU (7g) jobs H and J wait. Set up with live defragmentation off, then the controller
+    restarts with ``live_defrag`` as given."""
+    import dataclasses
+    import time
+
+    from mig_batch.config import AtomizeConfig
+
+    nodes = {n: ("A100-80GB",) for n in ("n1", "n2", "n3")}
+    off = SiteConfig(state=tmp_path / "state.db", nodes=nodes)
+    batch = FakeBatch(list(nodes))
+    base = batch.clock = time.time() - 2990  # the chains' subjobs (3000 s windows) started that long ago
+    store = Store(off.state)
+    c = Controller(off, store, batch)
+    fill = [batch.add(BIG, time_limit_s=7200), batch.add(BIG, time_limit_s=7200)]
+    rigid = batch.add("mig-batch:v1;req=4g.40gb", time_limit_s=7200)
+    c.step()
+    for job in (*fill, rigid):
+        made(batch, job)
+    assert {parse_place(batch.job(j).admin_tag).node for j in (*fill, rigid)} == {"n1", "n2", "n3"}
+    tag = "mig-batch:v1;req=1g.10gb;atomize=1;ckpt={};smin=30;smax=3000"
+    where = {parse_place(batch.job(j).admin_tag).node: j for j in (*fill, rigid)}
+    batch.finish(where["n1"])
+    chains = {}
+    for name in ("A", "B"):
+        chains[name] = batch.add(tag.format(tmp_path / name))
+        c.step()
+    batch.finish(where["n2"])
+    chains["C"] = batch.add(tag.format(tmp_path / "C"))
+    c.step()
+    for name, offset in (("A", 0), ("C", 50), ("B", 100)):  # A's window ends now, C's and B's later
+        batch.clock = base + offset
+        made(batch, chains[name])
+    assert [parse_place(batch.job(chains[n]).admin_tag).node for n in "ABC"] == ["n1", "n1", "n2"]
+    batch.clock = base + 200
+    waiting = [batch.add(BIG), batch.add(BIG)]  # H, J: whole GPUs; the free slices add up to more
+    c.step()
+    assert all(batch.job(j).held for j in waiting)
+    on = dataclasses.replace(off, atomize=AtomizeConfig(live_defrag=live_defrag))
+    c = Controller(on, store, batch)  # a restart with the key as given
+    c.step()
+    return c, batch, store, chains, waiting, rigid
+
+
+def _checkpoint(c, batch, chains, name):
+    """Chain ``name``'s subjob checkpoints (exit 75); its next job is submitted first, as the runner does."""
+    import time
+
+    batch.clock = time.time()  # the next job is submitted now: it has not waited long (defrag_max_hold_s)
+    nxt = batch.add(f"{batch.job(chains[name]).admin_tag.split(';place=')[0].split(';chain=')[0]};chain={chains[name]}")
+    batch.finish(chains[name], exit_status=75)
+    c.step()
+    c.step()
+    return nxt
+
+
+@pytest.mark.parametrize("live_defrag", [True, False])
+def test_live_defrag_grants_a_chains_next_subjob_elsewhere_and_a_waiting_7g_job_runs(tmp_path, live_defrag):
+    c, batch, store, chains, waiting, rigid = _fragmented(tmp_path, live_defrag)
+    a2 = _checkpoint(c, batch, chains, "A")
+    a2_node = parse_place(batch.job(a2).admin_tag).node
+    _checkpoint(c, batch, chains, "B")
+    placed = [j for j in waiting if parse_place(batch.job(j).admin_tag) is not None]
+    if live_defrag:
+        assert a2_node == "n3"  # next to the long rigid job, not back on n1 where B still ran
+        assert [parse_place(batch.job(j).admin_tag).node for j in placed] == ["n1"]  # a 7g job got n1
+    else:
+        assert a2_node == "n1" and placed == []  # A went back to n1: no whole GPU opened
+    # nothing was stopped for it: the rigid job and chain C still run, nothing was cancelled or requeued
+    assert batch.job(rigid).running and batch.job(chains["C"]).running
+    assert not [call for call in batch.calls if call[0] in ("cancel", "requeue_hold", "hold")]
+    assert not [d for d in store.decisions() if d.state == "requeued"]
+
+
+@pytest.mark.parametrize("max_hold_s", [1800.0, 0.0])
+def test_a_kept_window_holds_a_chain_back_only_for_a_bounded_time(tmp_path, max_hold_s):
+    import dataclasses
+    import time
+
+    from mig_batch.config import AtomizeConfig
+
+    nodes = {n: ("A100-80GB",) for n in ("n1", "n2")}
+    off = SiteConfig(state=tmp_path / "state.db", nodes=nodes)
+    batch = FakeBatch(list(nodes))
+    now = time.time()
+    batch.clock = now - 2990
+    store = Store(off.state)
+    c = Controller(off, store, batch)
+    fill = [batch.add(BIG, time_limit_s=7200), batch.add(BIG, time_limit_s=7200)]
+    c.step()
+    for job in fill:
+        made(batch, job)
+    on_n1 = next(j for j in fill if parse_place(batch.job(j).admin_tag).node == "n1")
+    batch.finish(on_n1)
+    tag = "mig-batch:v1;req=1g.10gb;atomize=1;ckpt={};smin={};smax=3000"
+    b = batch.add(tag.format(tmp_path / "B", 30))
+    c.step()
+    batch.clock = now - 2890
+    made(batch, b)  # B's window ends in about 230 s by its time limit
+    batch.clock = now - 60
+    a = batch.add(tag.format(tmp_path / "A", 600))  # needs 600 s: cannot run before B's window opens
+    whole = batch.add(BIG)  # fits nowhere; would fit on n1 once B checkpoints
+    on = dataclasses.replace(off, atomize=AtomizeConfig(live_defrag=True, defrag_max_hold_s=max_hold_s))
+    c = Controller(on, store, batch)
+    c.step()
+    assert batch.job(whole).held
+    granted = parse_place(batch.job(a).admin_tag)
+    if max_hold_s > 60:
+        assert granted is None  # n1 is kept for the 7g job: A waits
+    else:
+        assert granted is not None and granted.node == "n1"  # waited past the bound: offered the kept window
+    assert batch.job(b).running and batch.job(fill[1] if on_n1 == fill[0] else fill[0]).running

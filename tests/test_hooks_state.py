@@ -161,6 +161,14 @@ def test_config_errors_name_the_setting(tmp_path):
     path.write_text("colour: red\n")
     with pytest.raises(ConfigError, match="unknown setting"):
         load_config(path)
+    path.write_text("atomize: {live_defrag: 'yes please'}\n")
+    with pytest.raises(ConfigError, match="atomize.live_defrag must be true or false"):
+        load_config(path)
+    path.write_text("atomize: {defrag_max_steered: -1}\n")
+    with pytest.raises(ConfigError, match="defrag_max_steered must be 0 or more"):
+        load_config(path)
+    path.write_text("atomize: {live_defrag: true, defrag_max_hold_s: 600}\n")
+    assert load_config(path).atomize.live_defrag and load_config(path).atomize.defrag_max_hold_s == 600
 
 
 def test_a_chain_runs_its_subjobs_as_linked_slurm_jobs(site):

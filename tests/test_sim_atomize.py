@@ -6,7 +6,7 @@ import random
 import pytest
 
 from mig_batch.mig.models import get_model
-from mig_batch.sim.atomize import SCHEDULERS, Simulation, run_atomize
+from mig_batch.sim.atomize import DEFAULT_SCHEDULERS, SCHEDULERS, Simulation, run_atomize
 from mig_batch.sim.atomize_workloads import AtomizeSetup, from_trace, generate, offered_load
 from mig_batch.sim.traces import TracePod
 
@@ -45,7 +45,7 @@ def test_a_reckless_risk_level_causes_interruptions_and_wasted_work():
 
 def test_run_atomize_reports_means_per_scheduler():
     result = run_atomize(SMALL, [1, 2])
-    assert set(result["mean"]) == set(SCHEDULERS)
+    assert set(result["mean"]) == set(DEFAULT_SCHEDULERS)  # sja-defrag only when asked for
     assert all(len(runs) == 2 for runs in result["runs"].values())
 
 
@@ -98,3 +98,41 @@ def test_a_trace_window_runs_under_every_scheduler():
 def test_a_trace_with_nothing_to_map_is_refused():
     with pytest.raises(ValueError, match="no pod that maps"):
         from_trace([TracePod("multi", 2, 1000, 0, 10)], AtomizeSetup(), 1)
+
+
+def test_cli_live_defrag_both_runs_sja_with_and_without_it(tmp_path, capsys):
+    import json
+
+    from mig_batch.cli.main import main
+
+    out = tmp_path / "out"
+    code = main(["simulate", "atomize", "--gpus", "3", "--hours", "4", "--seeds", "1", "--live-defrag", "both",
+                 "--out", str(out), "--json"])  # fmt: skip
+    assert code == 0
+    mean = json.loads(capsys.readouterr().out)
+    assert set(mean) == {"fifo-backfill", "moldable", "moldable-eft", "sja", "sja-defrag"}
+    assert mean["sja"]["moved"] == 0 and mean["sja-defrag"]["unfinished"] == 0
+    for m in mean.values():
+        assert m["frag_delay_total_h"] >= 0 and m["frag_blocked"] >= 0
+    assert main(["simulate", "atomize", "--gpus", "3", "--hours", "4", "--seeds", "1", "--live-defrag", "on",
+                 "--out", str(out), "--json"]) == 0  # fmt: skip
+    assert "sja" not in json.loads(capsys.readouterr().out)
+
+
+def test_fragmentation_delay_counts_only_jobs_that_fit_nowhere_while_the_free_slices_would_hold_them():
+    sim = Simulation(SMALL, "sja", 2)
+    sim.cluster.allocate(0, "x", "1g.10gb", 0)
+    sim.cluster.allocate(1, "y", "1g.10gb", 0)
+    sim.cluster.allocate(2, "z", "1g.10gb", 0)
+    whole, small = (j for j in sim.jobs[:2])
+    whole.profile, small.profile, whole.kind, small.kind = "7g.80gb", "1g.10gb", "rigid", "rigid"
+    sim.queue = [whole, small]
+    sim._measure_fragmentation()
+    assert sim.frag_now == [whole]  # 21 free slices, no whole GPU; the 1g job fits (queue order only)
+    sim._account(sim.now + 100)
+    assert sim.metrics.frag_delay_s == 100 and sim.metrics.frag_blocked == 1
+    for gid in range(3):
+        sim.cluster.allocate(gid, f"half{gid}", "3g.40gb", 4)
+        sim.cluster.allocate(gid, f"quarter{gid}", "2g.20gb", 2)
+    sim._measure_fragmentation()
+    assert sim.frag_now == []  # 3 free slices in all: short of capacity, not fragmented

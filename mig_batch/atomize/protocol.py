@@ -15,8 +15,8 @@ Pure code, shared by the live controller and ``mig-batch simulate atomize``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from mig_batch.atomize.gaps import Gap, fits_in
 from mig_batch.atomize.profiles import MemoryProfile
@@ -112,21 +112,30 @@ class Round:
     """One offer round: per offered gap, every chain's reply and the grant (if any)."""
 
     offers: tuple[tuple[Gap, tuple[Reply, ...], Reply | None], ...]
+    spots: Mapping[str, tuple[Gap, Reply]] = field(default_factory=dict)  # job -> where a grant moved to
 
     def grants(self) -> list[tuple[Gap, Reply]]:
-        return [(gap, g) for gap, _, g in self.offers if g is not None]
+        """Each grant as (the gap it is placed in, the reply): the offered gap, or the spot it moved to."""
+        return [self.spots.get(g.job, (gap, g)) for gap, _, g in self.offers if g is not None]
+
+
+# (chain, its reply, the offered gap, every gap, slices granted so far per GPU) -> (gap, reply) it goes to
+SpotChooser = Callable[[Chain, Reply, Gap, Sequence[Gap], Mapping[int, int]], tuple[Gap, Reply]]
 
 
 def negotiate(gaps: Sequence[Gap], chains: Sequence[Chain], now: float, eps: float, policy: str,
-              hysteresis: float = 0.25) -> Round:  # fmt: skip
+              hysteresis: float = 0.25, place: SpotChooser | None = None) -> Round:  # fmt: skip
     """Offer each gap open now to every chain not yet granted in this round; grant per policy.
 
     A gap is granted at most once per round and a later gap overlapping a granted one is skipped;
     what is left of them is offered in the next round, from gaps re-derived after the grant.
+    ``place`` (live defragmentation, :mod:`mig_batch.atomize.defrag`) may move a grant to another
+    open spot; the policy still decides which chain is served and with which profile.
     """
     by_job = {c.job: c for c in chains}
     granted: set[str] = set()
     taken: dict[int, int] = {}  # gid -> slices granted this round
+    spots: dict[str, tuple[Gap, Reply]] = {}
     rounds = []
     for gap in gaps:
         if gap.opens > now:
@@ -139,6 +148,11 @@ def negotiate(gaps: Sequence[Gap], chains: Sequence[Chain], now: float, eps: flo
         chosen = grant(gap, replies, by_job, policy)
         if chosen is not None:
             granted.add(chosen.job)
-            taken[gap.gid] = taken.get(gap.gid, 0) | gap.window
+            spot = gap
+            if place is not None:
+                spot, moved = place(by_job[chosen.job], chosen, gap, gaps, taken)
+                if spot is not gap:
+                    spots[chosen.job] = (spot, moved)
+            taken[spot.gid] = taken.get(spot.gid, 0) | spot.window
         rounds.append((gap, replies, chosen))
-    return Round(tuple(rounds))
+    return Round(tuple(rounds), spots)

@@ -65,11 +65,12 @@ def bench_placement(
         names = cluster.tables[model_name].base_names
         rng = random.Random(seed + 1)
         stream = [rng.choice(names) for _ in range(decisions)]
+        ends = [float(rng.randrange(1, 10**6)) for _ in range(decisions)]  # for policies that use end times
         for name in policies:
             policy = make_policy(name)
             timings, placed = [], 0
             for i, profile in enumerate(stream):
-                request = PlacementRequest.single(f"b{i}", model_name, profile)
+                request = PlacementRequest.single(f"b{i}", model_name, profile, now=0.0, end=ends[i])
                 t0 = time.perf_counter_ns()
                 decision = policy.decide(cluster, request)
                 timings.append(time.perf_counter_ns() - t0)

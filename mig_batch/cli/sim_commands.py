@@ -90,6 +90,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--seeds", type=int, default=3, help="workloads (seeds 1..N, default 3)")
     a.add_argument("--grant-policy", default="efficiency", help="SJA grant policy: efficiency, fairness, deadline")
     a.add_argument("--eps", type=float, default=0.05, help="admission risk (default 0.05)")
+    a.add_argument("--live-defrag", default="off",
+                   help="SJA with live defragmentation at checkpoint boundaries: off (default), on (instead of "
+                        "plain SJA), both (side by side)")  # fmt: skip
     a.add_argument("--out", type=Path, default=Path("out/atomize"), help="folder for atomize.json and the plot")
     a.add_argument("--json", action="store_true", help="print the numbers as JSON")
     a.set_defaults(handler=cmd_simulate_atomize)
@@ -378,16 +381,20 @@ ATOMIZE_COLUMNS = (
     ("memory_util", "GPU memory used"), ("allocated_util", "GPU memory allocated"), ("rejected", "rejected"),
     ("unfinished", "unfinished"), ("interruptions", "interruptions"), ("wasted_h", "wasted work (h)"),
     ("overhead_h", "checkpoint overhead (h)"), ("subjobs", "subjobs"), ("makespan_h", "makespan (h)"),
+    ("whole_gpu_wait_h", "whole-GPU jobs' wait (h)"), ("frag_delay_h", "fragmentation delay / job (h)"),
+    ("frag_blocked", "jobs blocked by fragmentation"),
 )  # fmt: skip
 
 
 def cmd_simulate_atomize(args: argparse.Namespace) -> int:
     from mig_batch.atomize.protocol import GRANT_POLICIES
-    from mig_batch.sim.atomize import AtomizeSetup, run_atomize
+    from mig_batch.sim.atomize import DEFAULT_SCHEDULERS, AtomizeSetup, run_atomize
     from mig_batch.sim.plots import plot_atomize
 
     if args.grant_policy not in GRANT_POLICIES:
         raise ValueError(f"--grant-policy {args.grant_policy!r} is not one of {', '.join(GRANT_POLICIES)}")
+    if args.live_defrag not in ("off", "on", "both"):
+        raise ValueError(f"--live-defrag {args.live_defrag!r} is not one of off, on, both")
     if min(args.gpus, args.hours, args.seeds, args.trace_jobs, args.load) <= 0:
         raise ValueError("--gpus, --hours, --seeds, --trace-jobs and --load must be positive")
     make_out_dir(args.out)
@@ -397,7 +404,9 @@ def cmd_simulate_atomize(args: argparse.Namespace) -> int:
     if args.workload == "alibaba":
         pods = read_pods(args.trace_dir / POD_FILE)  # TraceError names the file and what is wrong
     with console.status("simulating FIFO+backfill, moldable and SJA ..."):
-        result = run_atomize(setup, list(range(1, args.seeds + 1)), pods=pods)
+        schedulers = {"off": DEFAULT_SCHEDULERS, "both": (*DEFAULT_SCHEDULERS, "sja-defrag"),
+                      "on": (*DEFAULT_SCHEDULERS[:-1], "sja-defrag")}[args.live_defrag]  # fmt: skip
+        result = run_atomize(setup, list(range(1, args.seeds + 1)), schedulers, pods=pods)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "atomize.json").write_text(json.dumps(result, indent=2))
     plot = plot_atomize(result, args.out / "atomize.png")

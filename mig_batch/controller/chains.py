@@ -17,10 +17,13 @@ The decisions themselves come from :mod:`mig_batch.atomize` (pure code, shared w
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
+from functools import partial
 
-from mig_batch.atomize.gaps import GpuTimeline, cluster_gaps, start_in_gap
+from mig_batch.atomize.defrag import Steer, choose_spot, with_steering
+from mig_batch.atomize.gaps import Gap, GpuTimeline, cluster_gaps, start_in_gap
 from mig_batch.atomize.profiles import MemoryProfile
-from mig_batch.atomize.protocol import Chain, negotiate
+from mig_batch.atomize.protocol import Chain, Reply, Round, negotiate
 from mig_batch.atomize.samples import read_profile
 from mig_batch.batch.system import BatchJob
 from mig_batch.batch.tags import JobTag
@@ -29,6 +32,11 @@ from mig_batch.mig.models import get_model
 from mig_batch.placement.cluster import Cluster
 from mig_batch.state import ChainRecord, Decision, Store, SubjobRecord
 from mig_batch.subjob import EXIT_CONTINUE, EXIT_DONE, EXIT_NOT_PREPARED, SLURM_SIGNAL_MARGIN_S
+
+
+def _place(chain: Chain, reply: Reply, offered: Gap, gaps: Sequence[Gap], taken: Mapping[int, int], *,
+           timelines: list[GpuTimeline], now: float, eps: float, hysteresis: float) -> tuple[Gap, Reply]:  # fmt: skip
+    return choose_spot(chain, reply, offered, gaps, timelines, taken, now, eps, hysteresis)
 
 
 class ChainDriver:
@@ -57,16 +65,36 @@ class ChainDriver:
         return seen[1]
 
     def offer(self, waiting: list[tuple[BatchJob, JobTag, ChainRecord]], timelines: list[GpuTimeline],
-              now: float) -> list[tuple[Decision, SubjobRecord]]:  # fmt: skip
+              now: float, steers: Sequence[Steer] = ()) -> list[tuple[Decision, SubjobRecord]]:  # fmt: skip
         """One negotiation round: the gaps open now in ``timelines`` (every GPU's holds, the
         reservations included) are offered and may be granted; later ones are published only. The
-        grants, recorded, for the caller to pin."""
+        grants, recorded, for the caller to pin.
+
+        With ``atomize.live_defrag`` each grant goes to the spot that keeps the most capacity free
+        (:func:`~mig_batch.atomize.defrag.choose_spot`), and ``steers`` (windows kept for rigid jobs
+        blocked by fragmentation) are closed to chains, except to those that have waited longer
+        than ``defrag_max_hold_s`` (since their waiting job was submitted): these are offered first,
+        without them."""
         cfg = self.config.atomize
-        gaps = cluster_gaps(timelines, now, cfg.offer_horizon_s)
         chains = [Chain(job.job_id, rec.declared_mib, self.history(rec), rec.min_s, rec.max_s, rec.submitted,
                         last_mib=rec.last_mib, attained=rec.attained, deadline=rec.deadline)
                   for job, _, rec in waiting]  # fmt: skip
-        round_ = negotiate(gaps, chains, now, cfg.eps, cfg.grant_policy, cfg.hysteresis)
+        groups: list[tuple[list[Chain], list[GpuTimeline]]] = [(chains, timelines)]
+        if cfg.live_defrag and steers:
+            since = {job.job_id: float(job.submit_time) for job, _, _ in waiting}
+            overdue = [c for c in chains if now - since[c.job] > cfg.defrag_max_hold_s]
+            groups = [(overdue, timelines), ([c for c in chains if c not in overdue], with_steering(timelines, steers))]
+        round_ = Round(())
+        for group, views in groups:
+            if not group:
+                continue
+            place = None
+            if cfg.live_defrag:
+                place = partial(_place, timelines=views, now=now, eps=cfg.eps, hysteresis=cfg.hysteresis)
+            gaps = cluster_gaps(views, now, cfg.offer_horizon_s)
+            round_ = negotiate(gaps, group, now, cfg.eps, cfg.grant_policy, cfg.hysteresis, place)
+            if round_.grants():
+                break  # the other group is offered next pass, on gaps that know of these grants
         published = [(gap, replies, chosen) for gap, replies, chosen in round_.offers if replies or gap.opens > now]
         digest = [(g.gid, g.window, g.opens > now, [(r.job, r.interested, r.profile, r.reason) for r in rs])
                   for g, rs, _ in published]  # fmt: skip
@@ -80,9 +108,14 @@ class ChainDriver:
         ])  # fmt: skip
         tags = {job.job_id: (tag, rec) for job, tag, rec in waiting}
         grants = []
-        for offer_id, (gap, _, chosen) in zip(ids, published, strict=True):
+        for offer_id, (offered, _, chosen) in zip(ids, published, strict=True):
+            gap = offered
             if chosen is None:
                 continue
+            gap, chosen = round_.spots.get(chosen.job, (gap, chosen))
+            if gap.gid != offered.gid:
+                self.store.event(chosen.job, "defrag-moved", offered=f"{offered.host}/{offered.gpu_index}",
+                                 granted=f"{gap.host}/{gap.gpu_index}")  # fmt: skip
             gpu = self.view.gpus[gap.gid]
             start = start_in_gap(gap, chosen.profile, gpu.mask)
             if start is None:

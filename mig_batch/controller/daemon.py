@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from mig_batch.atomize.defrag import Steer, keep_windows
 from mig_batch.atomize.gaps import GpuTimeline, Hold, cluster_timelines, reservation, with_hold
 from mig_batch.batch.states import CHAIN_OVER, DECIDABLE, DecisionState
 from mig_batch.batch.system import BatchError, BatchJob, BatchSystem, JobState, NodeStatus, Pin
@@ -141,6 +142,7 @@ class Controller:
         chains: list[tuple[BatchJob, JobTag]] = []
         moldable: list[tuple[BatchJob, JobTag]] = []
         blocked: dict[str, str] | None = None  # the first job that fits nowhere: gaps must not delay it
+        blocked_all: list[dict[str, str]] = []  # every rigid job that fits nowhere, in queue order
         for job in waiting:
             try:
                 tag = parse_tag(job.admin_tag)
@@ -161,20 +163,26 @@ class Controller:
             else:
                 stats.waiting += 1
                 profiles = self.profiles_for(tag)
-                if blocked is None and isinstance(profiles, dict):
-                    blocked = profiles
+                if isinstance(profiles, dict):
+                    blocked = blocked or profiles
+                    blocked_all.append(profiles)
         if moldable or chains:
             now = time.time()
             timelines = self.timelines(jobs, now, blocked)
+            kept_for_moldable: list[tuple[int, Hold]] = []
             if moldable:
                 started, reserved = self._place_moldable(moldable, timelines, now, stats)
                 if started and chains:
                     timelines = self.timelines(jobs, now, blocked)  # with the moldable starts
-                for gid, hold in reserved if chains else ():  # subjobs must not delay a waiting moldable job
+                kept_for_moldable = reserved if chains else []
+                for gid, hold in kept_for_moldable:  # subjobs must not delay a waiting moldable job
                     timelines = with_hold(timelines, gid, hold)
                 decided += started
             if chains:
-                decided += self._offer(chains, timelines, now)
+                steers: list[Steer] = []
+                if self.config.atomize.live_defrag and blocked_all:
+                    timelines, steers = self._steer(jobs, now, blocked_all, kept_for_moldable, timelines)
+                decided += self._offer(chains, timelines, now, steers)
         self._pin_and_release([*pins, *decided], stats)
         stats.seconds = time.perf_counter() - t0
         return stats
@@ -456,6 +464,32 @@ class Controller:
         reserved = reservation(out, blocked, now, self.config.atomize.offer_horizon_s) if blocked else None
         return with_hold(out, *reserved) if reserved else out
 
+    def _chain_masks(self) -> dict[int, int]:
+        """The slices chain subjobs hold now (decided or running), per GPU."""
+        out: dict[int, int] = {}
+        for gpu in self.view.gpus:
+            model = get_model(gpu.model)
+            for job, (profile, start) in gpu.instances.items():
+                if self.store.chain(job) is not None:
+                    out[gpu.gid] = out.get(gpu.gid, 0) | model.profile(profile).window(start)
+        return out
+
+    def _steer(self, jobs: Mapping[str, BatchJob], now: float, blocked: list[dict[str, str]],
+               moldable: list[tuple[int, Hold]],
+               timelines: list[GpuTimeline]) -> tuple[list[GpuTimeline], list[Steer]]:  # fmt: skip
+        """Live defragmentation: the windows kept from chain grants for rigid jobs blocked by
+        fragmentation (:func:`~mig_batch.atomize.defrag.keep_windows`). When the first blocked job
+        gets one, it replaces that job's EASY reservation in the timelines."""
+        cfg = self.config.atomize
+        plain = self.timelines(jobs, now, None)
+        for gid, hold in moldable:
+            plain = with_hold(plain, gid, hold)
+        kept = keep_windows(plain, self._chain_masks(), blocked, now, cfg.defrag_max_steered, cfg.offer_horizon_s)
+        steers = [k for k in kept if k is not None]
+        for s in steers:
+            log.debug("live defrag: GPU %d window %#x kept from chain grants from %.0f", s.gid, s.window, s.opens)
+        return (plain if kept[0] is not None else timelines), steers
+
     def _place_moldable(self, waiting: list[tuple[BatchJob, JobTag]], timelines: list[GpuTimeline], now: float,
                         stats: PassStats) -> tuple[list[Decision], list[tuple[int, Hold]]]:  # fmt: skip
         """The size with the earliest predicted finish for each waiting moldable job, in queue order;
@@ -484,8 +518,8 @@ class Controller:
             self._moldable[key] = moldable_times(tag, {g.model for g in self.view.gpus})
         return self._moldable[key]
 
-    def _offer(self, waiting: list[tuple[BatchJob, JobTag]], timelines: list[GpuTimeline],
-               now: float) -> list[Decision]:  # fmt: skip
+    def _offer(self, waiting: list[tuple[BatchJob, JobTag]], timelines: list[GpuTimeline], now: float,
+               steers: list[Steer]) -> list[Decision]:  # fmt: skip
         """Offer gaps to the waiting chains; the granted subjobs, recorded (the caller pins and releases)."""
         candidates = []
         for job, tag in waiting:
@@ -494,7 +528,7 @@ class Controller:
                 record = self.chains.register(job, tag, self._declared_mib(tag))
             if record.state in ("waiting", "granted"):
                 candidates.append((job, tag, record))
-        return [d for d, _ in self.chains.offer(candidates, timelines, now)]
+        return [d for d, _ in self.chains.offer(candidates, timelines, now, steers)]
 
     def _declared_mib(self, tag: JobTag) -> float:
         """The chain's own peak estimate: its memory request, or the smallest profile it asked for."""
@@ -511,7 +545,9 @@ class Controller:
         if isinstance(profiles, str):
             self.store.event(job.job_id, "unplaceable", error=profiles)
             return None
-        decision = self.policy.decide(self.view, PlacementRequest(job.job_id, profiles))
+        now, limit = time.time(), job.time_limit_s
+        end = now + limit if 0 < limit < math.inf else None  # the time limit bounds the end (end-aware policies)
+        decision = self.policy.decide(self.view, PlacementRequest(job.job_id, profiles, now, end))
         if not isinstance(decision, Placement):
             return None
         self._use_room(decision.host, job.cpus)

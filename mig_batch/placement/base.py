@@ -28,12 +28,12 @@ class PlacementRequest:
     # what the batch system knows about the job's end (issue 20): the decision time and an estimate
     # of the end, e.g. start + time limit (an upper bound); None where unknown. Only end-aware
     # policies read them.
-    now: int | None = None
-    end: int | None = None
+    now: float | None = None
+    end: float | None = None
 
     @classmethod
     def single(
-        cls, job: str, model: str, profile: str, now: int | None = None, end: int | None = None
+        cls, job: str, model: str, profile: str, now: float | None = None, end: float | None = None
     ) -> PlacementRequest:
         return cls(job, {model: profile}, now, end)
 

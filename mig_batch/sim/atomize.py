@@ -22,6 +22,15 @@ Schedulers (all place with MFI, all queue rigid jobs FIFO with EASY backfill on 
   ``min_history`` subjobs), and the grant policy picks. Each subjob pays ``checkpoint_s`` of
   save/restore; a subjob whose true peak exceeds its instance is killed at that moment (an
   interruption: its work since the last checkpoint is wasted).
+* ``sja-defrag``: ``sja`` with live defragmentation at checkpoint boundaries
+  (:mod:`mig_batch.atomize.defrag`): each grant goes to the spot that keeps the most useful capacity
+  free, and windows that only chain subjobs keep from a waiting rigid job are steered clear of.
+
+Besides waits, each run measures the **external-fragmentation delay** (Flex-MIG §5: the waiting time
+of jobs that could not be scheduled although the cluster had enough free capacity in total): the
+time each queued rigid job spends fitting on no GPU while the free memory slices of all GPUs add up
+to its profile's. Flex-MIG does not say whether a job held back by queue order counts; here only
+jobs that fit nowhere count, so queue order alone is not fragmentation.
 
 Pure code (no I/O): the CLI prints, plots and writes JSON.
 """
@@ -29,12 +38,14 @@ Pure code (no I/O): the CLI prints, plots and writes JSON.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from mig_batch.atomize.defrag import Steer, choose_spot, keep_windows, with_steering
 from mig_batch.atomize.gaps import (
+    Gap,
     GpuTimeline,
     Hold,
     cluster_gaps,
@@ -44,7 +55,7 @@ from mig_batch.atomize.gaps import (
     with_hold,
 )
 from mig_batch.atomize.profiles import MemoryProfile, Trajectory, min_history
-from mig_batch.atomize.protocol import Chain, negotiate
+from mig_batch.atomize.protocol import Chain, Reply, negotiate
 from mig_batch.mig.models import get_model
 from mig_batch.placement.base import Placement, PlacementRequest
 from mig_batch.placement.cluster import Cluster
@@ -61,7 +72,8 @@ from mig_batch.sim.atomize_workloads import (
 )
 from mig_batch.sim.traces import TracePod
 
-SCHEDULERS = ("fifo-backfill", "moldable", "moldable-eft", "sja")
+SCHEDULERS = ("fifo-backfill", "moldable", "moldable-eft", "sja", "sja-defrag")
+DEFAULT_SCHEDULERS = SCHEDULERS[:-1]
 
 
 @dataclass
@@ -79,6 +91,13 @@ class Metrics:
     overhead_s: float = 0.0  # checkpoint save/restore
     subjobs: int = 0
     makespan: float = 0.0
+    frag_delay_s: float = 0.0  # external-fragmentation delay, summed over rigid jobs
+    frag_blocked: int = 0  # rigid jobs that were ever blocked by fragmentation
+    rigid_jobs: int = 0
+    whole_gpu_waits: list[float] = field(default_factory=list)  # rigid jobs asking for a whole GPU
+    blocked_waits: list[float] = field(default_factory=list)  # rigid jobs ever blocked by fragmentation
+    steered: int = 0  # windows kept clear of chain grants (sja-defrag)
+    moved: int = 0  # grants placed elsewhere than the offered gap (sja-defrag)
 
     def summary(self, capacity_mib: float) -> dict[str, float]:
         waits = np.array(self.waits) if self.waits else np.zeros(1)
@@ -91,6 +110,11 @@ class Metrics:
             "allocated_util": self.allocated_mib_s / (capacity_mib * span),
             "interruptions": self.interruptions, "wasted_h": self.wasted_s / 3600,
             "overhead_h": self.overhead_s / 3600, "subjobs": self.subjobs, "makespan_h": span / 3600,
+            "frag_delay_h": self.frag_delay_s / 3600 / max(self.rigid_jobs, 1),
+            "frag_delay_total_h": self.frag_delay_s / 3600, "frag_blocked": self.frag_blocked,
+            "whole_gpu_wait_h": float(np.mean(self.whole_gpu_waits) / 3600) if self.whole_gpu_waits else 0.0,
+            "blocked_wait_h": float(np.mean(self.blocked_waits) / 3600) if self.blocked_waits else 0.0,
+            "steered": self.steered, "moved": self.moved,
         }  # fmt: skip
 
 
@@ -115,6 +139,11 @@ class Simulation:
         self.last_mib: dict[str, float] = {}
         self.attained: dict[str, float] = {}
         self.now = 0.0
+        self.sja = scheduler.startswith("sja")
+        self.defrag = scheduler == "sja-defrag"
+        self.waiting_since: dict[str, float] = {}  # chain -> when it last began waiting for a grant
+        self.frag_now: list[Job] = []  # rigid jobs blocked by fragmentation since the last schedule
+        self.ever_blocked: set[str] = set()
 
     def push(self, t: float, kind: str, payload: object) -> None:
         self.seq += 1
@@ -140,14 +169,17 @@ class Simulation:
 
     def _account(self, t: float) -> None:
         dt = t - self.now
+        self.metrics.frag_delay_s += dt * len(self.frag_now)
         for _, _, used, alloc in self.running.values():
             self.metrics.used_mib_s += used * dt
             self.metrics.allocated_mib_s += alloc * dt
 
     def _arrive(self, job: Job) -> None:
-        if job.kind == "training" and self.scheduler == "sja":
+        if job.kind == "training" and self.sja:
             self.chains[job.name] = job
+            self.waiting_since[job.name] = self.now
         else:
+            self.metrics.rigid_jobs += job.kind == "rigid"
             self.queue.append(job)
 
     def _start(self, job: Job, name: str, gid: int, profile: str, start: int, run_s: float, limit_s: float,
@@ -156,6 +188,10 @@ class Simulation:
         if job.first_start is None:
             job.first_start = self.now
             self.metrics.waits.append(self.now - job.submit)
+            if job.kind == "rigid" and job.profile == self.model.largest_profile.name:
+                self.metrics.whole_gpu_waits.append(self.now - job.submit)
+            if job.name in self.ever_blocked:
+                self.metrics.blocked_waits.append(self.now - job.submit)
         self.ends[name] = self.now + limit_s
         self.running[name] = (job, self.now, used_mib, float(self.model.profile(profile).memory_mib))
         self.push(self.now + run_s, "finish", (name, outcome))
@@ -164,7 +200,7 @@ class Simulation:
         job, started, _, alloc = self.running.pop(name)
         self.cluster.release(name)
         del self.ends[name]
-        if job.kind == "rigid" or self.scheduler != "sja":
+        if job.kind == "rigid" or not self.sja:
             job.end = self.now
             self.metrics.finished += 1
             if job.kind == "training":
@@ -187,6 +223,7 @@ class Simulation:
             self.metrics.training_jct.append(self.now - job.submit)
         else:
             self.chains[job.name] = job
+            self.waiting_since[job.name] = self.now
 
     # FIFO with EASY backfill over time limits, MFI placement
     def _timelines(self, reserve: tuple[int, Hold] | None = None) -> list[GpuTimeline]:
@@ -202,6 +239,7 @@ class Simulation:
 
     def _schedule(self) -> None:
         reserve: tuple[int, Hold] | None = None
+        steers: list[Steer] = []  # sja-defrag: windows kept from chain grants for jobs blocked by fragmentation
         planner: MoldablePlanner | None = None  # moldable-eft: one pass over the queue
         for job in list(self.queue):
             if job.kind == "training" and self.scheduler == "moldable-eft":
@@ -227,6 +265,8 @@ class Simulation:
                 if reserve and reserve[0] == decision.gid and window & reserve[1].window and \
                         self.now + limit > reserve[1].since:
                     continue  # would delay the reserved head job
+                if any(st.gid == decision.gid and st.window & window and self.now + limit > st.opens for st in steers):
+                    continue  # would take a window kept for a job blocked by fragmentation
                 if planner is not None and not planner.clear(decision.gid, window, self.now, self.now + limit):
                     continue  # would delay a moldable job's reservation
                 used = self._true_use(job, profile)
@@ -236,35 +276,75 @@ class Simulation:
                 self.queue.remove(job)
                 placed = True
                 break
+            if not placed and self.defrag and job.kind == "rigid" and len(steers) < self.setup.defrag_max_steered:
+                views = with_steering(self._timelines(reserve), steers)
+                kept = [k for k in keep_windows(views, self._chain_masks(), [{self.model.name: job.profile}],
+                                                self.now, 1, 10 * self.setup.horizon_s) if k is not None]  # fmt: skip
+                steers += kept
+                self.metrics.steered += len(kept)
+                if kept:
+                    continue  # its window is kept: no EASY reservation needed for it
             if not placed and reserve is None:
                 profile = self._options(job)[-1][0] if job.kind == "training" else job.profile
                 needs = {self.model.name: profile}
                 reserve = reservation(self._timelines(), needs, self.now, 10 * self.setup.horizon_s)
                 if reserve is not None and planner is not None:
                     planner.hold(*reserve)
-        if self.scheduler == "sja":
-            self._offer(reserve)
+        if self.sja:
+            self._offer(reserve, steers)
+        self._measure_fragmentation()
+
+    def _chain_masks(self) -> dict[int, int]:
+        """The slices chain subjobs hold now, per GPU: the capacity a checkpoint boundary frees."""
+        out: dict[int, int] = {}
+        for name, (job, *_) in self.running.items():
+            if job.kind == "training":
+                gid = self.cluster.job_gpu[name]
+                profile, start = self.cluster.gpus[gid].instances[name]
+                out[gid] = out.get(gid, 0) | self.model.profile(profile).window(start)
+        return out
+
+    def _measure_fragmentation(self) -> None:
+        """The queued rigid jobs that fit on no GPU although the free slices of all GPUs would hold
+        them (Flex-MIG's external fragmentation); they accrue delay until the next event."""
+        masks = [g.mask for g in self.cluster.gpus]
+        free = sum(self.model.memory_slices - m.bit_count() for m in masks)
+        fits: dict[str, bool] = {}
+        self.frag_now = []
+        for job in self.queue:
+            if job.kind != "rigid":
+                continue
+            profile = self.model.profile(job.profile)
+            if free < profile.memory_slices:
+                continue
+            if job.profile not in fits:
+                fits[job.profile] = any(profile.window(s) & m == 0 for m in masks for s in profile.starts)
+            if not fits[job.profile]:
+                self.frag_now.append(job)
+                if job.name not in self.ever_blocked:
+                    self.ever_blocked.add(job.name)
+                    self.metrics.frag_blocked += 1
 
     def _true_use(self, job: Job, profile: str) -> float:
         if job.kind == "rigid":
             return float(self.model.profile(profile).memory_mib)
         return self.apps[job.app].base_mib
 
-    def _offer(self, reserve: tuple[int, Hold] | None) -> None:
+    def _offer(self, reserve: tuple[int, Hold] | None, steers: list[Steer]) -> None:
         s = self.setup
         for _ in range(4 * s.gpus):
             if not self.chains:
                 return
-            gaps = [g for g in cluster_gaps(self._timelines(reserve), self.now, s.horizon_s) if g.opens <= self.now]
             chains = [Chain(j.name, j.declared_mib, MemoryProfile(tuple(self.history[j.app][-200:])),
                             s.min_subjob_s, s.max_subjob_s, j.submit, j.work_s - j.done_s + s.checkpoint_s,
                             self.last_mib.get(j.name), self.attained.get(j.name, 0.0))
                       for j in self.chains.values()]  # fmt: skip
-            grants = negotiate(gaps, chains, self.now, s.eps, s.grant_policy, s.hysteresis).grants()
+            grants = self._grants(chains, self._timelines(reserve), steers)
             if not grants:
                 return
             for gap, reply in grants:
                 job = self.chains.pop(reply.job)
+                self.waiting_since.pop(job.name, None)
                 gpu = self.cluster.gpus[gap.gid]
                 start = start_in_gap(gap, reply.profile, gpu.mask)
                 if start is None:
@@ -280,8 +360,36 @@ class Simulation:
                 self._start(job, job.name, gap.gid, reply.profile, start, max(run_s, 1e-3), reply.duration,
                             self.apps[job.app].base_mib, (useful, seen, bool(over)))  # fmt: skip
 
+    def _grants(self, chains: list[Chain], timelines: list[GpuTimeline],
+                steers: list[Steer]) -> list[tuple[Gap, Reply]]:  # fmt: skip
+        """One negotiation round. sja-defrag: chains that have waited longer than
+        ``defrag_max_hold_s`` are served first, without the steering holds (steering delays a chain a
+        bounded time); the others see the gaps with them, and every grant goes to the best spot."""
+        s = self.setup
+        if not self.defrag:
+            gaps = [g for g in cluster_gaps(timelines, self.now, s.horizon_s) if g.opens <= self.now]
+            return negotiate(gaps, chains, self.now, s.eps, s.grant_policy, s.hysteresis).grants()
+        overdue = [c for c in chains if self.now - self.waiting_since.get(c.job, self.now) > s.defrag_max_hold_s]
+        groups = [(overdue, timelines), ([c for c in chains if c not in overdue], with_steering(timelines, steers))]
+        for group, views in groups if steers else [(chains, timelines)]:
+            if not group:
+                continue
+            gaps = [g for g in cluster_gaps(views, self.now, s.horizon_s) if g.opens <= self.now]
 
-def run_atomize(setup: AtomizeSetup, seeds: list[int], schedulers: tuple[str, ...] = SCHEDULERS,
+            def place(chain: Chain, reply: Reply, offered: Gap, all_gaps: Sequence[Gap],
+                      taken: Mapping[int, int], views: list[GpuTimeline] = views) -> tuple[Gap, Reply]:  # fmt: skip
+                return choose_spot(chain, reply, offered, all_gaps, views, taken, self.now, s.eps, s.hysteresis)
+
+            round_ = negotiate(gaps, group, self.now, s.eps, s.grant_policy, s.hysteresis,
+                               place if s.defrag_consolidate else None)
+            if round_.grants():
+                self.metrics.moved += sum(spot.gid != offered.gid for offered, _, c in round_.offers
+                                          if c is not None and (spot := round_.spots.get(c.job, (offered,))[0]))
+                return round_.grants()
+        return []
+
+
+def run_atomize(setup: AtomizeSetup, seeds: list[int], schedulers: tuple[str, ...] = DEFAULT_SCHEDULERS,
                 pods: Sequence[TracePod] | None = None) -> dict:  # fmt: skip
     """Every scheduler on every seed's workload (``pods``: a trace window per seed, else synthetic)."""
     capacity = setup.gpus * get_model(setup.model).largest_profile.memory_mib

@@ -43,6 +43,10 @@ class AtomizeSetup:
     hysteresis: float = 0.25
     horizon_s: float = 24 * 3600.0
     moldable_min_gain: float = 0.1
+    # sja-defrag (mig_batch.atomize.defrag)
+    defrag_consolidate: bool = True  # each grant to the spot that keeps the most useful capacity
+    defrag_max_steered: int = 4  # rigid jobs per schedule whose window is kept from chain grants
+    defrag_max_hold_s: float = 3600.0  # a chain that waited this long is offered the kept windows too
     # trace workloads (from_trace) only
     trace_jobs: int = 300
     load: float = 1.0

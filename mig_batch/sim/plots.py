@@ -93,11 +93,11 @@ def plot_atomize(result: dict[str, Any], path: Path) -> Path:
     """Bars per scheduler for the SJA comparison (means over seeds)."""
     panels = (("mean_wait_h", "mean wait (h)"), ("p95_wait_h", "p95 wait (h)"),
               ("training_mean_jct_h", "training job completion (h)"), ("memory_util", "GPU memory in use"),
-              ("wasted_h", "wasted work (h)"))  # fmt: skip
+              ("wasted_h", "wasted work (h)"), ("frag_delay_h", "fragmentation delay / job (h)"))  # fmt: skip
     mean = result["mean"]
     fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.2))
     for ax, (key, label) in zip(axes, panels, strict=True):
-        colors = ["#999999", "#6699cc", "#336699", "#cc6633"]
+        colors = ["#999999", "#6699cc", "#336699", "#cc6633", "#339966"]
         ax.bar(list(mean), [m[key] for m in mean.values()], color=colors[: len(mean)])
         ax.set_title(label, fontsize=9)
         ax.tick_params(axis="x", labelsize=8, rotation=20)
