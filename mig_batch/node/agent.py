@@ -76,16 +76,23 @@ def place_locally(backend: GpuBackend, node: str, request: str, decided_model: s
                   policy: str = "mfi") -> Placement | None:  # fmt: skip
     """Where on this node the job fits by ``policy``: the decided profile on GPUs of the decided model
     (a moldable job keeps its chosen size), the request's translation on the others."""
+    view, profiles = _local_view(backend, node, request, decided_model, decided_profile)
+    if not profiles:
+        return None
+    decision = make_policy(policy).decide(view, PlacementRequest("job", profiles))
+    return decision if isinstance(decision, Placement) else None
+
+
+def _local_view(backend: GpuBackend, node: str, request: str, decided_model: str | None,
+                decided_profile: str) -> tuple[Cluster, dict[str, str]]:  # fmt: skip
+    """This node's GPUs as a placement view, and the profile the job gets on each of their models."""
     view = node_view(backend, node)
     models = {g.model for g in view.gpus}
     profiles = profiles_by_model(parse_tag(request), models)
     profiles = {} if isinstance(profiles, str) else profiles
     if decided_model in models:
         profiles[decided_model] = decided_profile
-    if not profiles:
-        return None
-    decision = make_policy(policy).decide(view, PlacementRequest("job", profiles))
-    return decision if isinstance(decision, Placement) else None
+    return view, profiles
 
 
 def place_ranks_locally(backend: GpuBackend, node: str, request: str, decided_model: str | None,
@@ -93,12 +100,7 @@ def place_ranks_locally(backend: GpuBackend, node: str, request: str, decided_mo
                         policy: str = "mfi") -> MultiPlacement | None:  # fmt: skip
     """Where on this node all ``instances`` of a multi-instance job fit now (``policy`` if it is a
     multi-instance policy, else ours), as :func:`place_locally` does for one instance."""
-    view = node_view(backend, node)
-    models = {g.model for g in view.gpus}
-    profiles = profiles_by_model(parse_tag(request), models)
-    profiles = {} if isinstance(profiles, str) else profiles
-    if decided_model in models:
-        profiles[decided_model] = decided_profile
+    view, profiles = _local_view(backend, node, request, decided_model, decided_profile)
     if not profiles:
         return None
     decision = MultiPolicy(policy if policy in MULTI_POLICIES else "mfi").decide(view, profiles, instances)
