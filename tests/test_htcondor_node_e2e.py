@@ -1,0 +1,214 @@
+"""MIG jobs end to end on a real HTCondor pool: migsub submits, the schedd's generated policy tags and
+checks, mig-batchd over HTCondor decides and pins, the job wrapper asks each node's root agent for the
+decided instance on emulated GPUs (A100-80GB on ``nodea``, H100-80GB on ``nodeb``), and the instance
+goes when the job leaves its slot. One testbed for the module (mig_batch.htcondor.testbed).
+
+The emulated library's history files are the audit trail: every instance ever made, when, where, and
+the MIG devices of each; a job prints the MIG device it saw and when it ran.
+"""
+
+import random
+import re
+import signal
+import time
+
+import pytest
+
+from mig_batch.gpu import nvml_emu
+from mig_batch.htcondor.pool import LocalPool
+from mig_batch.state import Store
+
+WHY_NOT = LocalPool.available()
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))]
+
+SCRIPT = """#!/bin/sh
+{directives}
+echo "$CUDA_VISIBLE_DEVICES|$(date +%s.%N)"
+sleep {seconds}
+echo "end|$(date +%s.%N)"
+"""
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory):
+    from mig_batch.htcondor.testbed import HTCondorTestbed
+
+    bed = HTCondorTestbed(tmp_path_factory.mktemp("htcondor-node"))
+    started = time.monotonic()
+    try:
+        bed.start()
+        print(f"\ntestbed up in {time.monotonic() - started:.1f}s: pool {bed.pool.timings}")
+        yield bed
+    finally:
+        bed.stop()
+
+
+def script(bed, name, directives, seconds=1.0):
+    path = bed.pool.shared / f"{name}.sh"
+    path.write_text(SCRIPT.format(directives=directives, seconds=f"{seconds:.2f}"))
+    path.chmod(0o755)
+    return path
+
+
+def submit(bed, path, *args):
+    out = bed.migsub(path, *args).stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"\d+\.0", out), out
+    return out
+
+
+def output(bed, job, path):
+    return bed.pool.shared / f"{path.name}.{job.split('.')[0]}.out"
+
+
+def run_of(bed, job, path):
+    """(MIG device seen, start, end) from the job's output."""
+    lines = output(bed, job, path).read_text().splitlines()
+    cvd, begin = lines[0].split("|")
+    end = next(line for line in lines if line.startswith("end|")).split("|")[1]
+    return cvd, float(begin), float(end)
+
+
+def lifetimes(bed):
+    return [life for node in bed.nodes for life in nvml_emu.lifetimes(bed.gpu_dir(node))]
+
+
+def by_mig_uuid(bed):
+    return {uuid: life for life in lifetimes(bed) for uuid in life.mig_uuids}
+
+
+def wait_ended(bed, jobs, timeout=240):
+    deadline = time.monotonic() + timeout
+    states = {}
+    while time.monotonic() < deadline:
+        if not bed.store_path.exists():  # mig-batchd makes it at its start
+            time.sleep(0.5)
+            continue
+        with Store.reading(bed.store_path) as store:
+            states = {j: (d.state if (d := store.decision(j)) else None) for j in jobs}
+        if all(s == "ended" for s in states.values()):
+            return
+        time.sleep(1.0)
+    raise AssertionError(f"not ended after {timeout}s: {[j for j, s in states.items() if s != 'ended']} "
+                         f"{bed.pool.run('condor_q', '-af', 'ClusterId', 'JobStatus', 'HoldReason').stdout}")  # fmt: skip
+
+
+def wait_for(what, timeout=30.0, pause=0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = what()
+        if value:
+            return value
+        time.sleep(pause)
+    raise AssertionError(f"not within {timeout}s: {what.__doc__ or what}")
+
+
+def assert_no_overlap_and_no_leak(bed):
+    lives = lifetimes(bed)
+    for i, a in enumerate(lives):
+        assert a.destroyed is not None, f"instance {a} was never destroyed"
+        for b in lives[i + 1 :]:
+            same_gpu = a.node == b.node and a.gpu == b.gpu
+            slices = a.start < b.start + b.size and b.start < a.start + a.size
+            assert not (same_gpu and slices and a.created < b.destroyed and b.created < a.destroyed), (a, b)
+    for node in bed.nodes:
+        assert nvml_emu.live_instances(bed.gpu_dir(node)) == [], f"{node} still has instances"
+
+
+def quiet(bed, timeout=60):
+    """Every instance gone (the sweep runs every reconcile_interval_s)."""
+    wait_for(lambda: all(nvml_emu.live_instances(bed.gpu_dir(n)) == [] for n in bed.nodes), timeout)
+
+
+KINDS = ["--gpu-mem 8G", "--mig 1g.10gb", "--gpu-mem 18G", "--mig 3g.40gb", "--gpu-compute 2g", "--gpu-mem 30G",
+         "--mig 1g.20gb --gpu A100-80GB", "--moldable 1g=8,2g=5,3g=3"]  # fmt: skip
+
+
+def test_a_burst_of_mixed_migsub_jobs_survives_a_controller_sigkill_and_an_agent_restart(bed):
+    rng = random.Random(18)
+    started = time.monotonic()
+    paths, jobs = {}, []
+    for n in range(20):
+        kind = KINDS[n % len(KINDS)]
+        path = script(bed, f"mixed{n}", f"#MIG {kind}", seconds=rng.uniform(1.0, 3.0))
+        job = submit(bed, path)
+        paths[job] = path
+        jobs.append(job)
+    submitted = time.monotonic()
+    time.sleep(4.0)
+    bed.stop_controller(signal.SIGKILL)  # mid-burst: more jobs than fit at once
+    with Store.reading(bed.store_path) as store:
+        undecided = [j for j in jobs if store.decision(j) is None or store.decision(j).state != "ended"]
+    assert undecided, "the burst was over before the kill; the test would prove nothing"
+    time.sleep(1.0)
+    bed.start_controller()
+    time.sleep(3.0)
+    bed.stop_agent("nodeb")  # with jobs running: they keep their instances, the restart reconciles
+    bed.start_agent("nodeb")
+    wait_ended(bed, jobs)
+    elapsed = time.monotonic() - started
+    lives = by_mig_uuid(bed)
+    seen = set()
+    with Store.reading(bed.store_path) as store:
+        for job in jobs:
+            cvd, begin, end = run_of(bed, job, paths[job])
+            assert cvd.startswith("MIG-") and "," not in cvd, f"job {job} saw {cvd!r}"
+            life = lives[cvd]
+            assert life.created <= begin and end <= life.destroyed, f"job {job} ran outside its instance"
+            d = store.decision(job)
+            assert (d.node, d.gpu, d.profile, d.start) == (life.node, life.gpu, life.profile, life.start)
+            assert store.count_decisions(job) == 1, f"job {job} was decided more than once"
+            seen.add(cvd)
+    assert len(seen) == len(jobs)
+    quiet(bed)
+    assert_no_overlap_and_no_leak(bed)
+    print(f"20 jobs: submitted in {submitted - started:.1f}s, all ended {elapsed:.1f}s after the first submit")
+
+
+def test_an_impossible_request_is_refused_at_submission_naming_the_largest_profile(bed):
+    (bed.pool.shared / "huge.sub").write_text('executable = /bin/true\n+MigRequest = "500G"\nqueue\n')
+    proc = bed.pool.run("condor_submit", "huge.sub", user=bed.pool.user, cwd=str(bed.pool.shared), check=False)
+    assert proc.returncode != 0
+    assert "500G fits no MIG profile of A100-80GB, H100-80GB; the largest is 7g.80gb" in proc.stderr + proc.stdout
+    (bed.pool.shared / "fine.sub").write_text('executable = /bin/true\n+MigRequest = "70G"\nhold = True\nqueue\n')
+    accepted = bed.pool.run("condor_submit", "fine.sub", user=bed.pool.user, cwd=str(bed.pool.shared), check=False)
+    assert accepted.returncode == 0, accepted.stderr
+    cluster = re.search(r"submitted to cluster (\d+)", accepted.stdout).group(1)
+    bed.pool.run("condor_rm", cluster, user=bed.pool.user)
+
+
+def live_instance_of(bed, cvd):
+    life = by_mig_uuid(bed).get(cvd)
+    return life is not None and life.destroyed is None
+
+
+def test_rm_hold_and_eviction_of_running_jobs_leave_no_instance(bed):
+    paths = {}
+    for name in ("removed", "held", "evicted", "edited"):
+        path = script(bed, name, "#MIG --gpu-mem 8G", seconds=120)
+        paths[submit(bed, path)] = path
+    for job, path in paths.items():
+        wait_for(lambda job=job, path=path: output(bed, job, path).exists()
+                 and output(bed, job, path).read_text().startswith("MIG-"), 90)  # fmt: skip
+    seen = {job: run_of_start(bed, job, path) for job, path in paths.items()}
+    for cvd in seen.values():
+        assert live_instance_of(bed, cvd)
+    removed, held, evicted, edited = paths
+    # the owner's edit of the placement has no effect: refused, the job runs on as decided
+    refused = bed.pool.run("condor_qedit", edited, "MigBatchNode", '"elsewhere"', user=bed.pool.user, check=False)
+    assert refused.returncode != 0
+    assert bed.pool.run("condor_q", edited, "-af", "MigBatchNode").stdout.strip() in bed.nodes
+    actions = {removed: ("condor_rm",), held: ("condor_hold",), evicted: ("condor_vacate_job",)}
+    for job, command in actions.items():
+        t0 = time.monotonic()
+        assert bed.pool.run(*command, job, user=bed.pool.user, check=False).returncode == 0
+        wait_for(lambda job=job: not live_instance_of(bed, seen[job]), 30)
+        print(f"{command[0]}: instance gone {time.monotonic() - t0:.1f}s later")
+    assert live_instance_of(bed, seen[edited])
+    for job in (held, evicted, edited):
+        bed.pool.run("condor_rm", job, user=bed.pool.user, check=False)
+    quiet(bed)
+    assert_no_overlap_and_no_leak(bed)
+
+
+def run_of_start(bed, job, path):
+    return output(bed, job, path).read_text().splitlines()[0].split("|")[0]
