@@ -212,3 +212,47 @@ def test_rm_hold_and_eviction_of_running_jobs_leave_no_instance(bed):
 
 def run_of_start(bed, job, path):
     return output(bed, job, path).read_text().splitlines()[0].split("|")[0]
+
+
+ASK = """import json, socket, sys
+for path in sys.argv[2:]:
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    s.sendall(json.dumps({"op": "prolog", "job": sys.argv[1]}).encode() + b"\\n")
+    print(path, s.makefile().readline().strip(), flush=True)
+"""
+
+
+def ask_agent(path, op, job):
+    import json
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(path))
+        s.sendall(json.dumps({"op": op, "job": job}).encode() + b"\n")
+        return json.loads(s.makefile().readline())
+
+
+def test_no_caller_gets_another_jobs_instance(bed):
+    victim_path = script(bed, "victim", "#MIG --gpu-mem 8G", seconds=60)
+    victim = submit(bed, victim_path)
+    wait_for(lambda: output(bed, victim, victim_path).exists() and output(bed, victim, victim_path).read_text(), 90)
+    sockets = [str(bed.pool.root / "agent" / f"{n}.sock") for n in bed.nodes]
+    # a process outside any slot (root on the host, here) is refused
+    for path in sockets:
+        answer = ask_agent(path, "prolog", victim)
+        assert not answer["ok"] and "runs in no HTCondor slot" in answer["detail"], answer
+        assert not ask_agent(path, "epilog", victim)["ok"]
+    # another job of the same owner, in a slot of either node, asking for the victim's instance
+    (bed.pool.shared / "ask.py").write_text(ASK)
+    (bed.pool.shared / "thief.sub").write_text(
+        f"executable = /usr/bin/python3\narguments = {bed.pool.shared}/ask.py {victim} {' '.join(sockets)}\n"
+        "output = thief.out\nerror = thief.err\nshould_transfer_files = NO\nqueue\n")  # fmt: skip
+    bed.pool.run("condor_submit", "thief.sub", user=bed.pool.user, cwd=str(bed.pool.shared))
+    thief = wait_for(lambda: (bed.pool.shared / "thief.out").exists()
+                     and (bed.pool.shared / "thief.out").read_text().count("\n") == 2
+                     and (bed.pool.shared / "thief.out").read_text(), 90)  # fmt: skip
+    assert thief.count('"ok": false') == 2 and thief.count("refused") == 2, thief
+    assert live_instance_of(bed, run_of_start(bed, victim, victim_path))  # untouched
+    bed.pool.run("condor_rm", victim, user=bed.pool.user)
+    quiet(bed)
