@@ -88,8 +88,8 @@ def wait_ended(bed, jobs, timeout=240):
         if all(s == "ended" for s in states.values()):
             return
         time.sleep(1.0)
-    raise AssertionError(f"not ended after {timeout}s: {[j for j, s in states.items() if s != 'ended']} "
-                         f"{bed.pool.run('condor_q', '-af', 'ClusterId', 'JobStatus', 'HoldReason').stdout}")  # fmt: skip
+    queue = bed.pool.run("condor_q", "-af", "ClusterId", "JobStatus", "HoldReason").stdout
+    raise AssertionError(f"not ended after {timeout}s: {[j for j, s in states.items() if s != 'ended']} {queue}")
 
 
 def wait_for(what, timeout=30.0, pause=0.5):

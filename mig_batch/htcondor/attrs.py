@@ -78,15 +78,16 @@ def _fits_expression(models: Sequence[GpuModel]) -> str:
     to refuse. Binary units for G/M/T as ``request.parse_memory``; decimal for GB/MB/TB."""
     mib = max(m.largest_profile.memory_mib for m in models)
     slices = max(m.largest_profile.compute_slices for m in models)
-    names = ",".join(sorted({p.name for m in models for p in m.profiles}))
+    # one alternation of the profile names ('.' and '+' in brackets: no backslashes through two parsers)
+    names = "|".join(sorted({p.name for m in models for p in m.profiles})).replace(".", "[.]").replace("+", "[+]")
     number = 'real(replaceall("[^0-9.]", MigRequest, ""))'
     clauses = [('regexp("^[0-9]+g$", MigRequest)', f"{number} <= {slices}"),  # lower-case g: compute slices
-               ('regexp("^[0-9]+g[.]", MigRequest)', f'stringListMember(toLower(MigRequest), "{names}")')]
+               ('regexp("^[0-9]+g[.]", MigRequest)', f'regexp("^({names})$", toLower(MigRequest))')]
     for power, letter in enumerate("KMGT", start=1):  # as request.parse_memory: 3G and 3GiB binary, 3GB decimal
         for suffix, base in (("(iB)?", 1024), ("B", 1000)):
             scale = base**power / 2**20  # MiB per unit
             pattern = f'regexp("^[0-9.]+{letter}{suffix}$", MigRequest, "i")'
-            clauses.append((pattern, f"{number} * {scale:.9g} <= {mib}"))
+            clauses.append((pattern, f"{number} * {scale!r} <= {mib}"))
     expression = "true"
     for condition, value in reversed(clauses):
         expression = f"ifThenElse({condition}, {value}, {expression})"
