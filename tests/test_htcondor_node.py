@@ -270,3 +270,34 @@ def test_migsub_writes_the_request_as_the_attributes_the_schedd_turns_into_the_t
     moldable = condor_description(JobSpec(job, [], {"moldable": "1g=300,3g.40gb=110"}), [])
     assert (moldable["MY.MigRequest"], moldable["MY.MigMoldable"]) == ('"1g"', '"1g:300,3g.40gb:110"')
     assert "MY.MigCompute" not in moldable and "arguments" not in moldable
+
+
+def test_migsub_takes_the_flag_then_the_site_config_then_the_one_batch_system_found(tmp_path, monkeypatch):
+    from mig_batch.cli import migsub
+
+    site = tmp_path / "site.yaml"
+    site.write_text("nodes: {n1: [A100-80GB]}\n")
+    monkeypatch.setenv("MIG_BATCH_CONFIG", str(site))
+    found = {"sbatch": True, "schedd": True}
+    monkeypatch.setattr(migsub.shutil, "which", lambda name: "/usr/bin/sbatch" if found["sbatch"] else None)
+    monkeypatch.setattr(migsub, "schedd_reachable", lambda: found["schedd"])
+    with pytest.raises(migsub.DirectiveError, match="both Slurm"):
+        migsub.choose_backend(None)
+    assert migsub.choose_backend("slurm") == "slurm"
+    found["sbatch"] = False
+    assert migsub.choose_backend(None) == "htcondor"
+    found.update(sbatch=True, schedd=False)
+    assert migsub.choose_backend(None) == "slurm"
+    found["sbatch"] = False
+    with pytest.raises(migsub.DirectiveError, match="no batch system found"):
+        migsub.choose_backend(None)
+    site.write_text("batch_system: htcondor\nnodes: {n1: [A100-80GB]}\n")
+    assert migsub.choose_backend(None) == "htcondor" and migsub.choose_backend("slurm") == "slurm"
+
+
+def test_without_a_client_config_no_schedd_is_reachable(monkeypatch, tmp_path):
+    from mig_batch.cli import migsub
+
+    monkeypatch.delenv("CONDOR_CONFIG", raising=False)
+    monkeypatch.setattr(migsub, "Path", lambda p: tmp_path / "absent")
+    assert migsub.schedd_reachable() is False

@@ -166,11 +166,13 @@ class HTCondorTestbed:
         self.stop()
 
     # --- acting as a user ------------------------------------------------------------------------
-    def migsub(self, script: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        """migsub --backend htcondor, run on the host as the job owner's HTCondor identity."""
+    def migsub(self, script: Path, *args: str, backend: str | None = "htcondor",
+               check: bool = True) -> subprocess.CompletedProcess:  # fmt: skip
+        """migsub, run on the host as the job owner's HTCondor identity; ``backend`` None: as the site
+        config says (``batch_system: htcondor``)."""
         assert self.pool is not None
         migsub = Path(sys.executable).with_name("migsub")
-        command = [str(migsub), "--backend", "htcondor", *args, str(script)]
+        command = [str(migsub), *(["--backend", backend] if backend else []), *args, str(script)]
         proc = subprocess.run(command, env=self.user_env(), cwd=str(script.parent), capture_output=True, text=True,
                               timeout=120)  # fmt: skip
         if check and proc.returncode != 0:
