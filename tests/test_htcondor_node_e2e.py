@@ -272,3 +272,34 @@ def test_no_caller_gets_another_jobs_instance(bed):
     assert live_instance_of(bed, run_of_start(bed, victim, victim_path))  # untouched
     bed.pool.run("condor_rm", victim, user=bed.pool.user)
     quiet(bed)
+
+
+def test_mfi_places_what_first_fit_blocks(bed):
+    """The same difference as on Slurm: first fit puts a 1g at slice 0 of the A100, the only start of a
+    4g; MFI keeps that start free, so the 4g runs beside the 1g."""
+
+    def scenario(policy):
+        bed.stop_controller()
+        bed.policy = policy
+        bed.write_config()
+        bed.start_controller()
+        small_path = script(bed, f"small-{policy}", "#MIG --mig 1g.10gb --gpu A100-80GB", seconds=12)
+        small = submit(bed, small_path)
+        wait_for(lambda: output(bed, small, small_path).exists(), 60, 0.2)  # running alone on the A100
+        big = submit(bed, script(bed, f"big-{policy}", "#MIG --mig 4g.40gb --gpu A100-80GB", seconds=0.5))
+        time.sleep(4.0)
+        with Store.reading(bed.store_path) as store:
+            big_decided = store.decision(big) is not None
+            small_start = store.decision(small).start
+        wait_ended(bed, [small, big], 120)
+        return big_decided, small_start
+
+    try:
+        ff_decided, ff_start = scenario("ff")
+        mfi_decided, mfi_start = scenario("mfi")
+    finally:
+        bed.policy = "mfi"
+    assert ff_start == 0 and not ff_decided  # the 1g at 0 blocks the only 4g start
+    assert mfi_start != 0 and mfi_decided
+    quiet(bed)
+    assert_no_overlap_and_no_leak(bed)
