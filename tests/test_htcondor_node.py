@@ -301,3 +301,24 @@ def test_without_a_client_config_no_schedd_is_reachable(monkeypatch, tmp_path):
     monkeypatch.delenv("CONDOR_CONFIG", raising=False)
     monkeypatch.setattr(migsub, "Path", lambda p: tmp_path / "absent")
     assert migsub.schedd_reachable() is False
+
+
+def test_a_restarted_agent_still_knows_which_slot_may_end_an_instance(tmp_path):
+    from mig_batch.node.journal import Entry, Journal
+
+    journal = Journal(tmp_path / "journal")
+    batch = FakeBatch({"7": {"JobStatus": 2, "RemoteHost": "slot1_2@nodeb@pool", "Owner": "nobody-here"},
+                       "8": {"JobStatus": 2, "RemoteHost": "slot1_3@nodeb@pool", "Owner": "nobody-here"}})  # fmt: skip
+    first = SlotGuard(batch, "nodeb", settle_s=0.0, directory=tmp_path / "slots", journal=journal)
+    first.check_prolog(Caller(os.getpid(), os.getuid(), "slot1_2", ""), "7.0")
+    journal.add(Entry("7.0", 0, 1, "1g.10gb", 0, "MIG-x", 0.0))
+    restarted = SlotGuard(batch, "nodeb", settle_s=0.0, directory=tmp_path / "slots", journal=journal)
+    with pytest.raises(CallerRefused):
+        restarted.check_epilog(Caller(1, 0, "slot1_3", ""), "7.0")
+    restarted.check_epilog(Caller(1, 0, "slot1_2", ""), "7.0")
+    assert not (tmp_path / "slots" / "7.0").exists()
+    # a job whose instance the sweep took (no journal entry) leaves no file behind for long
+    first.check_prolog(Caller(os.getpid(), os.getuid(), "slot1_2", ""), "7.0")
+    journal.remove("7.0")
+    first.check_prolog(Caller(os.getpid(), os.getuid(), "slot1_3", ""), "8.0")
+    assert sorted(p.name for p in (tmp_path / "slots").iterdir()) == ["8.0"]

@@ -10,7 +10,8 @@ open; who asks is decided from the socket's peer credentials, not from anything 
   the caller names running in exactly that slot (``RemoteHost``), so a job can ask only for itself;
 - the caller's uid must be the job owner's (looked up in the caller's own root), when the owner has
   an account there (sites that run jobs as slot users skip this part);
-- the job's instance is destroyed only for a caller in the slot that provisioned it.
+- the job's instance is destroyed only for a caller in the slot that provisioned it (remembered in a
+  root-only directory beside the journal, so across a restart of the agent too).
 
 Instances are destroyed when the job leaves its slot: the wrapper asks at the job's exit and on the
 signals HTCondor sends for ``condor_rm``, ``condor_hold`` and an eviction; whatever the wrapper cannot
@@ -39,6 +40,7 @@ from pathlib import Path
 
 from mig_batch.errors import MigBatchError
 from mig_batch.node.agent import NodeAgent
+from mig_batch.node.journal import Journal
 
 log = logging.getLogger("mig-batch-agent")
 RUNNING = 2  # JobStatus
@@ -103,10 +105,38 @@ def owner_uid(pid: int, owner: str) -> int | None:
 class SlotGuard:
     """Decides whether a caller may provision or destroy a job's instance (see the module's text)."""
 
-    def __init__(self, batch, node: str, local_name: str = "", settle_s: float = 10.0):
+    def __init__(self, batch, node: str, local_name: str = "", settle_s: float = 10.0,
+                 directory: Path | None = None, journal: Journal | None = None):  # fmt: skip
         self.batch, self.node, self.local_name, self.settle_s = batch, node, local_name, settle_s
         self.slots: dict[str, str] = {}  # job -> the slot that provisioned it
+        # kept on disk too (root's, beside the journal): a restarted agent still takes the wrapper's epilog
+        self.directory, self.journal = directory, journal
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+            os.chmod(directory, 0o700)
         self._startd = ""
+
+    def _remember(self, job: str, slot: str) -> None:
+        self.slots[job] = slot
+        if self.directory is None:
+            return
+        for old in self.directory.iterdir():  # those whose instance is gone (the sweep took it)
+            if old.name != job and self.journal is not None and self.journal.get(old.name) is None:
+                old.unlink(missing_ok=True)
+        (self.directory / job).write_text(slot)
+
+    def _recalled(self, job: str) -> str | None:
+        if job in self.slots or self.directory is None:
+            return self.slots.get(job)
+        try:
+            return (self.directory / job).read_text()
+        except OSError:
+            return None
+
+    def _forget(self, job: str) -> None:
+        self.slots.pop(job, None)
+        if self.directory is not None:
+            (self.directory / job).unlink(missing_ok=True)
 
     def startd(self) -> str:
         """This node's startd name as HTCondor writes it in RemoteHost (``nodeb@migpool``)."""
@@ -137,17 +167,15 @@ class SlotGuard:
         expected = owner_uid(caller.pid, str(ad.get("Owner", "")))
         if expected is not None and expected != caller.uid:
             raise CallerRefused(f"caller uid {caller.uid} is not job {job}'s owner {ad.get('Owner')} ({expected})")
-        self.slots[job] = caller.slot
+        self._remember(job, caller.slot)
 
     def check_epilog(self, caller: Caller, job: str) -> None:
-        if caller.local_name != self.local_name or self.slots.get(job) != caller.slot:
+        if caller.local_name != self.local_name or self._recalled(job) != caller.slot:
             raise CallerRefused(f"job {job}'s instance was not made for slot {caller.slot}; the reconcile "
                                 "destroys it once the job left its slot")  # fmt: skip
-        del self.slots[job]
+        self._forget(job)
 
     def _ad(self, job: str) -> dict | None:
-        from mig_batch.htcondor.adapter import _job_constraint
-
         with self.batch._call(f"read job {job}"):
             ads = self.batch.schedd.query(constraint=_job_constraint(job),
                                           projection=["JobStatus", "RemoteHost", "Owner"])  # fmt: skip
@@ -162,6 +190,12 @@ def peer(sock: socket.socket) -> tuple[int, int]:
 def exports_env(lines: Sequence[str]) -> dict[str, str]:
     """``export NAME=value`` lines (the agent's job environment) as a mapping."""
     return dict(line.removeprefix("export ").split("=", 1) for line in lines if "=" in line)
+
+
+def _job_constraint(job: str) -> str:
+    from mig_batch.htcondor.adapter import _job_constraint as constraint
+
+    return constraint(job)
 
 
 class _Handler(socketserver.StreamRequestHandler):
@@ -179,6 +213,7 @@ class _Handler(socketserver.StreamRequestHandler):
             if op not in ("prolog", "epilog"):
                 self._answer(False, f"unknown op {op!r}; known: ping, prolog, epilog")
                 return
+            _job_constraint(job)  # a cluster.proc id, nothing else (it names files below)
             caller = find_caller(*peer(self.request))
             if op == "prolog":
                 guard.check_prolog(caller, job)
@@ -251,7 +286,6 @@ def _agent(argv: list[str]) -> int:
     from mig_batch.cli.guard import DEBUG_HELP, LOG_LEVELS, log_level
     from mig_batch.config import load_config, open_backend
     from mig_batch.htcondor.adapter import HTCondorBatch
-    from mig_batch.node.journal import Journal
 
     parser = argparse.ArgumentParser(prog="mig-batch-htcondor-agent",
                                      description="mig_batch node agent for an HTCondor execute node")  # fmt: skip
@@ -267,10 +301,11 @@ def _agent(argv: list[str]) -> int:
     config = load_config(args.config)
     batch = HTCondorBatch(config.htcondor_config or None, agent_file=config.htcondor_agent_file)
     node_dir = Path(str(config.node_dir).format(node=args.node))
-    agent = NodeAgent(args.node, open_backend(config, args.node), Journal(node_dir / "journal"), batch,
+    journal = Journal(node_dir / "journal")
+    agent = NodeAgent(args.node, open_backend(config, args.node), journal, batch,
                       Path(str(config.job_dir).format(node=args.node)), config.policy,
                       config.atomize.checkpoint_margin_s)  # fmt: skip
-    guard = SlotGuard(batch, args.node, args.startd_local_name)
+    guard = SlotGuard(batch, args.node, args.startd_local_name, directory=node_dir / "slots", journal=journal)
     serve(Path(str(config.agent_socket).format(node=args.node)), agent, guard, config.reconcile_interval_s)
     return 0
 
