@@ -143,6 +143,7 @@ def test_a_burst_of_mixed_migsub_jobs_survives_a_controller_sigkill_and_an_agent
     bed.start_controller()
     # nodeb's agent restarted while a job runs there on its instance: the job keeps it, nothing leaks
     wait_for(lambda: nvml_emu.live_instances(bed.gpu_dir("nodeb")), 60, 0.1)
+    spanning = {life.key for life in lifetimes(bed) if life.node == "nodeb" and life.destroyed is None}
     bed.stop_agent("nodeb")
     bed.start_agent("nodeb")
     wait_ended(bed, jobs)
@@ -161,6 +162,11 @@ def test_a_burst_of_mixed_migsub_jobs_survives_a_controller_sigkill_and_an_agent
             assert store.count_decisions(job) == 1, f"job {job} was decided more than once"
             seen.add(cvd)
     assert len(seen) == len(jobs)
+    # the jobs that ran across the restart: the restarted agent took their wrappers' epilogs
+    agent_log = bed.log_path("agent-nodeb").read_text()
+    across = [j for j in jobs if lives[run_of(bed, j, paths[j])[0]].key in spanning]
+    for job in across:
+        assert re.search(rf"job {re.escape(job)} epilog .*: destroyed", agent_log), job
     quiet(bed)
     assert_no_overlap_and_no_leak(bed)
     after_end.sort()
