@@ -317,8 +317,13 @@ def test_a_restarted_agent_still_knows_which_slot_may_end_an_instance(tmp_path):
         restarted.check_epilog(Caller(1, 0, "slot1_3", ""), "7.0")
     restarted.check_epilog(Caller(1, 0, "slot1_2", ""), "7.0")
     assert not (tmp_path / "slots" / "7.0").exists()
-    # a job whose instance the sweep took (no journal entry) leaves no file behind for long
+    # a job whose instance the sweep took (no journal entry) leaves no file behind for long; one whose
+    # instance is being made right now (not journaled yet) keeps its file
     first.check_prolog(Caller(os.getpid(), os.getuid(), "slot1_2", ""), "7.0")
     journal.remove("7.0")
+    first.check_prolog(Caller(os.getpid(), os.getuid(), "slot1_3", ""), "8.0")
+    assert sorted(p.name for p in (tmp_path / "slots").iterdir()) == ["7.0", "8.0"]
+    old = time.time() - 3600
+    os.utime(tmp_path / "slots" / "7.0", (old, old))
     first.check_prolog(Caller(os.getpid(), os.getuid(), "slot1_3", ""), "8.0")
     assert sorted(p.name for p in (tmp_path / "slots").iterdir()) == ["8.0"]

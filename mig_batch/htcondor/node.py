@@ -44,6 +44,7 @@ from mig_batch.node.journal import Journal
 
 log = logging.getLogger("mig-batch-agent")
 RUNNING = 2  # JobStatus
+STALE_SLOT_S = 600.0  # a remembered slot without a journal entry this old: its instance is long gone
 
 
 class CallerRefused(MigBatchError):
@@ -120,9 +121,13 @@ class SlotGuard:
         self.slots[job] = slot
         if self.directory is None:
             return
-        for old in self.directory.iterdir():  # those whose instance is gone (the sweep took it)
-            if old.name != job and self.journal is not None and self.journal.get(old.name) is None:
-                old.unlink(missing_ok=True)
+        # drop those whose instance is gone (the sweep took it); not a fresh one, whose instance another
+        # thread may be making right now (not journaled yet)
+        stale = time.time() - STALE_SLOT_S
+        for old in self.directory.iterdir():
+            with contextlib.suppress(OSError):
+                if self.journal is not None and self.journal.get(old.name) is None and old.stat().st_mtime < stale:
+                    old.unlink()
         (self.directory / job).write_text(slot)
 
     def _recalled(self, job: str) -> str | None:
