@@ -129,7 +129,10 @@ def test_a_burst_of_mixed_migsub_jobs_survives_a_controller_sigkill_and_an_agent
     paths, jobs = {}, []
     for n in range(20):
         kind = KINDS[n % len(KINDS)]
-        path = script(bed, f"mixed{n}", f"#MIG {kind}", seconds=rng.uniform(1.0, 3.0))
+        seconds = rng.uniform(1.0, 3.0)
+        if n == 19:  # the last one long, on nodeb's H100: it runs there when that node's agent restarts
+            kind, seconds = "--gpu-mem 8G --gpu H100-80GB", 12.0
+        path = script(bed, f"mixed{n}", f"#MIG {kind}", seconds=seconds)
         job = submit(bed, path, backend="htcondor" if n % 2 else None)  # None: the site config's batch_system
         paths[job] = path
         jobs.append(job)
