@@ -62,6 +62,9 @@ class SiteConfig:
     reconcile_interval_s: float = 60.0  # on each GPU node: how often the agent reconciles with the batch system
     nodes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     slurm_bin: str = ""
+    batch_system: str = ""  # slurm | htcondor; "": the one found (migsub, mig-batchd)
+    htcondor_config: str = ""  # HTCondor: the client config (CONDOR_CONFIG) of mig-batchd and the node agent
+    htcondor_agent_file: str = "/run/mig-batch/htcondor-agent.ad"  # HTCondor: the file the startd cron publishes
     slice_gres: str = ""  # Slurm GRES that counts each job's MIG memory slices (e.g. mig_slices); "": off
     atomize: AtomizeConfig = field(default_factory=AtomizeConfig)
     moldable: MoldableConfig = field(default_factory=MoldableConfig)
@@ -116,11 +119,24 @@ def load_config(explicit: str | os.PathLike | None = None) -> SiteConfig:
         reconcile_interval_s=_seconds(raw, "reconcile_interval_s", SiteConfig.reconcile_interval_s, path),
         nodes=nodes,
         slurm_bin=str(raw.get("slurm_bin") or ""),
+        batch_system=_batch_system(raw, path),
+        htcondor_config=str(raw.get("htcondor_config") or ""),
+        htcondor_agent_file=str(raw.get("htcondor_agent_file") or SiteConfig.htcondor_agent_file),
         slice_gres=_slice_gres(raw, path),
         atomize=_atomize(raw.get("atomize") or {}, path),
         moldable=_moldable(raw.get("moldable") or {}, path),
         path=str(path),
     )
+
+
+BATCH_SYSTEMS = ("slurm", "htcondor")
+
+
+def _batch_system(raw: dict, path: Path) -> str:
+    value = str(raw.get("batch_system") or "")
+    if value and value not in BATCH_SYSTEMS:
+        raise ConfigError(f"{path}: batch_system {value!r} is not one of {', '.join(BATCH_SYSTEMS)} (or leave it out)")
+    return value
 
 
 def _slice_gres(raw: dict, path: Path) -> str:

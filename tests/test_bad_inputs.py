@@ -18,10 +18,12 @@ from mig_batch.cli.guard import INTERNAL
 from mig_batch.cli.main import build_parser
 from mig_batch.cli.main import main as mig_batch_main
 from mig_batch.cli.migsub import main as migsub_main
+from mig_batch.htcondor.node import agent_main as htcondor_agent_main
 from mig_batch.slurm.hooks import agent_main
 
 ENTRY_POINTS: dict[str, Callable[[list[str]], int]] = {
     "mig-batch": mig_batch_main, "migsub": migsub_main, "mig-batchd": daemon_main, "mig-batch-agent": agent_main,
+    "mig-batch-htcondor-agent": htcondor_agent_main,
 }  # fmt: skip
 
 # (entry point, arguments, a piece of the message); {t} is a folder of prepared files (see `files`)
@@ -116,6 +118,16 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("mig-batch", ["slurm", "install", "{t}/slurm"], "--config"),
     ("mig-batch", ["slurm", "install", "{t}/slurm", "--config", "{t}/bad_slice_gres.yaml"], "slice_gres"),
     ("mig-batch", ["slurm", "nope"], "invalid choice"),
+    ("mig-batch", ["htcondor", "install", "{t}/htc"], "--config"),
+    ("mig-batch", ["htcondor", "install", "{t}/afile", "--config", "{t}/site.yaml"], "not a directory"),
+    ("mig-batch", ["htcondor", "install", "{t}/htc", "--config", "{t}/missing.yaml"], "cannot read"),
+    ("mig-batch", ["htcondor", "install", "{t}/htc", "--config", "{t}/empty.yaml"], "no nodes"),
+    ("mig-batch", ["htcondor", "install", "{t}/htc", "--config", "{t}/bad_batch_system.yaml"], "batch_system"),
+    ("mig-batch", ["htcondor", "install", "{t}/htc", "--config", "{t}/site.yaml", "--python", "python3"],
+     "absolute path"),
+    ("mig-batch", ["htcondor", "install", "{t}/htc", "--config", "{t}/site.yaml", "--controller", "a b;c"],
+     "not an HTCondor identity"),
+    ("mig-batch", ["htcondor", "nope"], "invalid choice"),
     ("mig-batch", ["status", "--config", "{t}/proc_state.yaml"], "/proc/nope/state.db"),
     ("mig-batch", ["status", "--config", "{t}/empty.yaml"], "no mig_batch store"),
     ("mig-batch", ["status", "--config", "{t}/missing.yaml"], "cannot read"),
@@ -146,6 +158,11 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("migsub", ["--dry-run", "--mig", "1g.10gb", "--instances", "4", "{t}/tasks3_job.sh"], "contradicts --instances 4"),
     ("migsub", ["--dry-run", "--moldable", "1g=60", "--instances", "2", "{t}/job.sh"], "exclude each other"),
     ("migsub", [], "required"),
+    ("migsub", ["--backend", "pbs", "--gpu-mem", "10G", "{t}/job.sh"], "invalid choice"),
+    ("migsub", ["--backend", "htcondor", "--dry-run", "{t}/condor_exe_job.sh"], "which migsub writes itself"),
+    ("migsub", ["--backend", "htcondor", "--dry-run", "{t}/condor_bad_job.sh"], "is not '#CONDOR key = value'"),
+    ("migsub", ["--backend", "htcondor", "--dry-run", "--atomize", "--checkpoint-dir", "{t}", "--gpu-mem", "10G",
+                "{t}/job.sh"], "Slurm only"),
     # the daemons
     ("mig-batchd", ["--once", "--config", "{t}/wrong_slurm_bin.yaml"], "slurm_bin"),
     ("mig-batchd", ["--once", "--config", "{t}/proc_state.yaml"], "/proc/nope/state.db"),
@@ -155,6 +172,9 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("mig-batch-agent", ["--config", "{t}/unknown_setting.yaml"], "unknown setting"),
     ("mig-batch-agent", ["--config", "{t}/bad_multi_policy.yaml"], "multi_policy 'spread' is not one of mfi, flex-mig"),
     ("mig-batch-agent", ["--log-level", "LOUD"], "not a log level"),
+    ("mig-batch-htcondor-agent", ["--config", "{t}/missing.yaml"], "cannot read"),
+    ("mig-batch-htcondor-agent", ["--config", "{t}/bad_batch_system.yaml"], "batch_system"),
+    ("mig-batch-htcondor-agent", ["--log-level", "LOUD"], "not a log level"),
 ]
 
 
@@ -167,6 +187,9 @@ def files(tmp_path: Path) -> Path:
     (tmp_path / "unknown_setting.yaml").write_text("colour: blue\n")
     (tmp_path / "bad_policy.yaml").write_text("policy: nope\n")
     (tmp_path / "bad_nodes.yaml").write_text("nodes: {gpu01: [V100]}\n")
+    (tmp_path / "bad_batch_system.yaml").write_text("batch_system: pbs\nnodes: {gpu01: [A100-80GB]}\n")
+    (tmp_path / "condor_exe_job.sh").write_text("#!/bin/sh\n#MIG --gpu-mem 10G\n#CONDOR executable = /bin/x\necho\n")
+    (tmp_path / "condor_bad_job.sh").write_text("#!/bin/sh\n#MIG --gpu-mem 10G\n#CONDOR getenv\necho\n")
     (tmp_path / "bad_slice_gres.yaml").write_text("slice_gres: gres/MIG slices\n")
     (tmp_path / "proc_state.yaml").write_text("state: /proc/nope/state.db\n")
     (tmp_path / "site.yaml").write_text(f"state: {tmp_path}/state/state.db\nnodes: {{gpu01: [A100-80GB]}}\n")

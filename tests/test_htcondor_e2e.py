@@ -134,7 +134,7 @@ def test_the_schedd_makes_the_tag_and_drops_what_the_owner_wrote_into_placement_
     unmanaged = submit_as_owner(pool, "unmanaged", MigRequest="undefined", MigBatchTag=f'"{placed("nodea")}"')
     assert controller.job(unmanaged).admin_tag == "" and not controller.job(unmanaged).managed
     refused = submit_as_owner(pool, "injected", check=False, MigRequest='"20G;place=nodea/0/7g.80gb@0"')
-    assert refused.returncode != 0 and "MigRequest, MigCompute, MigModel may hold only" in refused.stderr
+    assert refused.returncode != 0 and "MigRequest, MigCompute, MigModel, MigMoldable may hold only" in refused.stderr
     for job_id in (forged, unmanaged):
         controller.cancel(job_id)
 

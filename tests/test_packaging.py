@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHIPPED = ("mig_batch/_etc/gpus/a100-80gb.yaml", "mig_batch/_etc/mig-batch.yaml",
            "mig_batch/_etc/slurm/gres.conf.snippet",
            "mig_batch/_etc/systemd/mig-batchd.service", "mig_batch/_etc/systemd/mig-batch-agent.service",
+           "mig_batch/_etc/systemd/mig-batch-htcondor-agent.service",
            "mig_batch/_plugins/slurm/job_submit.lua.in", "mig_batch/_wrappers/mig-batch-prolog.in",
            "mig_batch/_wrappers/mig-batch-epilog.in", "mig_batch/_wrappers/mig-batch-taskprolog.in",
            "mig_batch/_wrappers/mig-batch-subjob.in")  # fmt: skip

@@ -53,7 +53,8 @@ def test_the_command_table_matches_what_the_modules_register():
     assert registered == {name: help_text for name, (_, help_text) in COMMANDS.items()}
 
 
-PRINTS_NO_DATA = {"slurm gen-lua": "prints the Lua script itself", "slurm install": "writes files"}
+PRINTS_NO_DATA = {"slurm gen-lua": "prints the Lua script itself", "slurm install": "writes files",
+                  "htcondor install": "writes files"}
 
 
 def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):

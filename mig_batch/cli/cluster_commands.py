@@ -31,6 +31,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     i.add_argument("--config", required=True, help="the site config the shims will use")
     i.add_argument("--python", default=sys.executable, help="the Python that has mig_batch (default: this one)")
     i.set_defaults(handler=cmd_install)
+    htc = sub.add_parser("htcondor",
+                         help="HTCondor integration: write the schedd and execute-node policy, the job wrapper")
+    htc_kinds = htc.add_subparsers(dest="htcondor_command", metavar="SUBCOMMAND", required=True)
+    h = htc_kinds.add_parser("install", help="write the schedd policy, the execute-node config, the job wrapper and "
+                             "the node agent's systemd unit into DEST")  # fmt: skip
+    h.add_argument("dest", type=Path, help="directory (copy its files to the schedd's and the nodes' config.d)")
+    h.add_argument("--config", required=True, help="the site config (its nodes: give the GPU models)")
+    h.add_argument("--controller", default="mig-batch@$(UID_DOMAIN)",
+                   help="mig-batchd's HTCondor identity, made a queue superuser (default: %(default)s)")
+    h.add_argument("--agent-identity", default="",
+                   help="the node agents' identity when not the controller's (also a queue superuser)")
+    h.add_argument("--python", default="/usr/bin/python3",
+                   help="the Python the job wrapper runs with on the nodes (standard library only; "
+                   "default: %(default)s)")  # fmt: skip
+    h.add_argument("--wrapper-dir", default="/usr/local/libexec/mig-batch",
+                   help="where the nodes keep the job wrapper (default: %(default)s)")
+    h.set_defaults(handler=cmd_htcondor_install)
     s = sub.add_parser("status", help="every GPU's MIG slices and the jobs on them")
     s.add_argument("--config", help="site config")
     s.add_argument("--json", action="store_true")
@@ -90,6 +107,31 @@ def cmd_install(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     written = install(args.dest, args.python, str(Path(args.config).resolve()), str(config.job_dir),
                       str(config.agent_socket), _models(config, False), config.nodes, config.slice_gres)  # fmt: skip
+    for path in written:
+        console.print(f"wrote {path}", highlight=False)
+    return 0
+
+
+IDENTITY_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-@$()")
+
+
+def cmd_htcondor_install(args: argparse.Namespace) -> int:
+    from mig_batch.htcondor.install import install
+
+    for flag, value in (("--controller", args.controller), ("--agent-identity", args.agent_identity)):
+        if value and not set(value) <= IDENTITY_CHARS:
+            raise ValueError(f"{flag} {value!r} is not an HTCondor identity (user@DOMAIN: letters, digits, . _ - @)")
+    for flag, value in (("--python", args.python), ("--wrapper-dir", args.wrapper_dir)):
+        if not value.startswith("/"):
+            raise ValueError(f"{flag} {value!r} must be an absolute path (the starter runs the wrapper without PATH)")
+    if args.dest.exists() and not args.dest.is_dir():
+        raise ValueError(f"{args.dest} is not a directory; give a directory for the files")
+    config = load_config(args.config)
+    if not config.nodes:
+        raise ConfigError(f"{config.path}: no nodes: (node: [GPU models]); the schedd's check needs the site's models")
+    agents = [args.agent_identity] if args.agent_identity else []
+    written = install(args.dest, _models(config, False), args.controller, agents, args.python,
+                      str(config.agent_socket), config.htcondor_agent_file, args.wrapper_dir)  # fmt: skip
     for path in written:
         console.print(f"wrote {path}", highlight=False)
     return 0
@@ -204,11 +246,20 @@ def _daemon(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = load_config(args.config)
-    controller = Controller(config, Store(config.state), SlurmCli(config.slurm_bin, slice_gres=config.slice_gres))
+    if config.batch_system == "htcondor":
+        from mig_batch.htcondor.adapter import HTCondorBatch
+
+        batch = HTCondorBatch(config.htcondor_config or None, agent_file=config.htcondor_agent_file)
+    else:
+        batch = SlurmCli(config.slurm_bin, slice_gres=config.slice_gres)
+    controller = Controller(config, Store(config.state), batch)
     if args.once:
         try:
             stats = controller.step()
         except BatchError as exc:
+            if config.batch_system == "htcondor":
+                raise BatchError(f"{exc}; check that the schedd and collector answer with htcondor_config "
+                                 f"{config.htcondor_config!r} (from the site config)") from exc  # fmt: skip
             where = f"slurm_bin {config.slurm_bin!r}" if config.slurm_bin else "Slurm's commands on PATH"
             raise BatchError(f"{exc}; check that slurmctld is up and that {where} (from the site config) "
                              "holds squeue, scontrol and sinfo") from exc  # fmt: skip

@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("plan_commands", "plan a queue of moldable tasks on one MIG GPU"),
     "bench": ("bench_commands", "benchmarks that print numbers"),
     "slurm": ("cluster_commands", "Slurm integration: generate job_submit.lua, install the hook shims"),
+    "htcondor": ("cluster_commands", "HTCondor integration: write the schedd and execute-node policy, the job wrapper"),
     "status": ("cluster_commands", "every GPU's MIG slices and the jobs on them"),
     "node": ("node_commands", "this node's GPUs as the driver sees them"),
     "offers": ("cluster_commands", "subjob chains (SJA): recent gap offers, every chain's reply, the grants"),

@@ -57,7 +57,9 @@ def _option_parser() -> argparse.ArgumentParser:
     p.add_argument("--subjob-min", metavar="DURATION", help="--atomize: shortest useful subjob (default 60s)")
     p.add_argument("--subjob-max", metavar="DURATION", help="--atomize: longest subjob (default 1h)")
     p.add_argument("--deadline", metavar="DURATION", help="--atomize: finish within this long (deadline policy)")
-    p.add_argument("--dry-run", action="store_true", help="show the translation and the sbatch command only")
+    p.add_argument("--backend", choices=("slurm", "htcondor"),
+                   help="the batch system (default: the site config's batch_system, else the one found)")
+    p.add_argument("--dry-run", action="store_true", help="show the translation and the submit command only")
     p.add_argument("--json", action="store_true", help="print the dry run as JSON")
     return p
 
@@ -75,7 +77,8 @@ class JobSpec:
 
 
 def read_directives(script: Path) -> tuple[dict[str, str], dict[str, str], list[str]]:
-    """``#MIG`` options (with their line) and ``#SBATCH`` lines from the script's header."""
+    """``#MIG`` options (with their line) and ``#SBATCH`` lines (and ``#CONDOR`` lines, HTCondor's submit
+    commands, which :func:`condor_lines` reads) from the script's header."""
     try:
         lines = script.read_text().splitlines()
     except OSError as exc:
@@ -91,7 +94,7 @@ def read_directives(script: Path) -> tuple[dict[str, str], dict[str, str], list[
         if stripped and not stripped.startswith("#"):
             break
         where = f"{script} line {number}: {stripped}"
-        if stripped.startswith("#SBATCH"):
+        if stripped.startswith(("#SBATCH", "#CONDOR")):
             sbatch_lines.append(stripped)
         elif stripped.startswith("#MIG"):
             try:
@@ -320,6 +323,76 @@ def sbatch_command(spec: JobSpec, chain: Chain | None = None, tasks: Sequence[st
     return [*cmd, str(spec.script), *spec.script_args]
 
 
+CONDOR_RESERVED = {"executable", "arguments", "universe"}  # migsub writes these itself
+
+
+def condor_description(spec: JobSpec, header: list[str]) -> dict[str, str]:
+    """The HTCondor submit description of a rigid or moldable job: the request as the attributes the
+    schedd's transform turns into the tag (``+MigRequest`` etc.), ``#CONDOR key = value`` lines after."""
+    request = gres_of(spec.options).removeprefix("mig:")
+    attrs = {"MigRequest": request}
+    if "gpu_compute" in spec.options:
+        attrs["MigCompute"] = spec.options["gpu_compute"]
+    if "moldable" in spec.options:
+        attrs["MigMoldable"] = moldable_field(spec.options["moldable"])
+    if "gpu" in spec.options:
+        attrs["MigModel"] = get_model(spec.options["gpu"]).name
+    command = script_command(spec.script.resolve()) + list(spec.script_args)
+    name = spec.script.name
+    description = {"executable": command[0], "initialdir": os.getcwd(), "output": f"{name}.$(ClusterId).out",
+                   "error": f"{name}.$(ClusterId).err", "log": f"{name}.$(ClusterId).log"}  # fmt: skip
+    if command[1:]:
+        description["arguments"] = '"' + " ".join("'" + a.replace("'", "''").replace('"', '""') + "'"
+                                                  for a in command[1:]) + '"'  # fmt: skip
+    description |= {f"MY.{attr}": json.dumps(value) for attr, value in attrs.items()}
+    for line in header:
+        if not line.startswith("#CONDOR"):
+            continue
+        key, sep, value = line[len("#CONDOR") :].partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise DirectiveError(f"{spec.script}: '{line}' is not '#CONDOR key = value'")
+        if key.lower() in CONDOR_RESERVED or key.lower().removeprefix("my.").removeprefix("+") in {
+                a.lower() for a in (*attrs, "MigBatchTag", "MigBatchNode")}:  # fmt: skip
+            raise DirectiveError(f"{spec.script}: '{line}' sets {key}, which migsub writes itself")
+        description[key] = value.strip()
+    return description
+
+
+def choose_backend(explicit: str | None) -> str:
+    """``--backend``, else the site config's ``batch_system``, else the one batch system found here."""
+    if explicit:
+        return explicit
+    try:
+        configured = load_config().batch_system
+    except ConfigError:
+        configured = ""
+    if configured:
+        return configured
+    found = [name for name, present in (("slurm", shutil.which("sbatch") is not None),
+                                         ("htcondor", schedd_reachable())) if present]  # fmt: skip
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise DirectiveError("no batch system found: no sbatch on PATH and no HTCondor schedd answering; "
+                             "--dry-run shows the translation")  # fmt: skip
+    raise DirectiveError("both Slurm (sbatch) and an HTCondor schedd are here; say which with --backend slurm|htcondor "
+                         "or batch_system: in the site config")  # fmt: skip
+
+
+def schedd_reachable() -> bool:
+    """An HTCondor client config and a schedd that its collector knows."""
+    if not (os.environ.get("CONDOR_CONFIG") or Path("/etc/condor/condor_config").exists()):
+        return False
+    try:
+        import htcondor2
+
+        htcondor2.Collector().locate(htcondor2.DaemonType.Schedd)
+    except Exception:  # no bindings, no collector, no schedd: not this machine's batch system
+        return False
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     return run_guarded(_run, argv, "migsub")
 
@@ -361,6 +434,18 @@ def _run(argv: list[str]) -> int:
             instances_of(options, sources)  # --instances with --atomize
             tasks = check_instances(request.count, sbatch_lines, request, models)
         spec = JobSpec(args.script, args.script_args, options, sources)
+        backend = choose_backend(args.backend) if not args.dry_run or args.backend else "slurm"
+        if backend == "htcondor":
+            if chain is not None:
+                raise DirectiveError(f"{sources['atomize']}: --atomize (subjob chains) runs on Slurm only for now")
+            if isinstance(request, MigRequest) and request.count > 1:
+                raise DirectiveError(f"{sources.get('instances', '--instances')}: a job over several instances "
+                                     "runs on Slurm only for now; on HTCondor a job gets one instance")
+            description = condor_description(spec, sbatch_lines)
+            if any(line.startswith("#SBATCH") for line in sbatch_lines):
+                console.print(f"note: {args.script}'s #SBATCH lines are Slurm's; HTCondor reads #CONDOR lines",
+                              highlight=False)  # fmt: skip
+            return _submit_condor(description, per_model, args)
         command = sbatch_command(spec, chain, tasks)
         stdin = chain_script(spec, chain, sbatch_lines) if chain is not None else None
     except (DirectiveError, RequestError, UnknownModelError) as exc:
@@ -386,13 +471,33 @@ def _run(argv: list[str]) -> int:
     return submit(command, stdin)
 
 
+def _submit_condor(description: dict[str, str], per_model: dict, args: argparse.Namespace) -> int:
+    if args.dry_run:
+        if args.json:
+            json.dump({"profiles": per_model, "htcondor": description}, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            for name, chosen in per_model.items():
+                console.print(f"{name}: {chosen if chosen else '[red]no profile fits[/]'}", highlight=False)
+            console.print("HTCondor submit description:\n" + "\n".join(f"{k} = {v}" for k, v in description.items()),
+                          highlight=False, markup=False, soft_wrap=True)  # fmt: skip
+        return 0
+    from mig_batch.htcondor.adapter import HTCondorBatch, HTCondorError
+
+    try:
+        job = HTCondorBatch().submit([f"{k}={v}" for k, v in description.items()])
+    except HTCondorError as exc:
+        return fail(str(exc))
+    print(job)
+    return 0
+
+
 def submit(command: list[str], stdin: str | None = None) -> int:
     """Hand the job to the batch system found on PATH; print its id."""
     from mig_batch.slurm.commands import SlurmCli, SlurmError
 
     if shutil.which(command[0]) is None:
-        return fail(f"no batch system found: {command[0]} is not on PATH (HTCondor support comes later); "
-                    "--dry-run shows the translation")  # fmt: skip
+        return fail(f"no batch system found: {command[0]} is not on PATH; --dry-run shows the translation")
     try:
         job = SlurmCli(timeout=60).submit(sbatch_args(command), stdin)
     except SlurmError as exc:

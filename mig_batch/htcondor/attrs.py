@@ -20,7 +20,10 @@ The ``MigBatch`` prefix keeps clear of HTCondor's own attributes and of a site's
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from mig_batch.batch.system import MANAGED_PREFIX
+from mig_batch.mig.models import GpuModel
 
 TAG_ATTR = "MigBatchTag"
 PIN_ATTR = "MigBatchNode"
@@ -34,10 +37,12 @@ START_POLICY = (f"(TARGET.{TAG_ATTR} =?= undefined) || "
 CRON_JOB = "MIGBATCH"  # the startd cron job publishing the agent's file
 
 
-def execute_config() -> str:
-    """Startd config every mig_batch node shares: the pin policy and the cron job that publishes
-    the agent's file (its path per node: :func:`node_config`)."""
+def execute_config(wrapper: str = "") -> str:
+    """Startd config every mig_batch node shares: the pin policy, the cron job that publishes the
+    agent's file (its path per node: :func:`node_config`) and, when given, the job wrapper that asks
+    the node agent for the job's instance (it runs as the job's user, so the agent does the root work)."""
     return "\n".join([
+        *([f"USER_JOB_WRAPPER = {wrapper}"] if wrapper else []),
         f"STARTD_ATTRS = $(STARTD_ATTRS) {NODE_NAME_ATTR}",
         f"START = ($(START)) && ({START_POLICY})",
         f"STARTD_CRON_JOBLIST = $(STARTD_CRON_JOBLIST) {CRON_JOB}",
@@ -55,7 +60,7 @@ def node_config(node: str, agent_file: str, prefix: str = "") -> str:
 
 
 # What a user writes in a submit file (+MigRequest = "20G"), and the tag field each becomes.
-REQUEST_ATTRS = {"MigRequest": "req", "MigCompute": "compute", "MigModel": "model"}
+REQUEST_ATTRS = {"MigRequest": "req", "MigCompute": "compute", "MigModel": "model", "MigMoldable": "moldable"}
 SAFE_VALUE = "^[A-Za-z0-9.:,_-]+$"  # no ';' or '=': a value cannot add fields (a place=) to the tag
 
 
@@ -67,15 +72,55 @@ def _tag_expression() -> str:
     return f"strcat({', '.join(parts)})"
 
 
-def schedd_config(controller: str) -> str:
-    """Schedd config: the controller's identity is a queue superuser (on 25.x it also needs a schedd
-    user record, ``condor_qusers -add``) and only it may change the placement attributes. The owner
-    may still set them at submission (observed), so a job transform drops both from every new job and
-    builds the tag from the request attributes; a submit requirement refuses values that could add
-    fields to the tag."""
+def _fits_expression(models: Sequence[GpuModel]) -> str:
+    """True when ``MigRequest`` could fit the largest MIG profile of ``models`` (memory forms 20G, 20GB,
+    20GiB, 20000M, compute slices 3g, a profile name); other text passes here and is the controller's
+    to refuse. Binary units for G/M/T as ``request.parse_memory``; decimal for GB/MB/TB."""
+    mib = max(m.largest_profile.memory_mib for m in models)
+    slices = max(m.largest_profile.compute_slices for m in models)
+    # one alternation of the profile names ('.' and '+' in brackets: no backslashes through two parsers)
+    names = "|".join(sorted({p.name for m in models for p in m.profiles})).replace(".", "[.]").replace("+", "[+]")
+    number = 'real(replaceall("[^0-9.]", MigRequest, ""))'
+    clauses = [('regexp("^[0-9]+g$", MigRequest)', f"{number} <= {slices}"),  # lower-case g: compute slices
+               ('regexp("^[0-9]+g[.]", MigRequest)', f'regexp("^({names})$", toLower(MigRequest))')]
+    for power, letter in enumerate("KMGT", start=1):  # as request.parse_memory: 3G and 3GiB binary, 3GB decimal
+        for suffix, base in (("(iB)?", 1024), ("B", 1000)):
+            scale = base**power / 2**20  # MiB per unit
+            pattern = f'regexp("^[0-9.]+{letter}{suffix}$", MigRequest, "i")'
+            clauses.append((pattern, f"{number} * {scale!r} <= {mib}"))
+    expression = "true"
+    for condition, value in reversed(clauses):
+        expression = f"ifThenElse({condition}, {value}, {expression})"
+    return f"(MigRequest is undefined || {expression})"
+
+
+def largest_profile_text(models: Sequence[GpuModel]) -> str:
+    """``7g.80gb on A100-80GB (81920 MiB, 7 compute slices)``: what an impossible request is told."""
+    model = max(models, key=lambda m: (m.largest_profile.memory_mib, m.largest_profile.compute_slices))
+    p = model.largest_profile
+    return f"{p.name} on {model.name} ({p.memory_mib} MiB, {p.compute_slices} compute slices)"
+
+
+def schedd_config(controller: str, models: Sequence[GpuModel] = (), agents: Sequence[str] = ()) -> str:
+    """Schedd config: the controller's identity (and the node agents', which write their reports into
+    the tag) are queue superusers (on 25.x each also needs a schedd user record, ``condor_qusers -add``)
+    and only they may change the placement attributes. The owner may still set them at submission
+    (observed), so a job transform drops both from every new job and builds the tag from the request
+    attributes; a submit requirement refuses values that could add fields to the tag, and, given the
+    site's ``models``, one refuses a request larger than their largest profile, naming it."""
     checks = " && ".join(f'({a} is undefined || regexp("{SAFE_VALUE}", {a}))' for a in REQUEST_ATTRS)
+    fits: list[str] = []
+    if models:
+        names = ", ".join(sorted(m.name for m in models))
+        fits = [
+            "SUBMIT_REQUIREMENT_NAMES = $(SUBMIT_REQUIREMENT_NAMES) MigBatchFits",
+            f"SUBMIT_REQUIREMENT_MigBatchFits = {_fits_expression(models)}",
+            f'SUBMIT_REQUIREMENT_MigBatchFits_REASON = strcat("MigRequest ", MigRequest, " fits no MIG profile of '
+            f'{names}; the largest is {largest_profile_text(models)}")',
+        ]
+    superusers = ", ".join(dict.fromkeys([controller, *agents]))
     return "\n".join([
-        f"QUEUE_SUPER_USERS = $(QUEUE_SUPER_USERS), {controller}",
+        f"QUEUE_SUPER_USERS = $(QUEUE_SUPER_USERS), {superusers}",
         f"PROTECTED_JOB_ATTRS = $(PROTECTED_JOB_ATTRS) {TAG_ATTR} {PIN_ATTR}",
         "JOB_TRANSFORM_NAMES = $(JOB_TRANSFORM_NAMES) MigBatchClear MigBatchTag",
         "JOB_TRANSFORM_MigBatchClear @=end",
@@ -90,5 +135,6 @@ def schedd_config(controller: str) -> str:
         f"SUBMIT_REQUIREMENT_MigBatchRequest = {checks}",
         f'SUBMIT_REQUIREMENT_MigBatchRequest_REASON = "{", ".join(REQUEST_ATTRS)} may hold only letters, '
         'digits and . : , _ -"',
+        *fits,
         "",
     ])  # fmt: skip

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from mig_batch.errors import MigBatchError
 from mig_batch.htcondor.attrs import execute_config, node_config, schedd_config
+from mig_batch.mig.models import get_model
 
 SUITE = "sid"  # the Debian suite whose minicondor matches the bindings
 CONDOR_VERSION = "25.14.1"  # verified with htcondor==25.14.1 (P2: sid moves on; the image records its version)
@@ -231,6 +232,8 @@ class LocalPool:
     cpus_per_node: int = 4  # advertised, not real: lets several small jobs share a 2-core machine
     memory_mib_per_node: int = 4096
     extra_config: str = ""  # appended to the pool's config (a site's policy under test)
+    models: Sequence[str] = ()  # the site's GPU models: the schedd refuses requests larger than their largest
+    wrapper: str = ""  # USER_JOB_WRAPPER (a path inside the chroot), as mig-batch htcondor install writes it
     image: Image = field(default_factory=Image)
     port: int = 0
     timings: dict[str, float] = field(default_factory=dict)
@@ -404,8 +407,8 @@ class LocalPool:
             f"MEMORY = {self.memory_mib_per_node}",
             "# one startd per node; the first is condor's own STARTD",
             f"EXECUTE = /var/lib/condor/execute-{self.nodes[0]}",
-            execute_config(),
-            schedd_config(self.controller),
+            execute_config(self.wrapper),
+            schedd_config(self.controller, [get_model(m) for m in self.models]),
             node_config(self.nodes[0], str(self.agent_file(self.nodes[0]))),
         ]
         for node in self.nodes[1:]:

@@ -1,0 +1,154 @@
+"""HTCondor's USER_JOB_WRAPPER for mig_batch: standard library only, installed as a copy (``mig-batch
+htcondor install`` fills in SOCKET) and run by the starter as the job's user, with the job's argv.
+
+An unmanaged job (no ``MigBatchTag`` in ``$_CONDOR_JOB_AD``) is exec'd as is. A managed one: ask the
+node agent (``prolog``) for the instance the controller decided, export what it answers
+(``CUDA_VISIBLE_DEVICES=MIG-<uuid>``; the wrapper runs last, so this overrides HTCondor's own GPU
+variables), run the job as a child, pass on the signals HTCondor sends (condor_rm, condor_hold, an
+eviction: SIGTERM, or the job's KillSig), and when the child is gone ask the agent to destroy the
+instance (``epilog``); a SIGKILL of this wrapper leaves that to the agent's sweep. When no instance
+could be made, the job does not run: the wrapper waits for the controller to requeue it (the agent
+reported the reason into the job's tag), and after ``REQUEUE_WAIT_S`` gives up through HTCondor's
+wrapper error file, which holds the job with the reason.
+"""
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+import time
+
+SOCKET = "/run/mig-batch/agent.sock"  # filled in at install; "{node}" is the node's MigBatchNodeName
+AGENT_RETRY_S = 60.0  # the agent restarting (systemd: RestartSec=5) is waited for this long
+REQUEUE_WAIT_S = 300.0
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def read_ad(path):
+    """``Name = value`` lines of a ClassAd file; string values unquoted, others as text."""
+    ad = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                name, sep, value = line.partition(" = ")
+                if sep:
+                    value = value.strip()
+                    if len(value) >= 2 and value[0] == value[-1] == '"':
+                        value = value[1:-1].replace('\\"', '"')
+                    ad[name.strip()] = value
+    except (OSError, TypeError):
+        pass
+    return ad
+
+
+def ask(path, op, job, timeout_s=120.0):
+    """The agent's answer (a dict); OSError when it does not answer."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout_s)
+        sock.connect(path)
+        sock.sendall(json.dumps({"op": op, "job": job}).encode() + b"\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise OSError("the agent closed the connection without an answer")
+            data += chunk
+    return json.loads(data)
+
+
+def ask_patiently(path, op, job):
+    deadline = time.monotonic() + AGENT_RETRY_S
+    while True:
+        try:
+            return ask(path, op, job)
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                return {"ok": False, "detail": f"node agent unreachable at {path}: {exc}"}
+            time.sleep(1.0)
+
+
+def say(text):
+    sys.stderr.write(f"mig-batch wrapper: {text}\n")
+    sys.stderr.flush()
+
+
+def give_up(reason):
+    """HTCondor holds the job with ``reason`` (the starter reads the wrapper error file)."""
+    path = os.environ.get("_CONDOR_WRAPPER_ERROR_FILE")
+    if path:
+        with open(path, "w") as f:
+            f.write(f"mig-batch: {reason}\n")
+    say(reason)
+    return 1
+
+
+def run_child(argv):
+    """Run the job with the signals passed on; its wait status."""
+    pid = os.fork()
+    if pid == 0:
+        for sig in FORWARDED:
+            signal.signal(sig, signal.SIG_DFL)
+        try:
+            os.execvp(argv[0], argv)
+        except OSError as exc:
+            say(f"cannot run {argv[0]}: {exc}")
+            os._exit(127)
+
+    def forward(signum, _frame):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            return status
+        except ChildProcessError:
+            return 0
+        except InterruptedError:
+            continue
+
+
+def wait_for_requeue(detail):
+    """The agent could not make the instance; the controller holds the job (SIGTERM ends this)."""
+    say(f"no MIG instance ({detail}); waiting for mig-batchd to requeue the job")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    time.sleep(REQUEUE_WAIT_S)
+    return give_up(f"no MIG instance and no requeue within {REQUEUE_WAIT_S:.0f}s: {detail}")
+
+
+def main(argv):
+    command = argv[1:]
+    if not command:
+        say("no job command given")
+        return 1
+    job_ad = read_ad(os.environ.get("_CONDOR_JOB_AD"))
+    if "MigBatchTag" not in job_ad:
+        os.execvp(command[0], command)  # not ours
+    job = f"{job_ad.get('ClusterId', '')}.{job_ad.get('ProcId', '0')}"
+    node = read_ad(os.environ.get("_CONDOR_MACHINE_AD")).get("MigBatchNodeName", "")
+    path = SOCKET.replace("{node}", node)
+    answer = ask_patiently(path, "prolog", job)
+    env = answer.get("env") or {}
+    if not answer.get("ok") or not str(env.get("CUDA_VISIBLE_DEVICES", "")).startswith("MIG-"):
+        if str(answer.get("detail", "")).startswith(("refused", "node agent unreachable")):
+            return give_up(str(answer.get("detail")))
+        return wait_for_requeue(answer.get("detail", ""))
+    os.environ.update({str(k): str(v) for k, v in env.items()})
+    status = run_child(command)
+    done = ask_patiently(path, "epilog", job)
+    if not done.get("ok"):
+        say(f"epilog: {done.get('detail')}")
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)  # the job's own death, as HTCondor would have seen it
+        return 128 + sig
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,329 @@
+"""HTCondor's execute-node side and submission without a pool: the schedd's size check evaluated by the
+ClassAd library against the request parser, the job wrapper against a stand-in agent, the slot guard,
+the installer and migsub's submit description. The real pool is in test_htcondor_node_e2e.py."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mig_batch.htcondor.attrs import _fits_expression, largest_profile_text, schedd_config
+from mig_batch.htcondor.install import install, wrapper_text
+from mig_batch.htcondor.node import Caller, CallerRefused, SlotGuard, exports_env, find_caller
+from mig_batch.mig.models import get_model
+from mig_batch.request import parse_gres
+
+classad2 = pytest.importorskip("classad2")
+SITE = [get_model("A100-80GB"), get_model("H100-80GB")]
+LARGEST = max(m.largest_profile.memory_mib for m in SITE)
+
+
+def fits(spec: str | None, models=SITE) -> bool:
+    ad = classad2.ClassAd()
+    if spec is not None:
+        ad["MigRequest"] = spec
+    ad["Fits"] = classad2.ExprTree(_fits_expression(models))
+    value = ad.eval("Fits")
+    assert isinstance(value, bool), f"{spec!r}: {value!r}"  # never undefined or error: the schedd would refuse
+    return value
+
+
+UNITS = ["M", "MiB", "MB", "m", "G", "GiB", "GB", "gib", "gb", "T", "TiB", "TB"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 200_000), st.sampled_from(["", ".5", ".25", ".125"]), st.sampled_from(UNITS))
+def test_the_schedd_size_check_agrees_with_the_request_parser(number, fraction, unit):
+    spec = f"{number}{fraction}{unit}"
+    request = parse_gres(f"mig:{spec}")
+    assert fits(spec) == (request.memory_mib <= LARGEST), spec
+
+
+@pytest.mark.parametrize("slices", range(1, 10))
+def test_compute_slices_fit_up_to_the_largest_profile(slices):
+    assert fits(f"{slices}g") == (slices <= 7)
+
+
+def test_profile_names_fit_when_a_site_model_has_them():
+    for model in SITE:
+        for profile in model.profiles:
+            assert fits(profile.name) and fits(profile.name.upper())
+    assert not fits("9g.90gb") and not fits("4g.20gb")
+    a30 = [get_model("A30-24GB")]
+    assert fits("4g.24gb", a30) and not fits("7g.80gb", a30) and not fits("4g.24gb")
+    assert fits(None) and fits("anything-else")  # not a size: the controller's to refuse
+
+
+def test_the_refusal_names_the_largest_profile_of_the_site():
+    assert largest_profile_text(SITE).startswith("7g.80gb on ")
+    a30 = [get_model("A30-24GB")]
+    assert largest_profile_text(a30).startswith("4g.24gb on A30-24GB")
+    text = schedd_config("migctl", a30, ["agent@x"])
+    assert "SUBMIT_REQUIREMENT_MigBatchFits_REASON" in text and "4g.24gb on A30-24GB" in text
+    assert "QUEUE_SUPER_USERS = $(QUEUE_SUPER_USERS), migctl, agent@x" in text
+    assert "MigBatchFits" not in schedd_config("migctl")  # no models, no size check
+
+
+# --- the job wrapper, against a stand-in agent -------------------------------------------------
+
+
+class FakeAgent:
+    """Answers the wrapper like the agent would, and records what it was asked."""
+
+    def __init__(self, path: Path, env: dict, ok: bool = True):
+        self.asked: list[tuple[str, str, float]] = []
+        self.server = socket.socket(socket.AF_UNIX)
+        self.server.bind(str(path))
+        self.server.listen()
+        self.env, self.ok = env, ok
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            with conn:
+                request = json.loads(conn.makefile().readline())
+                self.asked.append((request["op"], request["job"], time.time()))
+                env = self.env if request["op"] == "prolog" else {}
+                conn.sendall(json.dumps({"ok": self.ok, "detail": "stand-in", "env": env}).encode() + b"\n")
+
+
+def wrapper(tmp_path, job_ad: str, command: list[str], **popen):
+    path = tmp_path / "wrapper"
+    path.write_text(wrapper_text(sys.executable, str(tmp_path / "{node}.sock")))
+    path.chmod(0o755)
+    (tmp_path / "job.ad").write_text(job_ad)
+    (tmp_path / "machine.ad").write_text('MigBatchNodeName = "nodeb"\n')
+    env = {"PATH": os.environ["PATH"], "_CONDOR_JOB_AD": str(tmp_path / "job.ad"),
+           "_CONDOR_MACHINE_AD": str(tmp_path / "machine.ad"),
+           "_CONDOR_WRAPPER_ERROR_FILE": str(tmp_path / "wrapper.err"), "CUDA_VISIBLE_DEVICES": "10000"}  # fmt: skip
+    return subprocess.Popen([str(path), *command], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **popen)  # fmt: skip
+
+
+MANAGED = 'ClusterId = 12\nProcId = 0\nMigBatchTag = "mig-batch:v1;req=20G;place=nodeb/0/3g.40gb@4"\n'
+
+
+def test_the_wrapper_exports_the_agents_instance_and_asks_to_destroy_it_after_the_job(tmp_path):
+    agent = FakeAgent(tmp_path / "nodeb.sock", {"CUDA_VISIBLE_DEVICES": "MIG-abc", "MIG_BATCH_INSTANCE": "x"})
+    proc = wrapper(tmp_path, MANAGED, ["/bin/sh", "-c", "echo $CUDA_VISIBLE_DEVICES $MIG_BATCH_INSTANCE; exit 3"])
+    out, _ = proc.communicate(timeout=30)
+    ended = time.time()
+    assert (out.strip(), proc.returncode) == ("MIG-abc x", 3)  # the job's own status
+    assert [(op, job) for op, job, _ in agent.asked] == [("prolog", "12.0"), ("epilog", "12.0")]
+    assert agent.asked[1][2] <= ended
+
+
+def test_the_wrapper_passes_signals_on_and_still_asks_for_the_epilog(tmp_path):
+    agent = FakeAgent(tmp_path / "nodeb.sock", {"CUDA_VISIBLE_DEVICES": "MIG-abc"})
+    proc = wrapper(tmp_path, MANAGED, ["/bin/sh", "-c", "echo started; sleep 30"])
+    assert proc.stdout.readline().strip() == "started"
+    proc.send_signal(signal.SIGTERM)  # what the starter sends for condor_rm, condor_hold, an eviction
+    proc.wait(timeout=10)
+    assert proc.returncode == -signal.SIGTERM
+    assert [op for op, _, _ in agent.asked] == ["prolog", "epilog"]
+
+
+def test_an_unmanaged_job_runs_as_is_without_asking(tmp_path):
+    agent = FakeAgent(tmp_path / "nodeb.sock", {})
+    proc = wrapper(tmp_path, "ClusterId = 3\nProcId = 0\n", ["/bin/sh", "-c", "echo $CUDA_VISIBLE_DEVICES"])
+    assert proc.communicate(timeout=30)[0].strip() == "10000" and agent.asked == []
+
+
+def test_without_an_instance_the_job_never_runs_and_waits_for_the_requeue(tmp_path):
+    agent = FakeAgent(tmp_path / "nodeb.sock", {"CUDA_VISIBLE_DEVICES": "NoDevFiles"}, ok=False)
+    marker = tmp_path / "ran"
+    proc = wrapper(tmp_path, MANAGED, ["/bin/sh", "-c", f"touch {marker}"])
+    deadline = time.monotonic() + 10
+    while not agent.asked and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    assert proc.poll() is None  # waiting for mig-batchd's requeue (a hold: SIGTERM)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=10)
+    assert proc.returncode == 143 and not marker.exists()
+
+
+def test_a_refusal_holds_the_job_through_the_wrapper_error_file(tmp_path):
+    class Refusing(FakeAgent):
+        def serve(self):
+            conn, _ = self.server.accept()
+            with conn:
+                conn.makefile().readline()
+                conn.sendall(b'{"ok": false, "detail": "refused: not your slot", "env": {}}\n')
+
+    Refusing(tmp_path / "nodeb.sock", {})
+    proc = wrapper(tmp_path, MANAGED, ["/bin/true"])
+    proc.wait(timeout=30)
+    assert proc.returncode == 1 and "refused: not your slot" in (tmp_path / "wrapper.err").read_text()
+
+
+# --- the agent's slot guard ----------------------------------------------------------------------
+
+
+class FakeBatch:
+    def __init__(self, ads):
+        self.ads = ads
+
+    def _startds(self):
+        return [{"Name": "slot1@nodeb@pool", "MigBatchNodeName": "nodeb"}]
+
+    def _call(self, what):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    @property
+    def schedd(self):
+        return self
+
+    def query(self, constraint, projection):
+        cluster = constraint.split()[2]
+        return [self.ads[cluster]] if cluster in self.ads else []
+
+    def _plain(self, ad):
+        return ad
+
+
+def test_the_guard_lets_a_job_ask_only_from_its_own_slot_of_its_own_node():
+    batch = FakeBatch({"7": {"JobStatus": 2, "RemoteHost": "slot1_2@nodeb@pool", "Owner": "nobody-here"},
+                       "8": {"JobStatus": 1, "Owner": "x"}})  # fmt: skip
+    guard = SlotGuard(batch, "nodeb", local_name="NODEB", settle_s=0.0)
+    mine = Caller(os.getpid(), os.getuid(), "slot1_2", "NODEB")
+    guard.check_prolog(mine, "7.0")
+    for caller, job, why in [(Caller(1, 0, "slot1_1", "NODEB"), "7.0", "not running in slot1_1@nodeb@pool"),
+                             (Caller(1, 0, "slot1_2", ""), "7.0", "not of nodeb"),
+                             (mine, "8.0", "not running"), (mine, "9.0", "no job 9.0")]:  # fmt: skip
+        with pytest.raises(CallerRefused, match=why):
+            guard.check_prolog(caller, job)
+    with pytest.raises(CallerRefused, match="not made for slot slot1_1"):
+        guard.check_epilog(Caller(1, 0, "slot1_1", "NODEB"), "7.0")
+    guard.check_epilog(mine, "7.0")
+    with pytest.raises(CallerRefused):
+        guard.check_epilog(mine, "7.0")  # once
+
+
+def test_the_guard_compares_the_callers_uid_with_the_owners(tmp_path):
+    import pwd
+
+    me = pwd.getpwuid(os.getuid()).pw_name
+    batch = FakeBatch({"7": {"JobStatus": 2, "RemoteHost": "slot1_1@nodeb@pool", "Owner": me}})
+    guard = SlotGuard(batch, "nodeb", settle_s=0.0)
+    with pytest.raises(CallerRefused, match="is not job 7.0's owner"):
+        guard.check_prolog(Caller(os.getpid(), os.getuid() + 1, "slot1_1", ""), "7.0")
+    guard.check_prolog(Caller(os.getpid(), os.getuid(), "slot1_1", ""), "7.0")
+
+
+def test_a_process_outside_any_slot_is_no_caller():
+    with pytest.raises(CallerRefused, match="no condor_starter"):
+        find_caller(os.getpid(), os.getuid())
+
+
+def test_the_agents_exports_become_the_jobs_environment():
+    assert exports_env(["export CUDA_VISIBLE_DEVICES=MIG-1", "export A=b=c"]) == {"CUDA_VISIBLE_DEVICES": "MIG-1",
+                                                                                  "A": "b=c"}  # fmt: skip
+
+
+# --- the installer and migsub ---------------------------------------------------------------------
+
+
+def test_install_writes_the_policy_the_wrapper_and_the_unit(tmp_path):
+    written = install(tmp_path, SITE, "migctl@site", [], "/usr/bin/python3", "/run/mig-batch/agent.sock",
+                      "/run/mig-batch/htcondor-agent.ad")  # fmt: skip
+    names = {p.name for p in written}
+    assert names == {"mig-batch-schedd.conf", "mig-batch-execute.conf", "mig-batch-job-wrapper",
+                     "mig-batch-htcondor-agent.service"}  # fmt: skip
+    execute = (tmp_path / "mig-batch-execute.conf").read_text()
+    assert "USER_JOB_WRAPPER = /usr/local/libexec/mig-batch/mig-batch-job-wrapper" in execute
+    assert 'MigBatchNodeName = "$(HOSTNAME)"' in execute
+    assert "SUBMIT_REQUIREMENT_MigBatchFits" in (tmp_path / "mig-batch-schedd.conf").read_text()
+    text = (tmp_path / "mig-batch-job-wrapper").read_text()
+    assert text.startswith("#!/usr/bin/python3 -IS\n") and "SOCKET = '/run/mig-batch/agent.sock'" in text
+    compile(text, "wrapper", "exec")
+    assert os.access(tmp_path / "mig-batch-job-wrapper", os.X_OK)
+
+
+def test_migsub_writes_the_request_as_the_attributes_the_schedd_turns_into_the_tag(tmp_path):
+    from mig_batch.cli.migsub import JobSpec, condor_description
+
+    job = tmp_path / "job.sh"
+    job.write_text("#!/bin/sh\necho\n")
+    job.chmod(0o755)
+    rigid = condor_description(JobSpec(job, ["a b"], {"gpu_mem": "18G", "gpu_compute": "0.3", "gpu": "a100-80gb"}),
+                               ["#CONDOR request_memory = 64M"])  # fmt: skip
+    assert rigid["executable"] == str(job) and rigid["arguments"] == "\"'a b'\""
+    assert (rigid["MY.MigRequest"], rigid["MY.MigCompute"], rigid["MY.MigModel"]) == ('"18432M"', '"0.3"',
+                                                                                      '"A100-80GB"')  # fmt: skip
+    assert rigid["request_memory"] == "64M"
+    moldable = condor_description(JobSpec(job, [], {"moldable": "1g=300,3g.40gb=110"}), [])
+    assert (moldable["MY.MigRequest"], moldable["MY.MigMoldable"]) == ('"1g"', '"1g:300,3g.40gb:110"')
+    assert "MY.MigCompute" not in moldable and "arguments" not in moldable
+
+
+def test_migsub_takes_the_flag_then_the_site_config_then_the_one_batch_system_found(tmp_path, monkeypatch):
+    from mig_batch.cli import migsub
+
+    site = tmp_path / "site.yaml"
+    site.write_text("nodes: {n1: [A100-80GB]}\n")
+    monkeypatch.setenv("MIG_BATCH_CONFIG", str(site))
+    found = {"sbatch": True, "schedd": True}
+    monkeypatch.setattr(migsub.shutil, "which", lambda name: "/usr/bin/sbatch" if found["sbatch"] else None)
+    monkeypatch.setattr(migsub, "schedd_reachable", lambda: found["schedd"])
+    with pytest.raises(migsub.DirectiveError, match="both Slurm"):
+        migsub.choose_backend(None)
+    assert migsub.choose_backend("slurm") == "slurm"
+    found["sbatch"] = False
+    assert migsub.choose_backend(None) == "htcondor"
+    found.update(sbatch=True, schedd=False)
+    assert migsub.choose_backend(None) == "slurm"
+    found["sbatch"] = False
+    with pytest.raises(migsub.DirectiveError, match="no batch system found"):
+        migsub.choose_backend(None)
+    site.write_text("batch_system: htcondor\nnodes: {n1: [A100-80GB]}\n")
+    assert migsub.choose_backend(None) == "htcondor" and migsub.choose_backend("slurm") == "slurm"
+
+
+def test_without_a_client_config_no_schedd_is_reachable(monkeypatch, tmp_path):
+    from mig_batch.cli import migsub
+
+    monkeypatch.delenv("CONDOR_CONFIG", raising=False)
+    monkeypatch.setattr(migsub, "Path", lambda p: tmp_path / "absent")
+    assert migsub.schedd_reachable() is False
+
+
+def test_a_restarted_agent_still_knows_which_slot_may_end_an_instance(tmp_path):
+    from mig_batch.node.journal import Entry, Journal
+
+    journal = Journal(tmp_path / "journal")
+    batch = FakeBatch({"7": {"JobStatus": 2, "RemoteHost": "slot1_2@nodeb@pool", "Owner": "nobody-here"},
+                       "8": {"JobStatus": 2, "RemoteHost": "slot1_3@nodeb@pool", "Owner": "nobody-here"}})  # fmt: skip
+    first = SlotGuard(batch, "nodeb", settle_s=0.0, directory=tmp_path / "slots", journal=journal)
+    first.check_prolog(Caller(os.getpid(), os.getuid(), "slot1_2", ""), "7.0")
+    journal.add(Entry("7.0", 0, 1, "1g.10gb", 0, "MIG-x", 0.0))
+    restarted = SlotGuard(batch, "nodeb", settle_s=0.0, directory=tmp_path / "slots", journal=journal)
+    with pytest.raises(CallerRefused):
+        restarted.check_epilog(Caller(1, 0, "slot1_3", ""), "7.0")
+    restarted.check_epilog(Caller(1, 0, "slot1_2", ""), "7.0")
+    assert not (tmp_path / "slots" / "7.0").exists()
+    # a job whose instance the sweep took (no journal entry) leaves no file behind for long; one whose
+    # instance is being made right now (not journaled yet) keeps its file
+    first.check_prolog(Caller(os.getpid(), os.getuid(), "slot1_2", ""), "7.0")
+    journal.remove("7.0")
+    first.check_prolog(Caller(os.getpid(), os.getuid(), "slot1_3", ""), "8.0")
+    assert sorted(p.name for p in (tmp_path / "slots").iterdir()) == ["7.0", "8.0"]
+    old = time.time() - 3600
+    os.utime(tmp_path / "slots" / "7.0", (old, old))
+    first.check_prolog(Caller(os.getpid(), os.getuid(), "slot1_3", ""), "8.0")
+    assert sorted(p.name for p in (tmp_path / "slots").iterdir()) == ["8.0"]
