@@ -171,6 +171,8 @@ def leaf_options(request: MigRequest, options: dict[str, str], sources: dict[str
     from mig_batch.placement.multi import node_capacity
 
     auto = wants_auto(options)
+    for model in models:  # a request that cannot be over leaves is refused as such on any site
+        leaves_for(request, model)
     if config is None or not config.flex.leaf_requests:
         raise refused_without_setting(request, auto)
     capacity = None
