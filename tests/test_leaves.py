@@ -162,7 +162,8 @@ def test_migsub_pins_the_model_when_another_has_the_same_leaf_in_another_count(s
 def test_migsub_refuses_leaves_the_site_has_not_enabled_or_no_node_holds(site, capsys):
     job = site(False)
     code, err = _migsub(capsys, "--gpu-compute", "8g", str(job))
-    assert code == 2 and "flex.leaf_requests: true" in err and "no single MIG instance holds it" in err
+    assert code == 2 and "a site that sets flex.leaf_requests: true runs it over several leaves" in err
+    assert "no MIG profile of A100-40GB, A100-80GB satisfies compute 8g" in err
     code, err = _migsub(capsys, "--gpu-mem", "4G", "--instances", "auto", str(job))
     assert code == 2 and "--instances auto asks for several leaves" in err
     job = site(True)

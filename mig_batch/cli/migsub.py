@@ -394,12 +394,18 @@ def _run(argv: list[str]) -> int:
         if isinstance(request, MoldableRequest):
             per_model = moldable_per_model(request, models)  # a mixed site: the models that can run a size
         else:
+            from mig_batch.leaves import SETTING as LEAF_SETTING
             from mig_batch.leaves import needs_leaves
 
             results = translate_any(request, models)
             per_model = {name: (None if isinstance(p, RequestError) else p.name) for name, p in results.items()}
-            if wants_auto(options) or needs_leaves(request, results):
-                options, sources, leaves = leaf_options(request, options, sources, models, site_config())
+            config = site_config()
+            leaf_site = config is not None and config.flex.leaf_requests
+            hint = ""
+            if needs_leaves(request, results) and not leaf_site:
+                hint = f"; a site that sets {LEAF_SETTING}: true runs it over several leaves (docs/flex.md)"
+            if wants_auto(options) or (needs_leaves(request, results) and leaf_site):
+                options, sources, leaves = leaf_options(request, options, sources, models, config)
                 request = build_request(options, sources)
                 if "gpu" in options:
                     models = [get_model(options["gpu"])]
@@ -407,11 +413,11 @@ def _run(argv: list[str]) -> int:
                 leaf_plans = {p.model: {"leaf": p.leaf.name, "count": p.count} for p in leaves.plans}
             if not any(per_model.values()):
                 if len(models) == 1:
-                    raise results[models[0].name]
+                    raise RequestError(f"{results[models[0].name]}{hint}")
                 largest = max(models, key=lambda m: m.largest_profile.memory_mib)
                 raise RequestError(
                     f"no MIG profile of {', '.join(m.name for m in models)} satisfies {request.describe()}; "
-                    f"the largest is {largest.largest_profile.name} on {largest.name}"
+                    f"the largest is {largest.largest_profile.name} on {largest.name}{hint}"
                 )
         if args.atomize:
             options["atomize"], sources["atomize"] = "1", "--atomize"
