@@ -27,12 +27,10 @@ def _covers(request: MigRequest, model, leaf, count: int) -> bool:
     return count * leaf.compute_slices >= plan.compute_slices and count * leaf.memory_mib >= plan.memory_mib
 
 
-requests = st.builds(
-    MigRequest,
-    memory_mib=st.one_of(st.none(), st.integers(1, 400_000)),
-    compute=st.one_of(st.none(), st.integers(1, 40).map(lambda n: ComputeShare(slices=n)),
-                      st.floats(0.01, 1.0).map(lambda f: ComputeShare(fraction=f))),  # fmt: skip
-).filter(lambda r: r.memory_mib is not None or r.compute is not None)
+shares = st.one_of(st.none(), st.integers(1, 40).map(lambda n: ComputeShare(slices=n)),
+                   st.floats(0.01, 1.0).map(lambda f: ComputeShare(fraction=f)))  # fmt: skip
+requests = st.builds(MigRequest, memory_mib=st.one_of(st.none(), st.integers(1, 400_000)), compute=shares).filter(
+    lambda r: r.memory_mib is not None or r.compute is not None)
 
 
 @settings(max_examples=300, deadline=None)
@@ -219,7 +217,8 @@ def test_the_generated_lua_translates_as_python_does():
                             for n, gpus in nodes.items()) for m in models}  # fmt: skip
     for mib, slices in [(25 * 1024, 5), (23842, 5), (0, 8), (60 * 1024, 0), (4096, 0), (30 * 1024, 3)]:
         lua = lupa.LuaRuntime(unpack_returned_tuples=True)
-        lua.execute("slurm = { SUCCESS = 0, ERROR = -1, log_user = function(f, ...) LOGGED = string.format(f, ...) end }")
+        lua.execute("slurm = { SUCCESS = 0, ERROR = -1, "
+                    "log_user = function(f, ...) LOGGED = string.format(f, ...) end }")
         lua.execute(source)
         comment = "mig-batch:instances=auto" + (f";compute={slices}g" if slices else "")
         job = lua.table_from({"tres_per_node": f"gres/mig:{mib or 1}M", "comment": comment,
