@@ -50,6 +50,15 @@ class MoldableConfig:
 
 
 @dataclass(frozen=True)
+class FlexConfig:
+    """Jobs over several MIG instances (docs/flex.md)."""
+
+    # Flex-MIG's finer requests: a compute/memory demand no single instance meets (or --instances auto)
+    # becomes N leaves of one node; off by default, since such a job must run over several instances
+    leaf_requests: bool = False
+
+
+@dataclass(frozen=True)
 class SiteConfig:
     state: Path = Path("/var/lib/mig-batch/state.db")
     policy: str = "mfi"
@@ -68,6 +77,7 @@ class SiteConfig:
     slice_gres: str = ""  # Slurm GRES that counts each job's MIG memory slices (e.g. mig_slices); "": off
     atomize: AtomizeConfig = field(default_factory=AtomizeConfig)
     moldable: MoldableConfig = field(default_factory=MoldableConfig)
+    flex: FlexConfig = field(default_factory=FlexConfig)
     path: str = "<defaults>"
 
 
@@ -125,6 +135,7 @@ def load_config(explicit: str | os.PathLike | None = None) -> SiteConfig:
         slice_gres=_slice_gres(raw, path),
         atomize=_atomize(raw.get("atomize") or {}, path),
         moldable=_moldable(raw.get("moldable") or {}, path),
+        flex=_flex(raw.get("flex") or {}, path),
         path=str(path),
     )
 
@@ -184,6 +195,12 @@ def _moldable(raw: Any, path: Path) -> MoldableConfig:
     if config.max_reservations < 0:
         raise ConfigError(f"{path}: moldable.max_reservations must be 0 or more (got {config.max_reservations})")
     return config
+
+
+def _flex(raw: Any, path: Path) -> FlexConfig:
+    if isinstance(raw, dict) and "leaf_requests" in raw and not isinstance(raw["leaf_requests"], bool):
+        raise ConfigError(f"{path}: flex.leaf_requests must be true or false (got {raw['leaf_requests']!r})")
+    return _section(raw, path, "flex", FlexConfig)
 
 
 def _atomize(raw: Any, path: Path) -> AtomizeConfig:

@@ -143,7 +143,20 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("mig-batch", ["doctor", "--config"], "expected one argument"),
     ("mig-batch", ["nope"], "invalid choice"),
     ("mig-batch", [], "required"),
+    # simulate multi
+    ("mig-batch", ["simulate", "multi", "--seeds", "0"], "--seeds must be at least 1"),
+    ("mig-batch", ["simulate", "multi", "--per-slot", "0"], "--per-slot"),
+    ("mig-batch", ["simulate", "multi", "--gpus-per-node", "1"], "give at least 2"),
+    ("mig-batch", ["simulate", "multi", "--jobs", "many"], "invalid int value"),
+    # translate --instances auto (Flex-MIG leaves)
+    ("mig-batch", ["translate", "--mem", "25G", "--instances", "3"], "takes auto"),
+    ("mig-batch", ["translate", "--profile", "1g.10gb", "--instances", "auto"], "a profile name asks for"),
+    ("mig-batch", ["translate", "--gres", "mig:20G:2", "--instances", "auto"], "counts its own leaves"),
     # migsub
+    ("migsub", ["--dry-run", "--gpu-compute", "5g", "--gpu-mem", "25G", "--instances", "auto", "{t}/job.sh"],
+     "flex.leaf_requests"),
+    ("migsub", ["--dry-run", "--mig", "1g.10gb", "--instances", "auto", "{t}/job.sh"], "a profile name"),
+    ("migsub", ["--dry-run", "--gpu-mem", "10G", "--instances", "many", "{t}/job.sh"], "or auto"),
     ("migsub", ["--dry-run", "{t}/missing.sh"], "cannot read job script"),
     ("migsub", ["--dry-run", "--gpu-mem", "lots", "{t}/job.sh"], "lots"),
     ("migsub", ["--dry-run", "--gpu", "V100", "--gpu-mem", "10G", "{t}/job.sh"], "unknown GPU model"),

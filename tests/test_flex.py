@@ -349,14 +349,28 @@ def test_migsub_adds_the_tasks_and_refuses_more_than_a_node_holds(tmp_path, monk
     assert "runs on one node" in capsys.readouterr().err
 
 
-def test_the_placement_bench_runs_every_job_under_both_rules():
-    from mig_batch.bench.flex_place import run, workload
+def test_the_placement_comparison_runs_every_job_under_both_rules():
+    from mig_batch.sim.flex_place import run, workload
 
     jobs = workload(3, 60, per_slot=1.5)
     for policy in ("flex-mig", "mfi"):
         outcome = run(policy, jobs)
         assert outcome.makespan >= max(j.arrival for j in jobs) and outcome.mean_wait >= 0
         assert 1 <= outcome.gpus_per_multi_job <= 2  # a node has two GPUs
+
+
+def test_simulate_multi_prints_what_the_pure_comparison_computes(capsys):
+    import json
+
+    from mig_batch.cli.main import main
+    from mig_batch.sim.flex_place import run, workload
+
+    assert main(["simulate", "multi", "--seeds", "2", "--jobs", "40", "--per-slot", "1.5", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert [(o["seed"], o["policy"]) for o in printed] == [(s, p) for s in (0, 1) for p in ("flex-mig", "mfi")]
+    for o in printed:
+        again = run(o["policy"], workload(o["seed"], 40, 1.5), seed=o["seed"])
+        assert (o["makespan"], o["mean_wait"]) == (again.makespan, again.mean_wait)
 
 
 def test_a_prolog_that_stopped_midway_is_started_again_for_every_rank(site, gpus):

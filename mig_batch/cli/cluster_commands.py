@@ -69,7 +69,8 @@ def cmd_gen_lua(args: argparse.Namespace) -> int:
     from mig_batch.slurm.install import job_submit_lua
 
     config = None if args.all_models else _maybe_config(args.config)
-    sys.stdout.write(job_submit_lua(_models(config, args.all_models), config.nodes if config else None))
+    sys.stdout.write(job_submit_lua(_models(config, args.all_models), config.nodes if config else None,
+                                    bool(config and config.flex.leaf_requests)))  # fmt: skip
     return 0
 
 
@@ -106,7 +107,8 @@ def cmd_install(args: argparse.Namespace) -> int:
     check_hook_python(args.python)
     config = load_config(args.config)
     written = install(args.dest, args.python, str(Path(args.config).resolve()), str(config.job_dir),
-                      str(config.agent_socket), _models(config, False), config.nodes, config.slice_gres)  # fmt: skip
+                      str(config.agent_socket), _models(config, False), config.nodes, config.slice_gres,
+                      config.flex.leaf_requests)  # fmt: skip
     for path in written:
         console.print(f"wrote {path}", highlight=False)
     return 0

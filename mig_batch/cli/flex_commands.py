@@ -1,4 +1,5 @@
-"""``mig-batch simulate flex``: Flex-MIG §5 reproduced (FM, DM, SM) and our two policies, on 2 x A100-40GB."""
+"""``mig-batch simulate flex``: Flex-MIG §5 reproduced (FM, DM, SM) and our two policies, on 2 x A100-40GB;
+``mig-batch simulate multi``: our multi-instance placement against Flex-MIG's round robin on a shared cluster."""
 
 from __future__ import annotations
 
@@ -49,6 +50,41 @@ def register_flex(kinds: argparse._SubParsersAction) -> None:
                    help=f"folder holding {PHILLY_FILE} (default $MIG_BATCH_DATA_DIR or {DEFAULT_DATA_DIR})")
     f.add_argument("--json", action="store_true", help="print the overall ratios as JSON")
     f.set_defaults(handler=cmd_simulate_flex)
+    m = kinds.add_parser("multi", help="jobs over several instances on a shared cluster: our MFI placement vs "
+                         "Flex-MIG's round robin")  # fmt: skip
+    m.add_argument("--seeds", type=int, default=5, help="workloads, each replayed under both rules (default 5)")
+    m.add_argument("--jobs", type=int, default=400, help="jobs per workload (default 400)")
+    m.add_argument("--per-slot", type=float, default=1.0, help="arrivals per slot, the load (default 1.0)")
+    m.add_argument("--nodes", type=int, default=4, help="nodes (default 4)")
+    m.add_argument("--gpus-per-node", type=int, default=2, help="A100-80GB per node (default 2)")
+    m.add_argument("--json", action="store_true", help="print every seed's outcome as JSON")
+    m.set_defaults(handler=cmd_simulate_multi)
+
+
+def cmd_simulate_multi(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from mig_batch.sim.flex_place import compare
+
+    for name in ("seeds", "jobs", "nodes", "gpus_per_node"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if not args.per_slot > 0:
+        raise ValueError(f"--per-slot (arrivals per slot) must be positive, got {args.per_slot}")
+    outcomes = compare(args.seeds, args.jobs, args.per_slot, args.nodes, args.gpus_per_node)
+    if args.json:
+        json.dump([asdict(o) for o in outcomes], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    table = Table(title=f"{args.jobs} jobs on {args.nodes} x {args.gpus_per_node} A100-80GB, {args.per_slot:g} "
+                  f"arrivals per slot (FIFO)")  # fmt: skip
+    for col in ("seed", "policy", "makespan", "mean wait", "wait (large)", "GPUs per multi-instance job"):
+        table.add_column(col, justify="right")
+    for o in outcomes:
+        table.add_row(str(o.seed), o.policy, str(o.makespan), f"{o.mean_wait:.2f}", f"{o.mean_wait_large:.2f}",
+                      f"{o.gpus_per_multi_job:.2f}")  # fmt: skip
+    console.print(table)
+    return 0
 
 
 def parse_slowdown(text: str) -> tuple[float, dict[int, float]]:

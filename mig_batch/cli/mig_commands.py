@@ -44,6 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--media", action="store_true", help="need media extensions (+me profiles)")
     p.add_argument("--gres", help="Slurm-style request instead: mig:20G, mig:3g, gpu:3g.40gb:1")
+    p.add_argument("--instances", metavar="auto",
+                   help="auto: the fewest leaves (Flex-MIG's rule) that cover --mem and --compute, per model")
     p = add("configs", cmd_configs, "count reachable and maximal MIG configurations and list the maximal ones")
     p.add_argument("model")
     p.add_argument("--profiles", help="comma-separated profile subset (default: all base profiles)")
@@ -159,6 +161,11 @@ def _request_from_args(args: argparse.Namespace) -> MigRequest:
 
 def cmd_translate(args: argparse.Namespace) -> int:
     request = _request_from_args(args)
+    if args.instances is not None:
+        if args.instances.strip().lower() != "auto":
+            raise RequestError(f"translate --instances takes auto (the leaves of Flex-MIG's rule), got "
+                               f"{args.instances!r}; for N instances of a size give --gres mig:1g.10gb:N")  # fmt: skip
+        return _translate_leaves(request, args)
     models = [get_model(args.gpu)] if args.gpu else sorted(all_models().values(), key=lambda m: m.name)
     rows = []
     for name, result in translate_any(request, models).items():
@@ -191,6 +198,32 @@ def cmd_translate(args: argparse.Namespace) -> int:
                     r["model"], f"[bold]{r['profile']}[/]", format_mib(r["memory_mib"]), f"{r['compute_slices']} slices"
                 )
         console.print(table)
+
+    emit(data, args.json, render)
+    return 0
+
+
+def _translate_leaves(request: MigRequest, args: argparse.Namespace) -> int:
+    from mig_batch.leaves import leaves_for
+
+    models = [get_model(args.gpu)] if args.gpu else sorted(all_models().values(), key=lambda m: m.name)
+    rows = []
+    for model in models:
+        plan = leaves_for(request, model)
+        rows.append({"model": model.name, "leaf": plan.leaf.name, "count": plan.count,
+                     "compute_slices": plan.total_compute, "memory_mib": plan.total_memory_mib,
+                     "asked_compute_slices": plan.compute_slices, "asked_memory_mib": plan.memory_mib})  # fmt: skip
+    data = {"request": request.describe(), "leaves": rows}
+
+    def render(d: dict[str, Any]) -> None:
+        table = Table(title=f"request: {d['request']}, over leaves (Flex-MIG's rule)")
+        for col in ("GPU model", "leaves", "compute", "memory"):
+            table.add_column(col)
+        for r in d["leaves"]:
+            table.add_row(r["model"], f"[bold]{r['count']} x {r['leaf']}[/]", f"{r['compute_slices']} slices",
+                          format_mib(r["memory_mib"]))  # fmt: skip
+        console.print(table)
+        console.print("a job runs over leaves only where the site sets flex.leaf_requests: true (docs/flex.md)")
 
     emit(data, args.json, render)
     return 0

@@ -20,10 +20,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mig_batch.cli.guard import DEBUG_HELP, run_guarded
 from mig_batch.cli.output import console, fail
-from mig_batch.config import ConfigError, load_config
+from mig_batch.config import ConfigError, SiteConfig, load_config
 from mig_batch.errors import MigBatchError
 from mig_batch.mig.models import UnknownModelError, all_models, get_model
 from mig_batch.request import (
@@ -39,6 +40,9 @@ from mig_batch.request import (
 )
 from mig_batch.subjob import SLURM_SIGNAL_MARGIN_S, next_job_spec
 
+if TYPE_CHECKING:
+    from mig_batch.leaves import LeafChoice
+
 
 class DirectiveError(MigBatchError, ValueError):
     pass
@@ -50,7 +54,9 @@ def _option_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-mem", metavar="SIZE", help="GPU memory the job needs, e.g. 18G")
     p.add_argument("--gpu-compute", metavar="SHARE", help="compute share: 0.3, 30%% or 2g")
     p.add_argument("--gpu", metavar="MODEL", help="GPU model the job must run on, e.g. A100-80GB")
-    p.add_argument("--instances", metavar="N", help="N instances of that size on one node, one per task")
+    p.add_argument("--instances", metavar="N",
+                   help="N instances of that size on one node, one per task; auto: as many leaves as the compute "
+                   "and memory need (Flex-MIG, where the site enables flex.leaf_requests)")  # fmt: skip
     p.add_argument("--moldable", metavar="SIZES", help="sizes with predicted times: 1g=300,2g=160,3g=110")
     p.add_argument("--atomize", action="store_true", help="run as a chain of checkpointed subjobs in gaps (SJA)")
     p.add_argument("--checkpoint-dir", metavar="DIR", help="--atomize: where the chain's checkpoints live")
@@ -141,17 +147,56 @@ def build_request(options: dict[str, str], sources: dict[str, str]) -> MigReques
 
 
 def instances_of(options: dict[str, str], sources: dict[str, str]) -> int:
-    """``--instances N``: a whole number of at least 1 (1 when not given)."""
+    """``--instances N``: a whole number of at least 1 (1 when not given, and for ``auto`` until the leaves
+    are counted)."""
     if "instances" not in options:
         return 1
     text = options["instances"].strip()
-    if not text.isdigit() or int(text) < 1:
-        raise DirectiveError(f"{sources['instances']}: --instances must be a whole number of at least 1, got "
-                             f"{options['instances']!r}")  # fmt: skip
+    if text.lower() != "auto" and (not text.isdigit() or int(text) < 1):
+        raise DirectiveError(f"{sources['instances']}: --instances must be a whole number of at least 1 or auto, "
+                             f"got {options['instances']!r}")  # fmt: skip
     for other in ("moldable", "atomize"):
         if other in options:
             raise DirectiveError(f"{sources['instances']}: --instances and --{other} exclude each other")
-    return int(text)
+    return 1 if text.lower() == "auto" else int(text)
+
+
+def wants_auto(options: dict[str, str]) -> bool:
+    return options.get("instances", "").strip().lower() == "auto"
+
+
+def leaf_options(request: MigRequest, options: dict[str, str], sources: dict[str, str], models: list,
+                 config: SiteConfig | None) -> tuple[dict[str, str], dict[str, str], LeafChoice]:  # fmt: skip
+    """Flex-MIG's finer request: the options of the N leaves it becomes (``--mig LEAF --instances N``, and
+    ``--gpu MODEL`` where another model has the same leaf in another count). Refused when the site has not
+    enabled ``flex.leaf_requests`` or no node holds the leaves."""
+    from mig_batch.leaves import choose_leaves, leaves_for, refused_without_setting
+    from mig_batch.placement.multi import node_capacity
+
+    auto = wants_auto(options)
+    for model in models:  # a request that cannot be over leaves is refused as such on any site
+        leaves_for(request, model)
+    if config is None or not config.flex.leaf_requests:
+        raise refused_without_setting(request, auto)
+    capacity = None
+    if config.nodes:
+        capacity = {}
+        for model in models:
+            leaf = leaves_for(request, model).leaf.name
+            held = [(node_capacity([m for m in gpus if m == model.name], {model.name: leaf}), node)
+                    for node, gpus in config.nodes.items()]  # fmt: skip
+            most, node = max(held)
+            capacity[model.name] = (most, f"on {node}" if most else "")
+    choice = choose_leaves(request, models, capacity)
+    leaves = {k: v for k, v in options.items() if k not in ("gpu_mem", "gpu_compute", "instances")}
+    origin = sources.get("instances") or sources.get("gpu_mem") or sources.get("gpu_compute") or "the request"
+    where = {k: v for k, v in sources.items() if k in leaves}
+    leaves["mig"], where["mig"] = choice.chosen.leaf.name, origin
+    if choice.chosen.count > 1:
+        leaves["instances"], where["instances"] = str(choice.chosen.count), origin
+    if choice.constrain and "gpu" not in leaves:
+        leaves["gpu"], where["gpu"] = choice.chosen.model, origin
+    return leaves, where, choice
 
 
 _TASK_OPTIONS = {"--ntasks-per-node": "per_node", "--ntasks": "tasks", "-n": "tasks", "--nodes": "nodes", "-N": "nodes"}
@@ -237,12 +282,17 @@ def moldable_field(text: str) -> str:
     return ",".join(f"{size}:{seconds:g}" for size, seconds in parse_moldable(text).times.items())
 
 
+def site_config() -> SiteConfig | None:
+    """The site config, or None where there is none (migsub then checks what it can without it)."""
+    try:
+        return load_config()
+    except ConfigError:
+        return None
+
+
 def site_models() -> list:
     """The site's GPU models (inventory of the mig_batch config) when there is one, else every model."""
-    try:
-        config = load_config()
-    except ConfigError:
-        config = None
+    config = site_config()
     names = sorted({m for ms in config.nodes.values() for m in ms}) if config and config.nodes else []
     return [get_model(n) for n in names] or sorted(all_models().values(), key=lambda m: m.name)
 
@@ -413,18 +463,34 @@ def _run(argv: list[str]) -> int:
                 raise DirectiveError(f"{args.script}: '{line}' asks for GPUs too; let migsub request the MIG instance")
         request = build_request(options, sources)
         models = [get_model(options["gpu"])] if "gpu" in options else site_models()
+        leaf_plans: dict[str, dict[str, object]] = {}
         if isinstance(request, MoldableRequest):
             per_model = moldable_per_model(request, models)  # a mixed site: the models that can run a size
         else:
+            from mig_batch.leaves import SETTING as LEAF_SETTING
+            from mig_batch.leaves import needs_leaves
+
             results = translate_any(request, models)
             per_model = {name: (None if isinstance(p, RequestError) else p.name) for name, p in results.items()}
+            config = site_config()
+            leaf_site = config is not None and config.flex.leaf_requests
+            hint = ""
+            if needs_leaves(request, results) and not leaf_site:
+                hint = f"; a site that sets {LEAF_SETTING}: true runs it over several leaves (docs/flex.md)"
+            if wants_auto(options) or (needs_leaves(request, results) and leaf_site):
+                options, sources, leaves = leaf_options(request, options, sources, models, config)
+                request = build_request(options, sources)
+                if "gpu" in options:
+                    models = [get_model(options["gpu"])]
+                per_model = {leaves.chosen.model: leaves.chosen.leaf.name}
+                leaf_plans = {p.model: {"leaf": p.leaf.name, "count": p.count} for p in leaves.plans}
             if not any(per_model.values()):
                 if len(models) == 1:
-                    raise results[models[0].name]
+                    raise RequestError(f"{results[models[0].name]}{hint}")
                 largest = max(models, key=lambda m: m.largest_profile.memory_mib)
                 raise RequestError(
                     f"no MIG profile of {', '.join(m.name for m in models)} satisfies {request.describe()}; "
-                    f"the largest is {largest.largest_profile.name} on {largest.name}"
+                    f"the largest is {largest.largest_profile.name} on {largest.name}{hint}"
                 )
         if args.atomize:
             options["atomize"], sources["atomize"] = "1", "--atomize"
@@ -453,12 +519,13 @@ def _run(argv: list[str]) -> int:
 
     if args.dry_run:
         if args.json:
-            json.dump({"options": options, "profiles": per_model, "sbatch": command, "script": stdin}, sys.stdout,
-                      indent=2)  # fmt: skip
+            json.dump({"options": options, "profiles": per_model, "leaves": leaf_plans, "sbatch": command,
+                       "script": stdin}, sys.stdout, indent=2)  # fmt: skip
             sys.stdout.write("\n")
         else:
             for name, chosen in per_model.items():
-                console.print(f"{name}: {chosen if chosen else '[red]no profile fits[/]'}", highlight=False)
+                shown = f"{options.get('instances', '1')} x {chosen} (leaves)" if leaf_plans else chosen
+                console.print(f"{name}: {shown if chosen else '[red]no profile fits[/]'}", highlight=False)
             console.print("sbatch command: " + shlex.join(command), highlight=False, soft_wrap=True)
             if stdin is not None:
                 console.print("subjob script (on sbatch's stdin):\n" + stdin, highlight=False, markup=False,

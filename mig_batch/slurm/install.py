@@ -13,15 +13,21 @@ from mig_batch.resources import resource_path
 SHIMS = ("mig-batch-prolog", "mig-batch-epilog", "mig-batch-taskprolog", "mig-batch-subjob")
 
 
-def profile_table(models: Iterable[GpuModel], nodes: Mapping[str, Sequence[str]] | None = None) -> str:
+def profile_table(models: Iterable[GpuModel], nodes: Mapping[str, Sequence[str]] | None = None,
+                  leaf_requests: bool = False) -> str:  # fmt: skip
     """The Lua tables: each model's profiles (with how many fit one GPU, for jobs over several instances)
-    and, when the site's inventory is known, each node's GPU models."""
+    and its Flex-MIG leaves (``leaf_one`` for a job of one, ``leaf`` for more: mig_batch.leaves' rule, read
+    by job_submit.lua for the site's finer requests); when the site's inventory is known, each node's GPU
+    models; and whether the site allows requests over leaves (``flex.leaf_requests``)."""
+    from mig_batch.leaves import leaf_profiles
     from mig_batch.mig.tables import tables_for
     from mig_batch.placement.multi import max_per_gpu
 
-    lines = ["MIG_MODELS = {"]
+    lines = [f"MIG_LEAF_REQUESTS = {'true' if leaf_requests else 'false'}", "MIG_MODELS = {"]
     for model in sorted(models, key=lambda m: m.name):
-        lines.append(f'\t["{model.name}"] = {{ compute_slices = {model.compute_slices}, profiles = {{')
+        one, many = leaf_profiles(model)
+        lines.append(f'\t["{model.name}"] = {{ compute_slices = {model.compute_slices}, leaf_one = "{one.name}", '
+                     f'leaf = "{many.name}", profiles = {{')  # fmt: skip
         for p in model.base_profiles:
             per_gpu = max_per_gpu(tables_for(model.name), p.name)
             lines.append(f'\t\t{{ name = "{p.name}", memory_mib = {p.memory_mib}, compute = {p.compute_slices}, '
@@ -35,9 +41,10 @@ def profile_table(models: Iterable[GpuModel], nodes: Mapping[str, Sequence[str]]
     return "\n".join(lines)
 
 
-def job_submit_lua(models: Iterable[GpuModel], nodes: Mapping[str, Sequence[str]] | None = None) -> str:
+def job_submit_lua(models: Iterable[GpuModel], nodes: Mapping[str, Sequence[str]] | None = None,
+                   leaf_requests: bool = False) -> str:  # fmt: skip
     template = resource_path("plugins", "slurm", "job_submit.lua.in").read_text()
-    return template.replace("--@PROFILES@", profile_table(models, nodes))
+    return template.replace("--@PROFILES@", profile_table(models, nodes, leaf_requests))
 
 
 def node_slices(nodes: Mapping[str, Sequence[str]]) -> dict[str, int]:
@@ -62,7 +69,8 @@ def slice_accounting_conf(nodes: Mapping[str, Sequence[str]], gres: str) -> tupl
 
 
 def install(dest: Path, python: str, config: str, job_dir: str, agent_socket: str, models: Iterable[GpuModel],
-            nodes: Mapping[str, Sequence[str]] | None = None, slice_gres: str = "") -> list[Path]:  # fmt: skip
+            nodes: Mapping[str, Sequence[str]] | None = None, slice_gres: str = "",
+            leaf_requests: bool = False) -> list[Path]:  # fmt: skip
     dest.mkdir(parents=True, exist_ok=True)
     written = []
     values = {"@PYTHON@": python, "@CONFIG@": config, "@JOB_DIR@": job_dir, "@SOCKET@": agent_socket,
@@ -76,7 +84,7 @@ def install(dest: Path, python: str, config: str, job_dir: str, agent_socket: st
         path.chmod(0o755)
         written.append(path)
     path = dest / "job_submit.lua"
-    path.write_text(job_submit_lua(models, nodes))
+    path.write_text(job_submit_lua(models, nodes, leaf_requests))
     written.append(path)
     if slice_gres and nodes:  # lines to merge by hand: they touch the site's own NodeName lines
         for name, text in zip(("slurm.conf.mig-batch", "gres.conf.mig-batch"),

@@ -6,15 +6,13 @@ N from Flex-MIG's sizes 2/4/6/8) mixed with one-instance jobs of large profiles 
 of slots. Single-instance jobs are placed by MFI under both; only the multi-instance rule differs, so
 the figures show what the rule does to the rest of the queue. Strict FIFO: the head blocks.
 
-    python -m mig_batch.bench.flex_place [--seeds 5] [--jobs 400] [--per-slot 1.0]
+Pure: ``mig-batch simulate multi`` (mig_batch/cli/flex_commands.py) runs and prints it.
 """
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -61,6 +59,7 @@ def workload(seed: int, jobs: int, per_slot: float = 1.0, multi_share: float = 0
 
 
 def run(policy: str, jobs: Sequence[Job], nodes: int = 4, gpus_per_node: int = 2, seed: int = 0) -> Outcome:
+    """Replay ``jobs`` FIFO on ``nodes`` x ``gpus_per_node`` A100-80GB, multi-instance jobs placed by ``policy``."""
     cluster = Cluster.homogeneous(MODEL, nodes * gpus_per_node, gpus_per_node)
     multi, single = MultiPolicy(policy), make_policy("mfi")
     queue: list[Job] = []
@@ -99,21 +98,18 @@ def run(policy: str, jobs: Sequence[Job], nodes: int = 4, gpus_per_node: int = 2
                    statistics.fmean(spread) if spread else 0.0)  # fmt: skip
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mig_batch.bench.flex_place", description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--jobs", type=int, default=400)
-    parser.add_argument("--per-slot", type=float, default=1.0, help="arrivals per slot (the load)")
-    args = parser.parse_args(argv)
-    print("seed  policy     makespan  mean wait  wait (large)  GPUs per multi-instance job")
-    for seed in range(args.seeds):
-        jobs = workload(seed, args.jobs, args.per_slot)
-        for policy in ("flex-mig", "mfi"):
-            o = run(policy, jobs, seed=seed)
-            print(f"{seed:>4}  {policy:<9} {o.makespan:>9} {o.mean_wait:>10.2f} {o.mean_wait_large:>13.2f} "
-                  f"{o.gpus_per_multi_job:>28.2f}")  # fmt: skip
-    return 0
+def compare(seeds: int, jobs: int, per_slot: float, nodes: int = 4, gpus_per_node: int = 2) -> list[Outcome]:
+    """Both rules on the same ``seeds`` workloads: flex-mig then mfi for each seed. Refused when a node cannot
+    hold the largest multi-instance job (it would wait for ever)."""
+    from mig_batch.mig.tables import tables_for
+    from mig_batch.placement.multi import max_per_gpu
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    per_node = gpus_per_node * max_per_gpu(tables_for(MODEL), "1g.10gb")
+    if per_node < max(SIZES):
+        raise ValueError(f"--gpus-per-node {gpus_per_node}: a node then holds {per_node} x 1g.10gb, fewer than the "
+                         f"largest job's {max(SIZES)}; give at least 2")  # fmt: skip
+    out = []
+    for seed in range(seeds):
+        work = workload(seed, jobs, per_slot)
+        out += [run(policy, work, nodes, gpus_per_node, seed) for policy in ("flex-mig", "mfi")]
+    return out
