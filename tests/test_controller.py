@@ -341,3 +341,49 @@ def test_a_kept_window_holds_a_chain_back_only_for_a_bounded_time(tmp_path, max_
     else:
         assert granted is not None and granted.node == "n1"  # waited past the bound: offered the kept window
     assert batch.job(b).running and batch.job(fill[1] if on_n1 == fill[0] else fill[0]).running
+
+
+@pytest.mark.parametrize("live_defrag", [True, False])
+def test_at_short_windows_a_subjob_is_expected_to_end_with_its_window_not_slurms_limit(tmp_path, live_defrag):
+    """Slurm's limit for a 16 s window is 2 min (grace, USR1 margin, whole minutes). Taken as the
+    subjob's end, it made the chains' GPU look busy long after their checkpoints: live defrag then
+    moved a chain's next subjob back next to the other chain (it seemed to end in time) and the
+    waiting 7g job never got the GPU. The expected end is the window's end."""
+    import time
+
+    from mig_batch.config import AtomizeConfig
+
+    nodes = {"n1": ("A100-80GB", "A100-80GB")}
+    site = SiteConfig(state=tmp_path / "state.db", nodes=nodes, atomize=AtomizeConfig(live_defrag=live_defrag))
+    batch, store = FakeBatch(["n1"]), Store(site.state)
+    c = Controller(site, store, batch)
+    batch.clock = time.time()
+    rigid = batch.add("mig-batch:v1;req=4g.40gb", time_limit_s=1800)
+    c.step()
+    made(batch, rigid)
+    filler = batch.add("mig-batch:v1;req=3g.40gb", time_limit_s=1800)
+    c.step()
+    made(batch, filler)
+    full = parse_place(batch.job(rigid).admin_tag).gpu
+    assert parse_place(batch.job(filler).admin_tag).gpu == full  # one GPU full, the other free
+    tag = "mig-batch:v1;req=1g.10gb;atomize=1;ckpt={};smin=4;smax=16"
+    chains = {}
+    for name, ago in (("A", 14), ("B", 10)):  # A's window ends in 2 s, B's in 6 s
+        chains[name] = batch.add(tag.format(tmp_path / name))
+        c.step()
+        batch.clock = time.time() - ago
+        made(batch, chains[name])
+        assert batch.job(chains[name]).end_time - batch.job(chains[name]).start_time == 120  # Slurm's limit
+    assert {parse_place(batch.job(j).admin_tag).gpu for j in chains.values()} == {1 - full}
+    whole = batch.add(BIG)
+    c.step()
+    batch.finish(filler)  # room next to the long rigid job
+    c.step()
+    assert batch.job(whole).held
+    a2 = _checkpoint(c, batch, chains, "A")
+    assert parse_place(batch.job(a2).admin_tag).gpu == full  # elsewhere: B's GPU is the 7g job's next
+    assert not store.events(kind="defrag-moved")
+    _checkpoint(c, batch, chains, "B")
+    assert parse_place(batch.job(whole).admin_tag).gpu == 1 - full
+    assert batch.job(rigid).running
+    assert not [call for call in batch.calls if call[0] in ("cancel", "requeue_hold", "hold")]

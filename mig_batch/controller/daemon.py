@@ -431,8 +431,10 @@ class Controller:
         return sorted(out, key=lambda j: j.order)
 
     def _until(self, jobs: Mapping[str, BatchJob], now: float) -> Callable[[str], float]:
-        """When each placed job is expected to free its instance: a moldable job's predicted end
-        (less credit once overdue), else the end of Slurm's time limit (from now, before it starts)."""
+        """When each placed job is expected to free its instance: a chain subjob's window end (the
+        runner checkpoints before it; Slurm's limit adds grace and USR1 margins, minutes at short
+        windows), a moldable job's predicted end (less credit once overdue), else the end of
+        Slurm's time limit (from now, before it starts)."""
 
         def until(job_id: str) -> float:
             job, seconds = jobs.get(job_id), self._predicted_s(job_id)
@@ -441,12 +443,22 @@ class Controller:
                 limit = max(float(job.end_time), now)
             else:
                 limit = now + job.time_limit_s if job is not None else math.inf
+            started = float(job.start_time) if running and job.start_time > 0 else now
+            window = self._window_s(job_id)
+            if window is not None:
+                return min(limit, max(started + window, now))
             if seconds is None:
                 return limit
-            started = float(job.start_time) if running and job.start_time > 0 else now
             return min(limit, expected_end(started + seconds, now))
 
         return until
+
+    def _window_s(self, job_id: str) -> float | None:
+        """A granted chain subjob's window (None for any other job)."""
+        if self.store.chain(job_id) is None:
+            return None
+        subjobs = self.store.subjobs(job_id)
+        return subjobs[-1].window_s if subjobs and subjobs[-1].ended_at is None else None
 
     def _predicted_s(self, job_id: str) -> float | None:
         if job_id not in self._predicted:

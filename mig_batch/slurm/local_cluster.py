@@ -311,6 +311,7 @@ class MigTestbed:
     reconcile_interval_s: float = 5.0
     mig_off: dict[str, list[int]] = field(default_factory=dict)  # GPUs emulated with MIG mode off, per node
     node_pythonpath: str = ""  # put first on the node processes' path (e.g. another nvidia-ml-py version)
+    atomize: dict[str, object] = field(default_factory=dict)  # mig-batchd's atomize settings (e.g. live_defrag)
     cluster: LocalCluster | None = None
     controller: subprocess.Popen | None = None
     agents: dict[str, subprocess.Popen] = field(default_factory=dict)
@@ -386,6 +387,7 @@ class MigTestbed:
         self.store_path.parent.mkdir(parents=True, exist_ok=True)
         self.controller_config.write_text(yaml.safe_dump({
             **common, "state": str(self.store_path), "poll_interval_s": self.poll_interval_s,
+            **({"atomize": dict(self.atomize)} if self.atomize else {}),
         }))  # fmt: skip
 
     def node_prefix(self, node: str) -> list[str]:
