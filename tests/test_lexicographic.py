@@ -20,8 +20,8 @@ GPU = get_model(MODEL)
 BASE = [p.name for p in GPU.base_profiles]
 
 
-def request(profile, now=None, end=None):
-    return PlacementRequest.single("r", MODEL, profile, now, end)
+def request(profile, now=None, end=None, job="r"):
+    return PlacementRequest.single(job, MODEL, profile, now, end)
 
 
 def six_small_on_gpu0():
@@ -143,9 +143,21 @@ def test_mix_switches_order_with_the_share_of_whole_gpu_requests():
     light = MixAware()
     assert light.decide(cluster, request("1g.5gb")).gid == 1  # no whole-GPU requests seen: waste first
     heavy = MixAware()
-    for _ in range(3):
-        heavy.decide(cluster, request("7g.40gb"))  # decide never changes the cluster
-    assert heavy.decide(cluster, request("1g.5gb")).gid == 0  # 3 of 4 whole-GPU: keep GPU 1 empty
+    for n in range(3):
+        heavy.decide(cluster, request("7g.40gb", job=f"big{n}"))  # decide never changes the cluster
+    assert heavy.decide(cluster, request("1g.5gb", job="small")).gid == 0  # 3 of 4 whole-GPU: keep GPU 1 empty
+
+
+def test_mix_counts_a_job_decided_again_once():
+    """mig-batchd decides a waiting job again at every pass: one blocked 7g job must not look like a mix
+    of whole-GPU requests."""
+    cluster = six_small_on_gpu0()
+    mix = MixAware()
+    for _ in range(50):
+        mix.decide(cluster, request("7g.40gb", job="waiting"))
+    for n in range(3):
+        mix.decide(cluster, request("1g.5gb", job=f"small{n}"))
+    assert mix.decide(cluster, request("1g.5gb", job="small3")).gid == 1  # 1 of 5 whole-GPU: waste first
     assert make_policy("mix", whole_share=0.9).describe()["whole_share"] == 0.9
 
 

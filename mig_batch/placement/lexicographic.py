@@ -164,18 +164,24 @@ class MixAware(Policy):
         self.whole_share = whole_share
         self.fit = Lexicographic(fit_order, end_after=end_after)
         self.waste = Lexicographic(waste_order, end_after=end_after)
-        self.recent: deque[bool] = deque(maxlen=window)
+        self.recent: deque[tuple[str, bool]] = deque(maxlen=window)  # (job, needs a whole GPU)
+        self.seen: set[str] = set()  # the jobs in ``recent``: a job decided again (it waited) counts once
         self.whole_recent = 0
 
     def _observe(self, cluster: Cluster, request: PlacementRequest) -> None:
+        if request.job in self.seen:
+            return
         whole = False
         for model, profile in request.profiles.items():
             if model in cluster.models:
                 gpu_model = cluster.models[model]
                 whole = whole or gpu_model.profile(profile).memory_slices == gpu_model.memory_slices
-        if len(self.recent) == self.recent.maxlen and self.recent[0]:
-            self.whole_recent -= 1
-        self.recent.append(whole)
+        if len(self.recent) == self.recent.maxlen:
+            oldest, oldest_whole = self.recent[0]
+            self.seen.discard(oldest)
+            self.whole_recent -= oldest_whole
+        self.recent.append((request.job, whole))
+        self.seen.add(request.job)
         self.whole_recent += whole
 
     def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
