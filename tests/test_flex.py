@@ -13,13 +13,14 @@ from mig_batch.batch.fake import FakeBatch
 from mig_batch.batch.system import JobState, Pin
 from mig_batch.batch.tags import NodeReport, Placed, parse_place, parse_report, parse_tag, placed_tag, with_report
 from mig_batch.config import SiteConfig
-from mig_batch.controller.daemon import Controller
+from mig_batch.controller.daemon import Controller, build_view
 from mig_batch.mig.models import get_model
 from mig_batch.mig.tables import tables_for
 from mig_batch.node.agent import NodeAgent
 from mig_batch.node.journal import Journal
 from mig_batch.placement.cluster import Cluster
 from mig_batch.placement.multi import (
+    MULTI_POLICIES,
     MultiPlacement,
     MultiPolicy,
     MultiRejection,
@@ -403,3 +404,58 @@ def test_status_shows_every_rank_on_its_gpu(tmp_path, capsys):
     gpus = json.loads(capsys.readouterr().out)
     seen = [(g["gpu"], j["job"], j["start"]) for g in gpus for j in g["jobs"]]
     assert sorted(seen) == sorted((g, "9" if r == 0 else f"9#{r}", s) for r, (g, _, s) in enumerate(SPOTS))
+
+
+# --- one job's instances share one GPU model ------------------------------------------------------------------
+
+
+def test_a_mixed_model_node_gets_one_model_per_job_and_placement_goes_on(tmp_path):
+    site = SiteConfig(state=tmp_path / "state.db", job_dir=tmp_path / "jobs", node_dir=tmp_path / "node",
+                      nodes={"n1": ("A100-40GB", "A100-80GB")})  # fmt: skip
+    batch = FakeBatch(["n1"])
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    multi = batch.add("mig-batch:v1;req=20480M;n=2")
+    plain = batch.add("mig-batch:v1;req=1g.10gb")
+    assert c.step().placed == 2 and not c.step().errors
+    place, d = parse_place(batch.job(multi).admin_tag), store.decision(multi)
+    models = {c.view.gpus[c.gid["n1", g]].model for g, _, _ in place.ranks()}
+    assert models == {d.model} and len(place.ranks()) == 2
+    pin = c._pin(d)
+    assert pin.slices == sum(get_model(d.model).profile(p).memory_slices for _, p, _ in place.ranks())
+    assert parse_place(batch.job(plain).admin_tag) is not None
+
+
+def test_the_multi_policies_never_mix_models_and_node_capacity_counts_one_model():
+    cluster = build_view({"n1": ("A100-40GB", "A100-80GB")})
+    profiles = {"A100-40GB": "1g.10gb", "A100-80GB": "1g.10gb"}
+    per = {m: max_per_gpu(tables_for(m), "1g.10gb") for m in profiles}
+    for name in MULTI_POLICIES:
+        for n in range(1, max(per.values()) + 1):
+            p = MultiPolicy(name).decide(cluster, profiles, n)
+            assert isinstance(p, MultiPlacement), (name, n, p)
+            assert {cluster.gpus[s.gid].model for s in p.spots} == {p.model}
+        too_many = MultiPolicy(name).decide(cluster, profiles, max(per.values()) + 1)
+        assert not isinstance(too_many, MultiPlacement)
+    assert node_capacity(["A100-40GB", "A100-80GB"], profiles) == max(per.values())
+    assert node_capacity(["A100-80GB", "A100-80GB"], profiles) == 2 * per["A100-80GB"]
+
+
+def test_the_generated_lua_counts_one_model_per_node():
+    lupa = pytest.importorskip("lupa")
+    from mig_batch.slurm.install import job_submit_lua
+
+    nodes = {"n1": ["A100-40GB", "A100-80GB"]}
+    source = job_submit_lua([get_model("A100-40GB"), get_model("A100-80GB")], nodes, False)
+    most = node_capacity(nodes["n1"], {"A100-40GB": "1g.10gb", "A100-80GB": "1g.10gb"})
+    assert most == max(max_per_gpu(tables_for(m), "1g.10gb") for m in nodes["n1"])  # not their sum
+    for count, ok in [(most, True), (most + 1, False)]:
+        lua = lupa.LuaRuntime(unpack_returned_tuples=True)
+        lua.execute("slurm = { SUCCESS = 0, ERROR = -1, "
+                    "log_user = function(f, ...) LOGGED = string.format(f, ...) end }")
+        lua.execute(source)
+        job = lua.table_from({"tres_per_node": f"gres/mig:1g.10gb:{count}", "ntasks_per_node": 65534,
+                              "num_tasks": 1, "min_nodes": 4294967294})  # fmt: skip
+        assert (lua.globals().slurm_job_submit(job, None, 0) == 0) is ok, lua.globals().LOGGED
+        if not ok:
+            assert f"the most is {most} (on n1)" in lua.globals().LOGGED
