@@ -459,3 +459,21 @@ def test_the_generated_lua_counts_one_model_per_node():
         assert (lua.globals().slurm_job_submit(job, None, 0) == 0) is ok, lua.globals().LOGGED
         if not ok:
             assert f"the most is {most} (on n1)" in lua.globals().LOGGED
+
+
+def test_every_rank_of_a_multi_instance_job_is_held_until_the_job_ends(site):
+    batch = FakeBatch(["n1", "n2"])
+    c = Controller(site, Store(site.state), batch)
+    job = batch.add("mig-batch:v1;req=1g.10gb;n=3", time_limit_s=600.0)
+    assert c.step().placed == 1
+    now = 1000.0
+    ends = {h.until for t in c.timelines({j.job_id: j for j in batch.jobs()}, now, None) for h in t.holds}
+    assert ends == {now + batch.job(job).time_limit_s}
+
+
+def test_rank_keys_name_the_job_and_parse_back():
+    from mig_batch.batch.tags import job_of, rank_key
+
+    assert rank_key("42", 0) == "42" and job_of("42") == "42"
+    assert [job_of(rank_key("42", r)) for r in range(5)] == ["42"] * 5
+    assert len({rank_key("42", r) for r in range(5)}) == 5

@@ -25,6 +25,19 @@ from mig_batch.batch.system import MANAGED_PREFIX
 from mig_batch.mig.models import get_model
 from mig_batch.request import MigRequest, MoldableRequest, RequestError, parse_compute, parse_gres, translate
 
+RANK_SEPARATOR = "#"
+
+
+def rank_key(job: str, rank: int) -> str:
+    """A multi-instance job's rank as the view, the store and the node's journal name it: the job
+    itself for rank 0, ``job#r`` after."""
+    return job if rank == 0 else f"{job}{RANK_SEPARATOR}{rank}"
+
+
+def job_of(key: str) -> str:
+    """The job a :func:`rank_key` names (a job id has no ``#``)."""
+    return key.partition(RANK_SEPARATOR)[0]
+
 
 @dataclass(frozen=True)
 class Atomize:

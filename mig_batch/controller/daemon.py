@@ -31,12 +31,14 @@ from mig_batch.batch.tags import (
     JobTag,
     NodeReport,
     Placed,
+    job_of,
     moldable_times,
     parse_agent_tag,
     parse_report,
     parse_tag,
     placed_tag,
     profiles_by_model,
+    rank_key,
 )
 from mig_batch.config import SiteConfig
 from mig_batch.controller.chains import ChainDriver
@@ -59,11 +61,6 @@ class PassStats:
     waiting: int = 0
     ended: int = 0
     errors: list[str] = field(default_factory=list)
-
-
-def rank_key(job: str, rank: int) -> str:
-    """A multi-instance job's rank as the view names it: the job itself for rank 0, ``job#r`` after."""
-    return job if rank == 0 else f"{job}#{rank}"
 
 
 def build_view(nodes: dict[str, tuple[str, ...]]) -> Cluster:
@@ -436,7 +433,8 @@ class Controller:
         windows), a moldable job's predicted end (less credit once overdue), else the end of
         Slurm's time limit (from now, before it starts)."""
 
-        def until(job_id: str) -> float:
+        def until(key: str) -> float:
+            job_id = job_of(key)  # every rank of a multi-instance job ends with the job
             job, seconds = jobs.get(job_id), self._predicted_s(job_id)
             running = job is not None and job.state is JobState.RUNNING
             if running and job.end_time > 0:
@@ -481,8 +479,8 @@ class Controller:
         out: dict[int, int] = {}
         for gpu in self.view.gpus:
             model = get_model(gpu.model)
-            for job, (profile, start) in gpu.instances.items():
-                if self.store.chain(job) is not None:
+            for key, (profile, start) in gpu.instances.items():
+                if self.store.chain(job_of(key)) is not None:
                     out[gpu.gid] = out.get(gpu.gid, 0) | model.profile(profile).window(start)
         return out
 

@@ -26,9 +26,11 @@ from mig_batch.batch.tags import (
     NodeProblem,
     NodeReport,
     Placed,
+    job_of,
     parse_place,
     parse_tag,
     profiles_by_model,
+    rank_key,
     with_report,
 )
 from mig_batch.gpu.base import GpuBackend, GpuBackendError, InsufficientResources, InUse, NotFound, NotSupported
@@ -105,11 +107,6 @@ def place_ranks_locally(backend: GpuBackend, node: str, request: str, decided_mo
         return None
     decision = MultiPolicy(policy if policy in MULTI_POLICIES else "mfi").decide(view, profiles, instances)
     return decision if isinstance(decision, MultiPlacement) else None
-
-
-def rank_job(job_id: str, rank: int) -> str:
-    """The journal's name of a multi-instance job's rank: the job itself for rank 0, ``job#r`` after."""
-    return job_id if rank == 0 else f"{job_id}#{rank}"
 
 
 class NodeAgent:
@@ -216,7 +213,7 @@ class NodeAgent:
                 return PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"], report, report.reason)
             kind = "replaced"
         now = self.clock()
-        entries = [Entry(rank_job(job_id, r), i.gpu, i.gi_id, i.profile, i.start, i.uuid, now)
+        entries = [Entry(rank_key(job_id, r), i.gpu, i.gi_id, i.profile, i.start, i.uuid, now)
                    for r, i in enumerate(made)]  # fmt: skip
         try:
             for entry in entries:  # before the job can use them: a restart knows what it owns
@@ -250,7 +247,7 @@ class NodeAgent:
     def _entries(self, job_id: str) -> list[Entry]:
         """The journal's entries of a job in rank order (one for a single-instance job)."""
         out = []
-        while (entry := self.journal.get(rank_job(job_id, len(out)))) is not None:
+        while (entry := self.journal.get(rank_key(job_id, len(out)))) is not None:
             out.append(entry)
         return out
 
@@ -366,14 +363,14 @@ class NodeAgent:
                 return []
             strays = []
             for entry in self.journal.entries():
-                if entry.job.partition("#")[0] in live:  # a multi-instance job's rank r is job#r
+                if job_of(entry.job) in live:  # a multi-instance job's rank r is job#r
                     continue
                 with_job = f"job {entry.job}'s "
                 found = self.backend.find(entry.uuid)
                 if found is not None:
                     strays.append(with_job + self._destroy_stray(found))
                 self.journal.remove(entry.job)
-                (self.job_dir / entry.job.partition("#")[0]).unlink(missing_ok=True)
+                (self.job_dir / job_of(entry.job)).unlink(missing_ok=True)
             owned = {e.uuid for e in self.journal.entries()}
             gpus = self.backend.gpus()
             self.mig_off = tuple(g.index for g in gpus if not g.mig_enabled)
