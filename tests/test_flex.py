@@ -477,3 +477,19 @@ def test_rank_keys_name_the_job_and_parse_back():
     assert rank_key("42", 0) == "42" and job_of("42") == "42"
     assert [job_of(rank_key("42", r)) for r in range(5)] == ["42"] * 5
     assert len({rank_key("42", r) for r in range(5)}) == 5
+
+
+def test_a_count_inside_req_is_the_instance_count_and_a_contradicting_n_is_refused(site):
+    assert parse_tag("mig-batch:v1;req=1g.10gb:4").instances == 4
+    assert parse_tag("mig-batch:v1;req=1g.10gb:4;n=4").instances == 4
+    assert parse_tag("mig-batch:v1;req=1g.10gb:1;n=3").instances == 3
+    with pytest.raises(ValueError, match="asks for 4 instances but n=2"):
+        parse_tag("mig-batch:v1;req=1g.10gb:4;n=2")
+    batch = FakeBatch(["n1", "n2"])
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    job = batch.add("mig-batch:v1;req=1g.10gb:4")
+    bad = batch.add("mig-batch:v1;req=1g.10gb:4;n=2")
+    assert c.step().placed == 1
+    assert len(parse_place(batch.job(job).admin_tag).ranks()) == 4
+    assert batch.job(bad).state is JobState.HELD and store.events(job=bad, kind="bad-tag")

@@ -108,8 +108,23 @@ def parse_tag(text: str) -> JobTag:
         instances = 0
     if instances < 1:
         raise ValueError(f"mig_batch tag with n= not a positive number of instances: {text!r}")
+    counted = _spec_count(fields["req"])  # req=1g.10gb:4 (HTCondor's +MigRequest) names its own count
+    if "n" not in fields and counted is not None:
+        instances = counted
+    elif counted not in (None, 1, instances):
+        raise ValueError(f"mig_batch tag whose req={fields['req']} asks for {counted} instances but n={instances}: "
+                         f"give the count once (req=1g.10gb:4, or req=1g.10gb;n=4): {text!r}")  # fmt: skip
     return JobTag(fields["req"], fields.get("compute") or None, fields.get("model") or None, atomize,
                   fields.get("moldable") or None, instances)  # fmt: skip
+
+
+def _spec_count(spec: str) -> int | None:
+    """The instance count a request spec names (``1g.10gb:4`` -> 4, ``1g.10gb`` -> 1); None when the
+    spec is unreadable (the controller reports that as unplaceable)."""
+    try:
+        return parse_gres(f"mig:{spec}").count
+    except RequestError:
+        return None
 
 
 @dataclass(frozen=True)
