@@ -166,13 +166,10 @@ class NodeAgent:
                 raise InsufficientResources(f"decided for {place.node}, running on {self.node}")
             inst = self.backend.create(place.gpu, place.profile, place.start)
         except NotSupported:
-            if not self._mig_off_now(place.gpu):
+            refused = self._refused_mig_off(job_id, [place.gpu])
+            if refused is None:
                 raise
-            reason = (f"MIG mode is off on GPU {place.gpu} of {self.node}; the job is requeued and that GPU takes "
-                      f"no MIG job until an administrator runs 'nvidia-smi -i {place.gpu} -mig 1'")  # fmt: skip
-            self._publish_problem(NodeProblem("prolog", job_id, reason))
-            report = NodeReport("requeue", reason=reason)
-            return PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"], report, reason)
+            return refused
         except InsufficientResources as exc:
             decided_model = next((g.model for g in self.backend.gpus() if g.index == place.gpu), None)
             local = place_locally(self.backend, self.node, job.admin_tag, decided_model, place.profile, self.policy)
@@ -199,6 +196,11 @@ class NodeAgent:
             if place.node != self.node:
                 raise InsufficientResources(f"decided for {place.node}, running on {self.node}")
             made = self._create_all(place.ranks())
+        except NotSupported:  # every rank's GPU is checked: one off refuses the whole job
+            refused = self._refused_mig_off(job_id, sorted({gpu for gpu, _, _ in place.ranks()}))
+            if refused is None:
+                raise
+            return refused
         except InsufficientResources as exc:
             decided_model = next((g.model for g in self.backend.gpus() if g.index == place.gpu), None)
             local = place_ranks_locally(self.backend, self.node, job.admin_tag, decided_model, place.profile,
@@ -227,6 +229,20 @@ class NodeAgent:
         report = NodeReport(kind, made[0].gpu, made[0].profile, made[0].start, made[0].gi_id, made[0].uuid,
                             more=tuple(reports[1:]))  # fmt: skip
         return PrologResult(self._exports(entries, place), report)
+
+    def _refused_mig_off(self, job_id: str, gpus: list[int]) -> PrologResult | None:
+        """A create refused as not supported: when MIG mode is off on one of the job's ``gpus`` (read
+        again, published for the controller), the job's requeue with the reason; None when it is not."""
+        self._mig_off_now(-1)  # reads every GPU's mode again
+        off = [gpu for gpu in gpus if gpu in self.mig_off]
+        if not off:
+            return None
+        listed = ", ".join(map(str, off))
+        reason = (f"MIG mode is off on GPU {listed} of {self.node}; the job is requeued and that GPU takes no MIG "
+                  f"job until an administrator runs 'nvidia-smi -i {listed} -mig 1'")  # fmt: skip
+        self._publish_problem(NodeProblem("prolog", job_id, reason))
+        report = NodeReport("requeue", reason=reason)
+        return PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"], report, reason)
 
     def _create_all(self, spots) -> list:
         """Create an instance at every (gpu, profile, start); on any failure destroy the ones made and raise."""
