@@ -493,3 +493,22 @@ def test_a_count_inside_req_is_the_instance_count_and_a_contradicting_n_is_refus
     assert c.step().placed == 1
     assert len(parse_place(batch.job(job).admin_tag).ranks()) == 4
     assert batch.job(bad).state is JobState.HELD and store.events(job=bad, kind="bad-tag")
+
+
+def test_a_blocked_multi_instance_job_gets_no_one_instance_reservation(site, tmp_path):
+    batch = FakeBatch(["n1", "n2"])
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    for _ in range(3):
+        batch.add("mig-batch:v1;req=7g.80gb")
+    c.step()
+    blocked = batch.add(FOUR)
+    refused = batch.add(f"mig-batch:v1;req=1g.10gb;n=2;atomize=1;ckpt={tmp_path / 'ckpt'};smin=30;smax=300")
+    batch.add(f"mig-batch:v1;req=1g.10gb;atomize=1;ckpt={tmp_path / 'other'};smin=30;smax=300")
+    asked = []
+    timelines = c.timelines
+    c.timelines = lambda jobs, now, blocked: asked.append(blocked) or timelines(jobs, now, blocked)
+    c.step()
+    assert asked and all(b is None for b in asked)
+    assert store.decision(blocked) is None and store.decision(refused) is None and store.chain(refused) is None
+    assert "cannot be a subjob chain" in store.events(job=refused, kind="waiting")[0]["reason"]

@@ -146,6 +146,9 @@ class Controller:
             except ValueError as exc:
                 self.store.event(job.job_id, "bad-tag", error=str(exc))
                 continue
+            if tag.instances > 1 and (tag.atomize is not None or tag.moldable is not None):
+                self._waiting(job.job_id, "a job over several instances cannot be a subjob chain or moldable")
+                continue  # never placeable: no reservation either
             if tag.atomize is not None:
                 if self._unlinked(job, tag):
                     continue  # a chain's next job: it waits until the previous subjob has ended
@@ -160,7 +163,9 @@ class Controller:
             else:
                 stats.waiting += 1
                 profiles = self.profiles_for(tag)
-                if isinstance(profiles, dict):
+                # the EASY reservation and live defrag hold one instance: a job over several instances
+                # would get a reservation that cannot start it, so it waits without one
+                if isinstance(profiles, dict) and tag.instances == 1:
                     blocked = blocked or profiles
                     blocked_all.append(profiles)
         if moldable or chains:
@@ -569,9 +574,6 @@ class Controller:
         profiles = self.profiles_for(tag)
         if isinstance(profiles, str):
             self.store.event(job.job_id, "unplaceable", error=profiles)
-            return None
-        if tag.atomize is not None or tag.moldable is not None:
-            self._waiting(job.job_id, "a job over several instances cannot be a subjob chain or moldable")
             return None
         decision = self.multi.decide(self.view, profiles, tag.instances)
         if not isinstance(decision, MultiPlacement):
