@@ -512,3 +512,36 @@ def test_a_blocked_multi_instance_job_gets_no_one_instance_reservation(site, tmp
     assert asked and all(b is None for b in asked)
     assert store.decision(blocked) is None and store.decision(refused) is None and store.chain(refused) is None
     assert "cannot be a subjob chain" in store.events(job=refused, kind="waiting")[0]["reason"]
+
+
+def test_a_stored_decision_mixing_models_is_pinned_with_each_gpus_slices(tmp_path):
+    from mig_batch.state import Decision
+
+    site = SiteConfig(state=tmp_path / "state.db", job_dir=tmp_path / "jobs", node_dir=tmp_path / "node",
+                      nodes={"n1": ("A100-40GB", "A100-80GB")})  # fmt: skip
+    batch = FakeBatch(["n1"])
+    store = Store(site.state)
+    old = batch.add("mig-batch:v1;req=20480M;n=2")  # decided before jobs kept to one model
+    spots = ((0, "3g.20gb", 0), (1, "2g.20gb", 0))
+    store.record_decision(Decision(old, "mig-batch:v1;req=20480M;n=2", "n1", 0, "A100-40GB", "3g.20gb", 0, "decided",
+                                   "multi-mfi"), spots=spots)  # fmt: skip
+    c = Controller(site, store, batch)
+    plain = batch.add("mig-batch:v1;req=1g.10gb")
+    assert c.step().placed == 2
+    assert parse_place(batch.job(plain).admin_tag) is not None
+    assert c._pin(store.decision(old)).slices == get_model("A100-40GB").profile("3g.20gb").memory_slices + \
+        get_model("A100-80GB").profile("2g.20gb").memory_slices  # fmt: skip
+
+
+def test_an_unpinnable_decision_does_not_keep_other_jobs_from_their_pins(site):
+    from mig_batch.state import Decision
+
+    batch = FakeBatch(["n1", "n2"])
+    store = Store(site.state)
+    broken = batch.add("mig-batch:v1;req=1g.10gb")
+    store.record_decision(Decision(broken, "not a tag", "n1", 0, "A100-80GB", "1g.10gb", 0, "decided", "mfi"))
+    c = Controller(site, store, batch)
+    plain = batch.add("mig-batch:v1;req=1g.10gb")
+    stats = c.step()
+    assert stats.placed == 1 and parse_place(batch.job(plain).admin_tag) is not None
+    assert any(broken in e and "cannot be pinned" in e for e in stats.errors)

@@ -42,7 +42,7 @@ from mig_batch.batch.tags import (
 )
 from mig_batch.config import SiteConfig
 from mig_batch.controller.chains import ChainDriver
-from mig_batch.mig.models import get_model
+from mig_batch.mig.models import GpuModel, get_model
 from mig_batch.placement.base import Placement, PlacementRequest
 from mig_batch.placement.cluster import Cluster, Gpu, PlacementConflict
 from mig_batch.placement.moldable import MoldableJob, MoldablePlanner, expected_end
@@ -193,10 +193,17 @@ class Controller:
         """Every decision is recorded already: a pin the batch system refuses is applied again next pass."""
         if not decided:
             return
+        pins, unpinnable = [], {}
+        for d in decided:  # one unreadable decision must not keep every other job from its pin
+            try:
+                pins.append(self._pin(d))
+            except (KeyError, ValueError) as exc:
+                unpinnable[d.job] = f"job {d.job}: its decision cannot be pinned: {exc}"
         try:
-            failed = self.batch.pin_and_release([self._pin(d) for d in decided])
+            failed = self.batch.pin_and_release(pins) if pins else {}
         except BatchError as exc:
-            failed = {d.job: str(exc) for d in decided}
+            failed = {p.job_id: str(exc) for p in pins}
+        failed = {**failed, **unpinnable}
         for job, why in failed.items():
             stats.errors.append(why)
             log.warning("job %s: %s", job, why)
@@ -623,12 +630,16 @@ class Controller:
                 window, run = subjobs[-1].window_s, subjobs[-1].run
                 limit = self.chains.time_limit_min(window)
         spots = tuple(self.store.spots(d.job)) if tag.instances > 1 else ()
-        model = get_model(d.model)
-        slices = sum(model.profile(p).memory_slices for _, p, _ in spots) if spots else \
-            model.profile(d.profile).memory_slices  # fmt: skip
+        slices = sum(self._spot_model(d, g).profile(p).memory_slices for g, p, _ in spots) if spots else \
+            get_model(d.model).profile(d.profile).memory_slices  # fmt: skip
         return Pin(
             d.job, d.node, placed_tag(tag, Placed(d.node, d.gpu, d.profile, d.start, window, run, spots)), limit, slices
         )
+
+    def _spot_model(self, d: Decision, gpu: int) -> GpuModel:
+        """The model of a rank's GPU (a decision recorded before jobs kept to one model may mix them)."""
+        gid = self.gid.get((d.node, gpu))
+        return get_model(self.view.gpus[gid].model if gid is not None else d.model)
 
     def run(self, stop_after: float | None = None) -> None:
         deadline = None if stop_after is None else time.monotonic() + stop_after
