@@ -545,3 +545,23 @@ def test_an_unpinnable_decision_does_not_keep_other_jobs_from_their_pins(site):
     stats = c.step()
     assert stats.placed == 1 and parse_place(batch.job(plain).admin_tag) is not None
     assert any(broken in e and "cannot be pinned" in e for e in stats.errors)
+
+
+def test_a_job_the_node_moved_to_another_models_gpu_is_recorded_with_that_model(tmp_path):
+    site = SiteConfig(state=tmp_path / "state.db", job_dir=tmp_path / "jobs", node_dir=tmp_path / "node",
+                      nodes={"n1": ("A100-40GB", "A100-80GB")})  # fmt: skip
+    batch = FakeBatch(["n1"])
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    job = batch.add("mig-batch:v1;req=9000M;n=2")
+    c.step()
+    d = store.decision(job)
+    other = next(g for g in c.view.gpus if g.model != d.model)
+    profile = c.profiles_for(parse_tag(d.request))[other.model]
+    starts = sorted(tables_for(other.model).free_starts[tables_for(other.model).index(profile)][0])[:2]
+    reports = [NodeReport("replaced", other.index, profile, s, i, f"MIG-{i}") for i, s in enumerate(starts)]
+    batch.start(job, NodeReport(**{**reports[0].__dict__, "more": tuple(reports[1:])}))
+    c.step()
+    moved = store.decision(job)
+    assert moved.model == other.model and moved.gpu == other.index
+    assert c._pin(moved).slices == 2 * get_model(other.model).profile(profile).memory_slices

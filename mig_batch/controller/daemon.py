@@ -362,7 +362,9 @@ class Controller:
                     self.view.allocate(gid, rank_key(d.job, rank), r.profile, r.start)
             except PlacementConflict as exc:  # the view disagrees with the node: the node is right, report it
                 self.store.event(d.job, "view-conflict", error=str(exc))
-        moved = Decision(d.job, d.request, d.node, report.gpu, d.model, report.profile, report.start,
+        gid = self.gid.get((d.node, report.gpu))
+        model = self.view.gpus[gid].model if gid is not None else d.model  # the node may use another model's GPU
+        moved = Decision(d.job, d.request, d.node, report.gpu, model, report.profile, report.start,
                          DecisionState.RUNNING, d.policy)  # fmt: skip
         spots = tuple((r.gpu, r.profile, r.start) for r in ranks) if len(ranks) > 1 else ()
         self.store.record_decision(moved, event="replaced", spots=spots)
