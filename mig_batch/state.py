@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from mig_batch.batch.states import ACTIVE, check_decision
+from mig_batch.batch.tags import RANK_SEPARATOR, rank_key
 from mig_batch.errors import MigBatchError
 
 SCHEMA_VERSION = 4
@@ -346,7 +347,7 @@ class Store:
         """A multi-instance job's instances in one transaction: rank 0 under the job, rank r under ``job#r``."""
         with self._tx() as db:
             for rank, r in enumerate(records):
-                key = r.job if rank == 0 else f"{r.job}#{rank}"
+                key = rank_key(r.job, rank)
                 db.execute("INSERT OR REPLACE INTO instances VALUES (?,?,?,?,?,?,?,?)",
                            (key, r.node, r.gpu, r.profile, r.start, r.gi_id, r.uuid, time.time()))  # fmt: skip
             self._event(db, records[0].job, "instance-created", {"node": records[0].node, "uuids": [
@@ -354,7 +355,8 @@ class Store:
 
     def forget_instance(self, job: str, **detail: Any) -> None:
         with self._tx() as db:
-            db.execute("DELETE FROM instances WHERE job=? OR substr(job, 1, ?)=?", (job, len(job) + 1, f"{job}#"))
+            prefix = job + RANK_SEPARATOR  # every rank after the first
+            db.execute("DELETE FROM instances WHERE job=? OR substr(job, 1, ?)=?", (job, len(prefix), prefix))
             self._event(db, job, "instance-destroyed", detail)
 
     # chains (SJA)

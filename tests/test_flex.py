@@ -13,13 +13,14 @@ from mig_batch.batch.fake import FakeBatch
 from mig_batch.batch.system import JobState, Pin
 from mig_batch.batch.tags import NodeReport, Placed, parse_place, parse_report, parse_tag, placed_tag, with_report
 from mig_batch.config import SiteConfig
-from mig_batch.controller.daemon import Controller
+from mig_batch.controller.daemon import Controller, build_view
 from mig_batch.mig.models import get_model
 from mig_batch.mig.tables import tables_for
 from mig_batch.node.agent import NodeAgent
 from mig_batch.node.journal import Journal
 from mig_batch.placement.cluster import Cluster
 from mig_batch.placement.multi import (
+    MULTI_POLICIES,
     MultiPlacement,
     MultiPolicy,
     MultiRejection,
@@ -403,3 +404,164 @@ def test_status_shows_every_rank_on_its_gpu(tmp_path, capsys):
     gpus = json.loads(capsys.readouterr().out)
     seen = [(g["gpu"], j["job"], j["start"]) for g in gpus for j in g["jobs"]]
     assert sorted(seen) == sorted((g, "9" if r == 0 else f"9#{r}", s) for r, (g, _, s) in enumerate(SPOTS))
+
+
+# --- one job's instances share one GPU model ------------------------------------------------------------------
+
+
+def test_a_mixed_model_node_gets_one_model_per_job_and_placement_goes_on(tmp_path):
+    site = SiteConfig(state=tmp_path / "state.db", job_dir=tmp_path / "jobs", node_dir=tmp_path / "node",
+                      nodes={"n1": ("A100-40GB", "A100-80GB")})  # fmt: skip
+    batch = FakeBatch(["n1"])
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    multi = batch.add("mig-batch:v1;req=20480M;n=2")
+    plain = batch.add("mig-batch:v1;req=1g.10gb")
+    assert c.step().placed == 2 and not c.step().errors
+    place, d = parse_place(batch.job(multi).admin_tag), store.decision(multi)
+    models = {c.view.gpus[c.gid["n1", g]].model for g, _, _ in place.ranks()}
+    assert models == {d.model} and len(place.ranks()) == 2
+    pin = c._pin(d)
+    assert pin.slices == sum(get_model(d.model).profile(p).memory_slices for _, p, _ in place.ranks())
+    assert parse_place(batch.job(plain).admin_tag) is not None
+
+
+def test_the_multi_policies_never_mix_models_and_node_capacity_counts_one_model():
+    cluster = build_view({"n1": ("A100-40GB", "A100-80GB")})
+    profiles = {"A100-40GB": "1g.10gb", "A100-80GB": "1g.10gb"}
+    per = {m: max_per_gpu(tables_for(m), "1g.10gb") for m in profiles}
+    for name in MULTI_POLICIES:
+        for n in range(1, max(per.values()) + 1):
+            p = MultiPolicy(name).decide(cluster, profiles, n)
+            assert isinstance(p, MultiPlacement), (name, n, p)
+            assert {cluster.gpus[s.gid].model for s in p.spots} == {p.model}
+        too_many = MultiPolicy(name).decide(cluster, profiles, max(per.values()) + 1)
+        assert not isinstance(too_many, MultiPlacement)
+    assert node_capacity(["A100-40GB", "A100-80GB"], profiles) == max(per.values())
+    assert node_capacity(["A100-80GB", "A100-80GB"], profiles) == 2 * per["A100-80GB"]
+
+
+def test_the_generated_lua_counts_one_model_per_node():
+    lupa = pytest.importorskip("lupa")
+    from mig_batch.slurm.install import job_submit_lua
+
+    nodes = {"n1": ["A100-40GB", "A100-80GB"]}
+    source = job_submit_lua([get_model("A100-40GB"), get_model("A100-80GB")], nodes, False)
+    most = node_capacity(nodes["n1"], {"A100-40GB": "1g.10gb", "A100-80GB": "1g.10gb"})
+    assert most == max(max_per_gpu(tables_for(m), "1g.10gb") for m in nodes["n1"])  # not their sum
+    for count, ok in [(most, True), (most + 1, False)]:
+        lua = lupa.LuaRuntime(unpack_returned_tuples=True)
+        lua.execute("slurm = { SUCCESS = 0, ERROR = -1, "
+                    "log_user = function(f, ...) LOGGED = string.format(f, ...) end }")
+        lua.execute(source)
+        job = lua.table_from({"tres_per_node": f"gres/mig:1g.10gb:{count}", "ntasks_per_node": 65534,
+                              "num_tasks": 1, "min_nodes": 4294967294})  # fmt: skip
+        assert (lua.globals().slurm_job_submit(job, None, 0) == 0) is ok, lua.globals().LOGGED
+        if not ok:
+            assert f"the most is {most} (on n1)" in lua.globals().LOGGED
+
+
+def test_every_rank_of_a_multi_instance_job_is_held_until_the_job_ends(site):
+    batch = FakeBatch(["n1", "n2"])
+    c = Controller(site, Store(site.state), batch)
+    job = batch.add("mig-batch:v1;req=1g.10gb;n=3", time_limit_s=600.0)
+    assert c.step().placed == 1
+    now = 1000.0
+    ends = {h.until for t in c.timelines({j.job_id: j for j in batch.jobs()}, now, None) for h in t.holds}
+    assert ends == {now + batch.job(job).time_limit_s}
+
+
+def test_rank_keys_name_the_job_and_parse_back():
+    from mig_batch.batch.tags import job_of, rank_key
+
+    assert rank_key("42", 0) == "42" and job_of("42") == "42"
+    assert [job_of(rank_key("42", r)) for r in range(5)] == ["42"] * 5
+    assert len({rank_key("42", r) for r in range(5)}) == 5
+
+
+def test_a_count_inside_req_is_the_instance_count_and_a_contradicting_n_is_refused(site):
+    assert parse_tag("mig-batch:v1;req=1g.10gb:4").instances == 4
+    assert parse_tag("mig-batch:v1;req=1g.10gb:4;n=4").instances == 4
+    assert parse_tag("mig-batch:v1;req=1g.10gb:1;n=3").instances == 3
+    with pytest.raises(ValueError, match="asks for 4 instances but n=2"):
+        parse_tag("mig-batch:v1;req=1g.10gb:4;n=2")
+    batch = FakeBatch(["n1", "n2"])
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    job = batch.add("mig-batch:v1;req=1g.10gb:4")
+    bad = batch.add("mig-batch:v1;req=1g.10gb:4;n=2")
+    assert c.step().placed == 1
+    assert len(parse_place(batch.job(job).admin_tag).ranks()) == 4
+    assert batch.job(bad).state is JobState.HELD and store.events(job=bad, kind="bad-tag")
+
+
+def test_a_blocked_multi_instance_job_gets_no_one_instance_reservation(site, tmp_path):
+    batch = FakeBatch(["n1", "n2"])
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    for _ in range(3):
+        batch.add("mig-batch:v1;req=7g.80gb")
+    c.step()
+    blocked = batch.add(FOUR)
+    refused = batch.add(f"mig-batch:v1;req=1g.10gb;n=2;atomize=1;ckpt={tmp_path / 'ckpt'};smin=30;smax=300")
+    batch.add(f"mig-batch:v1;req=1g.10gb;atomize=1;ckpt={tmp_path / 'other'};smin=30;smax=300")
+    asked = []
+    timelines = c.timelines
+    c.timelines = lambda jobs, now, blocked: asked.append(blocked) or timelines(jobs, now, blocked)
+    c.step()
+    assert asked and all(b is None for b in asked)
+    assert store.decision(blocked) is None and store.decision(refused) is None and store.chain(refused) is None
+    assert "cannot be a subjob chain" in store.events(job=refused, kind="waiting")[0]["reason"]
+
+
+def test_a_stored_decision_mixing_models_is_pinned_with_each_gpus_slices(tmp_path):
+    from mig_batch.state import Decision
+
+    site = SiteConfig(state=tmp_path / "state.db", job_dir=tmp_path / "jobs", node_dir=tmp_path / "node",
+                      nodes={"n1": ("A100-40GB", "A100-80GB")})  # fmt: skip
+    batch = FakeBatch(["n1"])
+    store = Store(site.state)
+    old = batch.add("mig-batch:v1;req=20480M;n=2")  # decided before jobs kept to one model
+    spots = ((0, "3g.20gb", 0), (1, "2g.20gb", 0))
+    store.record_decision(Decision(old, "mig-batch:v1;req=20480M;n=2", "n1", 0, "A100-40GB", "3g.20gb", 0, "decided",
+                                   "multi-mfi"), spots=spots)  # fmt: skip
+    c = Controller(site, store, batch)
+    plain = batch.add("mig-batch:v1;req=1g.10gb")
+    assert c.step().placed == 2
+    assert parse_place(batch.job(plain).admin_tag) is not None
+    assert c._pin(store.decision(old)).slices == get_model("A100-40GB").profile("3g.20gb").memory_slices + \
+        get_model("A100-80GB").profile("2g.20gb").memory_slices  # fmt: skip
+
+
+def test_an_unpinnable_decision_does_not_keep_other_jobs_from_their_pins(site):
+    from mig_batch.state import Decision
+
+    batch = FakeBatch(["n1", "n2"])
+    store = Store(site.state)
+    broken = batch.add("mig-batch:v1;req=1g.10gb")
+    store.record_decision(Decision(broken, "not a tag", "n1", 0, "A100-80GB", "1g.10gb", 0, "decided", "mfi"))
+    c = Controller(site, store, batch)
+    plain = batch.add("mig-batch:v1;req=1g.10gb")
+    stats = c.step()
+    assert stats.placed == 1 and parse_place(batch.job(plain).admin_tag) is not None
+    assert any(broken in e and "cannot be pinned" in e for e in stats.errors)
+
+
+def test_a_job_the_node_moved_to_another_models_gpu_is_recorded_with_that_model(tmp_path):
+    site = SiteConfig(state=tmp_path / "state.db", job_dir=tmp_path / "jobs", node_dir=tmp_path / "node",
+                      nodes={"n1": ("A100-40GB", "A100-80GB")})  # fmt: skip
+    batch = FakeBatch(["n1"])
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    job = batch.add("mig-batch:v1;req=9000M;n=2")
+    c.step()
+    d = store.decision(job)
+    other = next(g for g in c.view.gpus if g.model != d.model)
+    profile = c.profiles_for(parse_tag(d.request))[other.model]
+    starts = sorted(tables_for(other.model).free_starts[tables_for(other.model).index(profile)][0])[:2]
+    reports = [NodeReport("replaced", other.index, profile, s, i, f"MIG-{i}") for i, s in enumerate(starts)]
+    batch.start(job, NodeReport(**{**reports[0].__dict__, "more": tuple(reports[1:])}))
+    c.step()
+    moved = store.decision(job)
+    assert moved.model == other.model and moved.gpu == other.index
+    assert c._pin(moved).slices == 2 * get_model(other.model).profile(profile).memory_slices

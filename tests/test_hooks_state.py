@@ -241,3 +241,22 @@ def test_a_gpu_with_mig_mode_off_is_refused_by_name_and_published_for_the_contro
     assert published.mig_off == (1,) and published.problem.job == job
     ok = decide(batch, 0, "1g.5gb", 0)
     assert a.prolog(ok).report.kind == "made"
+
+
+def test_a_multi_instance_job_on_a_gpu_with_mig_mode_off_is_refused_by_name(site, batch, nvml_emu_creator):
+    from mig_batch.gpu import nvml_emu
+    from mig_batch.mig.models import get_model
+
+    model = get_model("A100-40GB")
+    backend, _ = nvml_emu_creator([nvml_emu.EmulatedGpu(model, True), nvml_emu.EmulatedGpu(model, False)], node="n1")
+    a = agent(site, batch, backend)  # rank 1 was decided before the controller learned GPU 1 is off
+    request = "mig-batch:v1;req=1g.5gb;n=2"
+    job = batch.add(request)
+    spots = ((0, "1g.5gb", 0), (1, "1g.5gb", 0))
+    batch.pin_and_release([Pin(job, "n1", placed_tag(parse_tag(request), Placed("n1", 0, "1g.5gb", 0, spots=spots)))])
+    batch.start(job)
+    result = a.prolog(job)
+    assert result.report.kind == "requeue" and "MIG mode is off on GPU 1 of n1" in result.report.reason
+    assert "nvidia-smi -i 1 -mig 1" in result.report.reason and a.mig_off == (1,)
+    assert backend.instances(0) == [] and "NoDevFiles" in (site.job_dir / job).read_text()
+    assert parse_agent_tag(batch.nodes()[0].agent_tag).problem.job == job

@@ -25,6 +25,19 @@ from mig_batch.batch.system import MANAGED_PREFIX
 from mig_batch.mig.models import get_model
 from mig_batch.request import MigRequest, MoldableRequest, RequestError, parse_compute, parse_gres, translate
 
+RANK_SEPARATOR = "#"
+
+
+def rank_key(job: str, rank: int) -> str:
+    """A multi-instance job's rank as the view, the store and the node's journal name it: the job
+    itself for rank 0, ``job#r`` after."""
+    return job if rank == 0 else f"{job}{RANK_SEPARATOR}{rank}"
+
+
+def job_of(key: str) -> str:
+    """The job a :func:`rank_key` names (a job id has no ``#``)."""
+    return key.partition(RANK_SEPARATOR)[0]
+
 
 @dataclass(frozen=True)
 class Atomize:
@@ -95,8 +108,23 @@ def parse_tag(text: str) -> JobTag:
         instances = 0
     if instances < 1:
         raise ValueError(f"mig_batch tag with n= not a positive number of instances: {text!r}")
+    counted = _spec_count(fields["req"])  # req=1g.10gb:4 (HTCondor's +MigRequest) names its own count
+    if "n" not in fields and counted is not None:
+        instances = counted
+    elif counted not in (None, 1, instances):
+        raise ValueError(f"mig_batch tag whose req={fields['req']} asks for {counted} instances but n={instances}: "
+                         f"give the count once (req=1g.10gb:4, or req=1g.10gb;n=4): {text!r}")  # fmt: skip
     return JobTag(fields["req"], fields.get("compute") or None, fields.get("model") or None, atomize,
                   fields.get("moldable") or None, instances)  # fmt: skip
+
+
+def _spec_count(spec: str) -> int | None:
+    """The instance count a request spec names (``1g.10gb:4`` -> 4, ``1g.10gb`` -> 1); None when the
+    spec is unreadable (the controller reports that as unplaceable)."""
+    try:
+        return parse_gres(f"mig:{spec}").count
+    except RequestError:
+        return None
 
 
 @dataclass(frozen=True)

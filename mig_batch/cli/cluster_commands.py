@@ -140,6 +140,7 @@ def cmd_htcondor_install(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from mig_batch.batch.tags import rank_key
     from mig_batch.state import ACTIVE, MIG_OFF, Store
 
     config = load_config(args.config)
@@ -148,7 +149,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         for d in store.decisions(ACTIVE):
             spots = store.spots(d.job)  # a job over several instances: every rank, rank r as job#r
             for rank, (gpu, profile, start) in enumerate(spots):
-                key = d.job if rank == 0 else f"{d.job}#{rank}"
+                key = rank_key(d.job, rank)
                 decisions.setdefault((d.node, gpu), []).append(dataclasses.replace(d, job=key, gpu=gpu,
                                                                                    profile=profile, start=start))
             if not spots:

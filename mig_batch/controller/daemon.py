@@ -31,16 +31,18 @@ from mig_batch.batch.tags import (
     JobTag,
     NodeReport,
     Placed,
+    job_of,
     moldable_times,
     parse_agent_tag,
     parse_report,
     parse_tag,
     placed_tag,
     profiles_by_model,
+    rank_key,
 )
 from mig_batch.config import SiteConfig
 from mig_batch.controller.chains import ChainDriver
-from mig_batch.mig.models import get_model
+from mig_batch.mig.models import GpuModel, get_model
 from mig_batch.placement.base import Placement, PlacementRequest
 from mig_batch.placement.cluster import Cluster, Gpu, PlacementConflict
 from mig_batch.placement.moldable import MoldableJob, MoldablePlanner, expected_end
@@ -59,11 +61,6 @@ class PassStats:
     waiting: int = 0
     ended: int = 0
     errors: list[str] = field(default_factory=list)
-
-
-def rank_key(job: str, rank: int) -> str:
-    """A multi-instance job's rank as the view names it: the job itself for rank 0, ``job#r`` after."""
-    return job if rank == 0 else f"{job}#{rank}"
 
 
 def build_view(nodes: dict[str, tuple[str, ...]]) -> Cluster:
@@ -149,6 +146,9 @@ class Controller:
             except ValueError as exc:
                 self.store.event(job.job_id, "bad-tag", error=str(exc))
                 continue
+            if tag.instances > 1 and (tag.atomize is not None or tag.moldable is not None):
+                self._waiting(job.job_id, "a job over several instances cannot be a subjob chain or moldable")
+                continue  # never placeable: no reservation either
             if tag.atomize is not None:
                 if self._unlinked(job, tag):
                     continue  # a chain's next job: it waits until the previous subjob has ended
@@ -163,7 +163,9 @@ class Controller:
             else:
                 stats.waiting += 1
                 profiles = self.profiles_for(tag)
-                if isinstance(profiles, dict):
+                # the EASY reservation and live defrag hold one instance: a job over several instances
+                # would get a reservation that cannot start it, so it waits without one
+                if isinstance(profiles, dict) and tag.instances == 1:
                     blocked = blocked or profiles
                     blocked_all.append(profiles)
         if moldable or chains:
@@ -191,10 +193,17 @@ class Controller:
         """Every decision is recorded already: a pin the batch system refuses is applied again next pass."""
         if not decided:
             return
+        pins, unpinnable = [], {}
+        for d in decided:  # one unreadable decision must not keep every other job from its pin
+            try:
+                pins.append(self._pin(d))
+            except (KeyError, ValueError) as exc:
+                unpinnable[d.job] = f"job {d.job}: its decision cannot be pinned: {exc}"
         try:
-            failed = self.batch.pin_and_release([self._pin(d) for d in decided])
+            failed = self.batch.pin_and_release(pins) if pins else {}
         except BatchError as exc:
-            failed = {d.job: str(exc) for d in decided}
+            failed = {p.job_id: str(exc) for p in pins}
+        failed = {**failed, **unpinnable}
         for job, why in failed.items():
             stats.errors.append(why)
             log.warning("job %s: %s", job, why)
@@ -353,7 +362,9 @@ class Controller:
                     self.view.allocate(gid, rank_key(d.job, rank), r.profile, r.start)
             except PlacementConflict as exc:  # the view disagrees with the node: the node is right, report it
                 self.store.event(d.job, "view-conflict", error=str(exc))
-        moved = Decision(d.job, d.request, d.node, report.gpu, d.model, report.profile, report.start,
+        gid = self.gid.get((d.node, report.gpu))
+        model = self.view.gpus[gid].model if gid is not None else d.model  # the node may use another model's GPU
+        moved = Decision(d.job, d.request, d.node, report.gpu, model, report.profile, report.start,
                          DecisionState.RUNNING, d.policy)  # fmt: skip
         spots = tuple((r.gpu, r.profile, r.start) for r in ranks) if len(ranks) > 1 else ()
         self.store.record_decision(moved, event="replaced", spots=spots)
@@ -436,7 +447,8 @@ class Controller:
         windows), a moldable job's predicted end (less credit once overdue), else the end of
         Slurm's time limit (from now, before it starts)."""
 
-        def until(job_id: str) -> float:
+        def until(key: str) -> float:
+            job_id = job_of(key)  # every rank of a multi-instance job ends with the job
             job, seconds = jobs.get(job_id), self._predicted_s(job_id)
             running = job is not None and job.state is JobState.RUNNING
             if running and job.end_time > 0:
@@ -481,8 +493,8 @@ class Controller:
         out: dict[int, int] = {}
         for gpu in self.view.gpus:
             model = get_model(gpu.model)
-            for job, (profile, start) in gpu.instances.items():
-                if self.store.chain(job) is not None:
+            for key, (profile, start) in gpu.instances.items():
+                if self.store.chain(job_of(key)) is not None:
                     out[gpu.gid] = out.get(gpu.gid, 0) | model.profile(profile).window(start)
         return out
 
@@ -572,9 +584,6 @@ class Controller:
         if isinstance(profiles, str):
             self.store.event(job.job_id, "unplaceable", error=profiles)
             return None
-        if tag.atomize is not None or tag.moldable is not None:
-            self._waiting(job.job_id, "a job over several instances cannot be a subjob chain or moldable")
-            return None
         decision = self.multi.decide(self.view, profiles, tag.instances)
         if not isinstance(decision, MultiPlacement):
             self._waiting(job.job_id, decision.reason)
@@ -623,12 +632,16 @@ class Controller:
                 window, run = subjobs[-1].window_s, subjobs[-1].run
                 limit = self.chains.time_limit_min(window)
         spots = tuple(self.store.spots(d.job)) if tag.instances > 1 else ()
-        model = get_model(d.model)
-        slices = sum(model.profile(p).memory_slices for _, p, _ in spots) if spots else \
-            model.profile(d.profile).memory_slices  # fmt: skip
+        slices = sum(self._spot_model(d, g).profile(p).memory_slices for g, p, _ in spots) if spots else \
+            get_model(d.model).profile(d.profile).memory_slices  # fmt: skip
         return Pin(
             d.job, d.node, placed_tag(tag, Placed(d.node, d.gpu, d.profile, d.start, window, run, spots)), limit, slices
         )
+
+    def _spot_model(self, d: Decision, gpu: int) -> GpuModel:
+        """The model of a rank's GPU (a decision recorded before jobs kept to one model may mix them)."""
+        gid = self.gid.get((d.node, gpu))
+        return get_model(self.view.gpus[gid].model if gid is not None else d.model)
 
     def run(self, stop_after: float | None = None) -> None:
         deadline = None if stop_after is None else time.monotonic() + stop_after

@@ -26,9 +26,11 @@ from mig_batch.batch.tags import (
     NodeProblem,
     NodeReport,
     Placed,
+    job_of,
     parse_place,
     parse_tag,
     profiles_by_model,
+    rank_key,
     with_report,
 )
 from mig_batch.gpu.base import GpuBackend, GpuBackendError, InsufficientResources, InUse, NotFound, NotSupported
@@ -107,11 +109,6 @@ def place_ranks_locally(backend: GpuBackend, node: str, request: str, decided_mo
     return decision if isinstance(decision, MultiPlacement) else None
 
 
-def rank_job(job_id: str, rank: int) -> str:
-    """The journal's name of a multi-instance job's rank: the job itself for rank 0, ``job#r`` after."""
-    return job_id if rank == 0 else f"{job_id}#{rank}"
-
-
 class NodeAgent:
     def __init__(self, node: str, backend: GpuBackend, journal: Journal, channel: NodeChannel, job_dir: Path,
                  policy: str = "mfi", checkpoint_margin_s: float = 30.0,
@@ -169,13 +166,10 @@ class NodeAgent:
                 raise InsufficientResources(f"decided for {place.node}, running on {self.node}")
             inst = self.backend.create(place.gpu, place.profile, place.start)
         except NotSupported:
-            if not self._mig_off_now(place.gpu):
+            refused = self._refused_mig_off(job_id, [place.gpu])
+            if refused is None:
                 raise
-            reason = (f"MIG mode is off on GPU {place.gpu} of {self.node}; the job is requeued and that GPU takes "
-                      f"no MIG job until an administrator runs 'nvidia-smi -i {place.gpu} -mig 1'")  # fmt: skip
-            self._publish_problem(NodeProblem("prolog", job_id, reason))
-            report = NodeReport("requeue", reason=reason)
-            return PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"], report, reason)
+            return refused
         except InsufficientResources as exc:
             decided_model = next((g.model for g in self.backend.gpus() if g.index == place.gpu), None)
             local = place_locally(self.backend, self.node, job.admin_tag, decided_model, place.profile, self.policy)
@@ -202,6 +196,11 @@ class NodeAgent:
             if place.node != self.node:
                 raise InsufficientResources(f"decided for {place.node}, running on {self.node}")
             made = self._create_all(place.ranks())
+        except NotSupported:  # every rank's GPU is checked: one off refuses the whole job
+            refused = self._refused_mig_off(job_id, sorted({gpu for gpu, _, _ in place.ranks()}))
+            if refused is None:
+                raise
+            return refused
         except InsufficientResources as exc:
             decided_model = next((g.model for g in self.backend.gpus() if g.index == place.gpu), None)
             local = place_ranks_locally(self.backend, self.node, job.admin_tag, decided_model, place.profile,
@@ -216,7 +215,7 @@ class NodeAgent:
                 return PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"], report, report.reason)
             kind = "replaced"
         now = self.clock()
-        entries = [Entry(rank_job(job_id, r), i.gpu, i.gi_id, i.profile, i.start, i.uuid, now)
+        entries = [Entry(rank_key(job_id, r), i.gpu, i.gi_id, i.profile, i.start, i.uuid, now)
                    for r, i in enumerate(made)]  # fmt: skip
         try:
             for entry in entries:  # before the job can use them: a restart knows what it owns
@@ -230,6 +229,20 @@ class NodeAgent:
         report = NodeReport(kind, made[0].gpu, made[0].profile, made[0].start, made[0].gi_id, made[0].uuid,
                             more=tuple(reports[1:]))  # fmt: skip
         return PrologResult(self._exports(entries, place), report)
+
+    def _refused_mig_off(self, job_id: str, gpus: list[int]) -> PrologResult | None:
+        """A create refused as not supported: when MIG mode is off on one of the job's ``gpus`` (read
+        again, published for the controller), the job's requeue with the reason; None when it is not."""
+        self._mig_off_now(-1)  # reads every GPU's mode again
+        off = [gpu for gpu in gpus if gpu in self.mig_off]
+        if not off:
+            return None
+        listed = ", ".join(map(str, off))
+        reason = (f"MIG mode is off on GPU {listed} of {self.node}; the job is requeued and that GPU takes no MIG "
+                  f"job until an administrator runs 'nvidia-smi -i {listed} -mig 1'")  # fmt: skip
+        self._publish_problem(NodeProblem("prolog", job_id, reason))
+        report = NodeReport("requeue", reason=reason)
+        return PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"], report, reason)
 
     def _create_all(self, spots) -> list:
         """Create an instance at every (gpu, profile, start); on any failure destroy the ones made and raise."""
@@ -250,7 +263,7 @@ class NodeAgent:
     def _entries(self, job_id: str) -> list[Entry]:
         """The journal's entries of a job in rank order (one for a single-instance job)."""
         out = []
-        while (entry := self.journal.get(rank_job(job_id, len(out)))) is not None:
+        while (entry := self.journal.get(rank_key(job_id, len(out)))) is not None:
             out.append(entry)
         return out
 
@@ -366,14 +379,14 @@ class NodeAgent:
                 return []
             strays = []
             for entry in self.journal.entries():
-                if entry.job.partition("#")[0] in live:  # a multi-instance job's rank r is job#r
+                if job_of(entry.job) in live:  # a multi-instance job's rank r is job#r
                     continue
                 with_job = f"job {entry.job}'s "
                 found = self.backend.find(entry.uuid)
                 if found is not None:
                     strays.append(with_job + self._destroy_stray(found))
                 self.journal.remove(entry.job)
-                (self.job_dir / entry.job.partition("#")[0]).unlink(missing_ok=True)
+                (self.job_dir / job_of(entry.job)).unlink(missing_ok=True)
             owned = {e.uuid for e in self.journal.entries()}
             gpus = self.backend.gpus()
             self.mig_off = tuple(g.index for g in gpus if not g.mig_enabled)

@@ -1,5 +1,6 @@
 """One job over several MIG instances of one node (Flex-MIG's "one-to-many"): the node and all N
-(GPU, start) spots in one decision.
+(GPU, start) spots in one decision. All of a job's instances are on GPUs of one model (a profile's
+slices differ between models), so a node with several models is one candidate per model.
 
 Two policies, both pure (they read the cluster, never change it; the caller allocates every spot or
 none):
@@ -66,8 +67,13 @@ def max_per_gpu(tables: ModelTables, profile: str) -> int:
 
 
 def node_capacity(models: Sequence[str], profiles: Mapping[str, str]) -> int:
-    """Instances of the request one empty node with GPUs ``models`` holds (``profiles``: model -> profile)."""
-    return sum(max_per_gpu(tables_for(m), profiles[m]) for m in models if m in profiles)
+    """Instances of the request one empty node with GPUs ``models`` holds (``profiles``: model -> profile).
+    One job's instances are all of one model (a mixed-model node counts its best model's GPUs only)."""
+    per_model: dict[str, int] = {}
+    for m in models:
+        if m in profiles:
+            per_model[m] = per_model.get(m, 0) + max_per_gpu(tables_for(m), profiles[m])
+    return max(per_model.values(), default=0)
 
 
 def flex_mig_profile(model: GpuModel, instances: int) -> str:
@@ -99,16 +105,19 @@ class MultiPolicy:
         """The node and ``instances`` spots, all on one node; or why none fits now."""
         if instances < 1:
             return MultiRejection(f"a job needs at least one instance, asked for {instances}")
-        hosts: dict[str, list[int]] = {}
+        # One job's instances share one model: a profile's slices (and the node's report) are per model,
+        # so a mixed-model node is several candidate groups, one per model.
+        groups: dict[tuple[str, str], list[int]] = {}
         for gpu in cluster.gpus:
             if gpu.model in profiles and gpu.gid not in cluster.fenced:
-                hosts.setdefault(gpu.host, []).append(gpu.gid)
+                groups.setdefault((gpu.host, gpu.model), []).append(gpu.gid)
+        mixed = {host for host, _ in groups if sum(h == host for h, _ in groups) > 1}
         best: MultiPlacement | None = None
         room: list[str] = []
-        for host in sorted(hosts):
-            plan = self._on_node(cluster, host, hosts[host], profiles, instances)
+        for host, model in sorted(groups):
+            plan = self._on_node(cluster, host, groups[host, model], profiles, instances)
             if isinstance(plan, int):
-                room.append(f"{host} has {plan} free")
+                room.append(f"{host}{f' ({model})' if host in mixed else ''} has {plan} free")
                 continue
             if self.name == "flex-mig":  # the baseline takes the first node that fits
                 best = plan
@@ -120,13 +129,14 @@ class MultiPolicy:
             wanted = ", ".join(sorted(set(profiles.values())))
             return MultiRejection(f"no node has room for {instances} x {wanted} now ({where})")
         if self.name == "flex-mig":
-            gids = hosts[best.host]
+            gids = groups[best.host, best.model]
             self._next_gpu[best.host] = (gids.index(best.spots[0].gid) + 1) % len(gids)
         return best
 
     def _on_node(self, cluster: Cluster, host: str, gids: list[int], profiles: Mapping[str, str],
                  instances: int) -> MultiPlacement | int:  # fmt: skip
-        """The node's spots, or how many instances fit there now when fewer than asked."""
+        """The spots on ``gids`` (one node, one model), or how many instances fit there now when fewer
+        than asked."""
         masks = {gid: cluster.gpus[gid].mask for gid in gids}
         spots: list[Spot] = []
         delta_total = 0
