@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import io
 
-from rich.table import Table
-
-from mig_batch.cli.output import TableConsole
+from mig_batch.cli.output import Table, TableConsole
 
 UUID = "MIG-5f0c2a1e-9b7d-5c3e-8a41-0123456789ab"
 

@@ -11,19 +11,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import os
 import shlex
-import shutil
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mig_batch.cli.guard import DEBUG_HELP, run_guarded
+from mig_batch.cli.guard import DEBUG_HELP, CommandParser, run_guarded
 from mig_batch.cli.output import console, fail
-from mig_batch.config import ConfigError, load_config
 from mig_batch.errors import MigBatchError
 from mig_batch.mig.models import UnknownModelError, all_models, get_model
 from mig_batch.request import (
@@ -45,7 +42,7 @@ class DirectiveError(MigBatchError, ValueError):
 
 
 def _option_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="migsub", description="Submit a batch job that needs a MIG instance.")
+    p = CommandParser(prog="migsub", description="Submit a batch job that needs a MIG instance.")
     p.add_argument("--mig", metavar="PROFILE", help="explicit MIG profile, e.g. 3g.40gb")
     p.add_argument("--gpu-mem", metavar="SIZE", help="GPU memory the job needs, e.g. 18G")
     p.add_argument("--gpu-compute", metavar="SHARE", help="compute share: 0.3, 30%% or 2g")
@@ -197,6 +194,7 @@ def check_instances(count: int, sbatch_lines: list[str], request: MigRequest, mo
 def site_capacity(request: MigRequest, models: list) -> tuple[int, str] | None:
     """(the most instances of ``request`` one empty node of the site holds, which node); None without an
     inventory in the site config."""
+    from mig_batch.config import ConfigError, load_config
     from mig_batch.placement.multi import node_capacity
     from mig_batch.request import translate
 
@@ -236,6 +234,8 @@ def moldable_field(text: str) -> str:
 
 def site_models() -> list:
     """The site's GPU models (inventory of the mig_batch config) when there is one, else every model."""
+    from mig_batch.config import ConfigError, load_config
+
     try:
         config = load_config()
     except ConfigError:
@@ -368,6 +368,8 @@ def _run(argv: list[str]) -> int:
 
     if args.dry_run:
         if args.json:
+            import json
+
             json.dump({"options": options, "profiles": per_model, "sbatch": command, "script": stdin}, sys.stdout,
                       indent=2)  # fmt: skip
             sys.stdout.write("\n")
@@ -382,12 +384,16 @@ def _run(argv: list[str]) -> int:
     if chain is not None:  # the runner submits the chain's later jobs the same way
         spec_file = next_job_spec(chain.checkpoint_dir)
         spec_file.parent.mkdir(parents=True, exist_ok=True)
+        import json
+
         spec_file.write_text(json.dumps({"sbatch": command, "script": stdin}))
     return submit(command, stdin)
 
 
 def submit(command: list[str], stdin: str | None = None) -> int:
     """Hand the job to the batch system found on PATH; print its id."""
+    import shutil
+
     from mig_batch.slurm.commands import SlurmCli, SlurmError
 
     if shutil.which(command[0]) is None:
