@@ -14,6 +14,7 @@ The cache lives in ``$MIG_BATCH_CACHE_DIR``, else ``$XDG_CACHE_HOME/mig-batch``,
 
 from __future__ import annotations
 
+import contextlib
 import marshal
 import os
 from collections.abc import Callable, Sequence
@@ -61,7 +62,8 @@ def _write(file: Path, entries: dict[str, tuple[Stamp, Any]]) -> None:
         temporary.write_bytes(data)
         os.replace(temporary, file)  # readers see the old cache or the new one, never half of one
     except OSError:
-        temporary.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
 
 
 def load_documents(paths: Sequence[Path], parse: Callable[[Path], Any]) -> list[Any]:
@@ -75,7 +77,8 @@ def load_documents(paths: Sequence[Path], parse: Callable[[Path], Any]) -> list[
     for path in paths:
         key, now = str(path), stamp(path)
         hit = cached.get(key)
-        document = hit[1] if hit is not None and tuple(hit[0]) == now else parse(path)
+        fresh = isinstance(hit, tuple) and len(hit) == 2 and hit[0] == now  # marshal keeps tuples tuples
+        document = hit[1] if fresh else parse(path)
         entries[key] = (now, document)
         documents.append(document)
     if file is not None and entries != cached:
