@@ -69,6 +69,15 @@ def test_a_damaged_cache_means_parsing(tmp_path, cache, damage):
     assert load([a]) == ([{"x": 1}], [])  # rewritten
 
 
+def test_a_cache_file_others_may_write_is_not_trusted(tmp_path, cache):
+    a = tmp_path / "a.yaml"
+    a.write_text("x: 1\n")
+    load([a])
+    assert (cache / model_cache.CACHE_FILE).stat().st_mode & 0o777 == 0o600
+    (cache / model_cache.CACHE_FILE).chmod(0o666)
+    assert load([a]) == ([{"x": 1}], ["a.yaml"])
+
+
 def test_an_unwritable_or_switched_off_cache_still_loads(tmp_path, monkeypatch):
     a = tmp_path / "a.yaml"
     a.write_text("x: 1\n")

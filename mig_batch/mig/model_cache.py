@@ -9,7 +9,8 @@ runs on every load either way, so a cached document fails the same way its file 
 
 The cache lives in ``$MIG_BATCH_CACHE_DIR``, else ``$XDG_CACHE_HOME/mig-batch``, else
 ``~/.cache/mig-batch``; ``MIG_BATCH_CACHE_DIR=`` (empty) turns it off. Any failure to read or write it
-(no home, read-only, a corrupt file) just means the files are parsed.
+(no home, read-only, a corrupt file) just means the files are parsed; so does a cache file that is not
+the user's own or that others may write.
 """
 
 from __future__ import annotations
@@ -45,7 +46,11 @@ def stamp(path: Path) -> Stamp:
 
 def _read(file: Path) -> dict[str, tuple[Stamp, Any]]:
     try:
-        version, entries = marshal.loads(file.read_bytes())
+        with open(file, "rb") as stream:
+            st = os.fstat(stream.fileno())
+            if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                return {}  # a file someone else could have written (a shared MIG_BATCH_CACHE_DIR): not trusted
+            version, entries = marshal.loads(stream.read())
     except (OSError, ValueError, EOFError, TypeError):
         return {}
     return entries if version == FORMAT and isinstance(entries, dict) else {}
@@ -58,8 +63,9 @@ def _write(file: Path, entries: dict[str, tuple[Stamp, Any]]) -> None:
         return
     temporary = file.with_name(f".{file.name}.{os.getpid()}")
     try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        temporary.write_bytes(data)
+        file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as stream:
+            stream.write(data)
         os.replace(temporary, file)  # readers see the old cache or the new one, never half of one
     except OSError:
         with contextlib.suppress(OSError):
