@@ -1,3 +1,9 @@
+import os
+import tempfile
+
+# the GPU model cache of test runs (and their subprocesses) goes to a fresh folder, not ~/.cache
+os.environ.setdefault("MIG_BATCH_CACHE_DIR", tempfile.mkdtemp(prefix="mig-batch-test-cache-"))
+
 import pytest
 from hypothesis import HealthCheck, settings
 

@@ -279,7 +279,7 @@ def test_migsub_takes_the_flag_then_the_site_config_then_the_one_batch_system_fo
     site.write_text("nodes: {n1: [A100-80GB]}\n")
     monkeypatch.setenv("MIG_BATCH_CONFIG", str(site))
     found = {"sbatch": True, "schedd": True}
-    monkeypatch.setattr(migsub.shutil, "which", lambda name: "/usr/bin/sbatch" if found["sbatch"] else None)
+    monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/sbatch" if found["sbatch"] else None)
     monkeypatch.setattr(migsub, "schedd_reachable", lambda: found["schedd"])
     with pytest.raises(migsub.DirectiveError, match="both Slurm"):
         migsub.choose_backend(None)

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import io
+import shutil
 
-from rich.table import Table
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from rich.console import Console
+from rich.errors import MarkupError
+from rich.text import Text
 
-from mig_batch.cli.output import TableConsole
+from mig_batch.cli.guard import terminal_columns
+from mig_batch.cli.output import _EMOJI_NAME, Table, TableConsole, plain_markup
 
 UUID = "MIG-5f0c2a1e-9b7d-5c3e-8a41-0123456789ab"
 
@@ -54,3 +61,70 @@ def test_a_wide_terminal_draws_the_table_and_folds_long_cells():
     out = printed(TableConsole(file=io.StringIO(), width=100, force_terminal=True, color_system=None), table)
     assert "┃" in out and "…" not in out
     assert sum(line.count("x") for line in out.splitlines()) == 150
+
+
+# --- the plain path (no rich import) prints what rich prints -------------------------------------------
+
+# markup-ish text: tags our commands use, tags they do not, escapes, emoji codes, long words
+PIECES = st.sampled_from(["[bold]", "[/bold]", "[/]", "[red]", "[yellow]", "[bold red]", "[/red]", "[link=x]",
+                          "[1]", "[========]", "[", "]", "\\[", ":", ":smile:", ":mig:", "x" * 30, " ", "\n",
+                          "3g.40gb", "é", "\t", "A100-40GB: "])  # fmt: skip
+MARKUP = st.lists(PIECES, max_size=12).map("".join)
+
+
+def rich_plain(text: str) -> str | None:
+    try:
+        return Text.from_markup(text).plain
+    except MarkupError:
+        return None
+
+
+@given(MARKUP)
+def test_plain_markup_agrees_with_rich_whenever_it_answers(text):
+    ours = plain_markup(text)
+    if ours is not None:
+        assert ours == rich_plain(text)
+
+
+def test_plain_markup_answers_for_what_our_commands_print():
+    assert plain_markup("[bold]3g.40gb[/] on [red]none fits[/]") == "3g.40gb on none fits"
+    assert plain_markup("[========][====]") == "[========][====]"
+    assert plain_markup("[link=https://x]x[/link]") is None and plain_markup("a :smile: b") is None
+
+
+def test_every_rich_emoji_name_is_caught_by_the_emoji_check():
+    from rich._emoji_codes import EMOJI
+
+    missed = [name for name in EMOJI if not _EMOJI_NAME.fullmatch(f":{name}:") or
+              not _EMOJI_NAME.fullmatch(f":{name.upper()}-emoji:")]  # fmt: skip
+    assert missed == []
+
+
+@given(MARKUP, st.sampled_from([{}, {"highlight": False}, {"soft_wrap": True}, {"markup": False},
+                                {"highlight": False, "soft_wrap": True, "markup": False}]),
+       st.sampled_from([20, 80]))  # fmt: skip
+def test_printing_text_off_a_terminal_matches_rich(text, options, width):
+    ours = TableConsole(file=io.StringIO(), width=width)
+    theirs = Console(file=io.StringIO(), width=width)
+    try:
+        theirs.print(text, **options)
+    except MarkupError:
+        return  # rich refuses it; ours hands it to rich, which refuses it the same way
+    ours.print(text, **options)
+    assert ours.file.getvalue() == theirs.file.getvalue()
+
+
+def test_plain_text_off_a_terminal_does_not_make_a_rich_console():
+    console = TableConsole(file=io.StringIO())
+    console.print("[bold]A100-40GB[/]: 3g.20gb", highlight=False)
+    console.print(wide_table())
+    assert console._rich is None and console.file.getvalue().startswith("A100-40GB: 3g.20gb\n# MIG slices")
+
+
+@pytest.mark.parametrize("columns", [None, "132", "0", "junk"])
+def test_terminal_columns_is_shutils(monkeypatch, columns):
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    assert terminal_columns() == shutil.get_terminal_size().columns

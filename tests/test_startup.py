@@ -74,3 +74,44 @@ def test_every_command_that_prints_data_takes_json_and_the_readme_names_the_othe
             assert f"`{name}`" in readme, f"README should say why `{name}` has no --json"
         else:
             assert "--json" in options, f"mig-batch {name} prints data but takes no --json"
+
+
+# --- the light commands start without rich, PyYAML (GPU models cached), traceback, shutil, typing -----
+
+LAZY = ("rich", "yaml", "traceback", "shutil", "typing", "mig_batch.mig.geometry", "mig_batch.mig.configs",
+        "mig_batch.config")  # fmt: skip
+MIGSUB_PROBE = PROBE.replace("from mig_batch.cli.main import main", "from mig_batch.cli.migsub import main")
+
+
+def probe(code: str, argv: list[str], env: dict[str, str] | None = None) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60,
+                         check=True, env=env).stdout  # fmt: skip
+    return json.loads(out.splitlines()[-1])
+
+
+LIGHT = [["--help"], ["gpus"], ["translate", "--mem", "18G"], ["gpus", "--json"]]
+
+
+@pytest.mark.parametrize("argv", LIGHT, ids=" ".join)
+def test_light_commands_off_a_terminal_do_not_import_rich_or_yaml(argv):
+    probe(PROBE.format(heavy=()), argv)  # fills the GPU model cache
+    assert probe(PROBE.format(heavy=LAZY), argv) == []
+
+
+def test_migsub_dry_run_off_a_terminal_imports_neither(tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\ntrue\n")
+    argv = ["--dry-run", "--gpu-mem", "18G", str(script)]
+    probe(MIGSUB_PROBE.format(heavy=()), argv)
+    lazy = tuple(m for m in LAZY if m != "mig_batch.config")  # it looks for the site config (none here)
+    assert probe(MIGSUB_PROBE.format(heavy=lazy), argv) == []
+
+
+def test_the_lazy_probe_can_fail():
+    """A terminal (forced) gets rich; a cold cache (switched off) gets PyYAML: the probe sees both."""
+    import os
+
+    forced = {**os.environ, "FORCE_COLOR": "1"}
+    assert "rich" in probe(PROBE.format(heavy=LAZY), ["translate", "--mem", "18G"], forced)
+    no_cache = {**os.environ, "MIG_BATCH_CACHE_DIR": ""}
+    assert "yaml" in probe(PROBE.format(heavy=LAZY), ["gpus"], no_cache)

@@ -7,9 +7,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from rich.table import Table
-
-from mig_batch.cli.output import console
+from mig_batch.cli.output import Table, console
 from mig_batch.planner.planners import PLANNERS
 from mig_batch.planner.problem import gpu_scheme
 from mig_batch.planner.workloads import WORKLOAD_TYPES, read_rodinia

@@ -11,9 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rich.table import Table
-
-from mig_batch.cli.output import console
+from mig_batch.cli.output import Table, console
 from mig_batch.errors import MigBatchError
 
 DEFAULT_DATA_DIR = "../shared/data"

@@ -7,7 +7,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from mig_batch.cli.guard import add_debug_option, run_guarded
+from mig_batch.cli.guard import CommandParser, add_debug_option, run_guarded
 
 # command -> (the module that registers it, its one-line help). Only the module of the command being run
 # is imported: the others (OR-Tools, matplotlib, the simulator...) stay unloaded, so --help and light
@@ -52,7 +52,7 @@ def chosen_command(argv: Sequence[str]) -> str | None:
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser; with ``only``, that command's module registered and the others as names and help."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="mig-batch",
         description="Dynamic NVIDIA MIG for batch clusters: geometry, request translation, placement, planning.",
     )

@@ -3,17 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from rich.table import Table
-
-from mig_batch.cli.output import console, emit
-from mig_batch.mig.configs import canonical, maximal_configurations, partition_label, reachable_configurations
-from mig_batch.mig.geometry import Configuration, format_mask, parse_configuration, parse_mask
+from mig_batch.cli.output import Table, console, emit
 from mig_batch.mig.models import GpuModel, Profile, all_models, get_model
-from mig_batch.mig.render import configuration_row, placement_chart
-from mig_batch.mig.scores import FragVariant, max_cc_start
-from mig_batch.mig.tables import tables_for
 from mig_batch.request import (
     MigRequest,
     RequestError,
@@ -23,6 +15,15 @@ from mig_batch.request import (
     parse_memory,
     translate_any,
 )
+
+TYPE_CHECKING = False  # typing costs ~2 ms at every start; annotations here are strings
+if TYPE_CHECKING:
+    from typing import Any
+
+    from mig_batch.mig.geometry import Configuration
+
+# geometry, configurations and scores are imported in the commands that use them: gpus and translate
+# start without them (tests/test_startup.py)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -108,6 +109,8 @@ def cmd_gpus(args: argparse.Namespace) -> int:
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:
+    from mig_batch.mig.render import placement_chart
+
     model = get_model(args.model)
     data = {
         "model": model.name,
@@ -230,6 +233,8 @@ def _translate_leaves(request: MigRequest, args: argparse.Namespace) -> int:
 
 
 def cmd_configs(args: argparse.Namespace) -> int:
+    from mig_batch.mig.configs import canonical, maximal_configurations, partition_label, reachable_configurations
+
     model = get_model(args.model)
     names = [n.strip() for n in args.profiles.split(",")] if args.profiles else None
     reachable = reachable_configurations(model, names)
@@ -264,6 +269,8 @@ def cmd_configs(args: argparse.Namespace) -> int:
 
 
 def _parse_state(model: GpuModel, text: str) -> tuple[int, Configuration | None]:
+    from mig_batch.mig.geometry import parse_configuration, parse_mask
+
     if "@" in text:
         config = parse_configuration(model, text)
         return config.mask(model), config
@@ -271,6 +278,11 @@ def _parse_state(model: GpuModel, text: str) -> tuple[int, Configuration | None]
 
 
 def cmd_frag(args: argparse.Namespace) -> int:
+    from mig_batch.mig.geometry import format_mask
+    from mig_batch.mig.render import configuration_row
+    from mig_batch.mig.scores import FragVariant, max_cc_start
+    from mig_batch.mig.tables import tables_for
+
     model = get_model(args.model)
     mask, config = _parse_state(model, args.state)
     tables = tables_for(model.name)

@@ -14,17 +14,14 @@ import dataclasses
 import json
 import os
 import shlex
-import shutil
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from mig_batch.cli.guard import DEBUG_HELP, run_guarded
+from mig_batch.cli.guard import DEBUG_HELP, CommandParser, run_guarded
 from mig_batch.cli.output import console, fail
-from mig_batch.config import ConfigError, SiteConfig, load_config
 from mig_batch.errors import MigBatchError
 from mig_batch.mig.models import UnknownModelError, all_models, get_model
 from mig_batch.request import (
@@ -40,7 +37,9 @@ from mig_batch.request import (
 )
 from mig_batch.subjob import SLURM_SIGNAL_MARGIN_S, next_job_spec
 
+TYPE_CHECKING = False  # typing costs ~2 ms at every start; the names below are for annotations only
 if TYPE_CHECKING:
+    from mig_batch.config import SiteConfig
     from mig_batch.leaves import LeafChoice
 
 
@@ -49,7 +48,7 @@ class DirectiveError(MigBatchError, ValueError):
 
 
 def _option_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="migsub", description="Submit a batch job that needs a MIG instance.")
+    p = CommandParser(prog="migsub", description="Submit a batch job that needs a MIG instance.")
     p.add_argument("--mig", metavar="PROFILE", help="explicit MIG profile, e.g. 3g.40gb")
     p.add_argument("--gpu-mem", metavar="SIZE", help="GPU memory the job needs, e.g. 18G")
     p.add_argument("--gpu-compute", metavar="SHARE", help="compute share: 0.3, 30%% or 2g")
@@ -245,6 +244,7 @@ def check_instances(count: int, sbatch_lines: list[str], request: MigRequest, mo
 def site_capacity(request: MigRequest, models: list) -> tuple[int, str] | None:
     """(the most instances of ``request`` one empty node of the site holds, which node); None without an
     inventory in the site config."""
+    from mig_batch.config import ConfigError, load_config
     from mig_batch.placement.multi import node_capacity
     from mig_batch.request import translate
 
@@ -284,6 +284,8 @@ def moldable_field(text: str) -> str:
 
 def site_config() -> SiteConfig | None:
     """The site config, or None where there is none (migsub then checks what it can without it)."""
+    from mig_batch.config import ConfigError, load_config
+
     try:
         return load_config()
     except ConfigError:
@@ -413,12 +415,11 @@ def choose_backend(explicit: str | None) -> str:
     """``--backend``, else the site config's ``batch_system``, else the one batch system found here."""
     if explicit:
         return explicit
-    try:
-        configured = load_config().batch_system
-    except ConfigError:
-        configured = ""
-    if configured:
-        return configured
+    config = site_config()
+    if config is not None and config.batch_system:
+        return config.batch_system
+    import shutil
+
     found = [name for name, present in (("slurm", shutil.which("sbatch") is not None),
                                          ("htcondor", schedd_reachable())) if present]  # fmt: skip
     if len(found) == 1:
@@ -561,6 +562,8 @@ def _submit_condor(description: dict[str, str], per_model: dict, args: argparse.
 
 def submit(command: list[str], stdin: str | None = None) -> int:
     """Hand the job to the batch system found on PATH; print its id."""
+    import shutil
+
     from mig_batch.slurm.commands import SlurmCli, SlurmError
 
     if shutil.which(command[0]) is None:

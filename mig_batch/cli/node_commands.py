@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from rich.table import Table
 
-from mig_batch.cli.output import console, emit, fail
+from mig_batch.cli.output import Table, console, emit, fail
 from mig_batch.gpu.base import GpuBackendError
 from mig_batch.mig.models import ModelError, UnknownModelError, get_model, load_model_file
 from mig_batch.mig.probe import DriverGpu, compare, model_document

@@ -17,10 +17,9 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 
-from rich.table import Table
 from rich.text import Text
 
-from mig_batch.cli.output import console, emit
+from mig_batch.cli.output import Table, console, emit
 from mig_batch.config import SiteConfig, config_path, load_config
 
 ROLES = ("controller", "node")

@@ -4,42 +4,126 @@ Tables never cut a cell: on a terminal of at least ``WIDE_COLUMNS`` columns they
 long cells folded; in a narrower terminal, or when stdout is not a terminal (a pipe, a log file), they
 switch to a compact layout: plain aligned columns, one row per line, when that fits (always in a file,
 where lines may be long and grep finds a row whole), else one ``column: value`` block per row.
+
+rich costs ~40 ms to import, more than the light commands' whole work, so it is imported only when it
+draws something: a table or styled text on a terminal, or text whose plain form this module cannot
+work out for certain (then rich decides, and the output is rich's own). Commands build tables with
+:class:`Table` below, rich's API in small; rich renders it when wide.
 """
 
 from __future__ import annotations
 
-import json
+import os
+import re
 import sys
 from collections.abc import Callable
-from typing import Any
 
-from rich.console import Console, RenderableType
-from rich.errors import MarkupError
-from rich.table import Table
-from rich.text import Text
+TYPE_CHECKING = False  # typing costs ~2 ms at every start; annotations here are strings
+if TYPE_CHECKING:
+    from typing import Any
 
 WIDE_COLUMNS = 100  # narrower terminals get the compact layout: rich would squeeze cells to "34…"
 
+# rich's markup tag syntax: "[" then a letter, "#", "/" or "@", then anything but "[" up to "]"
+_TAG = re.compile(r"\[([a-z#/@][^\[]*?)\]")
+# styles our commands put in markup; any other tag (links, handlers, colours by number) goes to rich
+_PLAIN_STYLES = frozenset({"bold", "dim", "italic", "underline", "red", "green", "yellow", "blue", "cyan",
+                           "magenta", "white", "bold red", "bold green", "bold yellow"})  # fmt: skip
+# rich replaces ":name:" by an emoji when name is one; every emoji name is made of these characters
+# (tests/test_output.py checks rich's table), so text with no such ":name:" has no emoji in it
+_EMOJI_NAME = re.compile(r":([a-z0-9_+\-.!#&()*\u2019ãåçéíô]+?)(?:-(?:emoji|text))?:", re.IGNORECASE)
 
-def cell_text(cell: RenderableType) -> str:
+
+def plain_markup(text: str, markup: bool = True) -> str | None:
+    """``text`` as rich prints it without colour, when that is certain: markup tags dropped (with
+    ``markup``), no emoji code in it. None when rich must decide (escapes, other tags, a tag that
+    does not close, a possible emoji)."""
+    if _EMOJI_NAME.search(text):
+        return None
+    if not markup or "[" not in text:
+        return text
+    if "\\" in text:
+        return None
+    pieces, open_tags, position = [], [], 0
+    for match in _TAG.finditer(text):
+        name = match.group(1)
+        if name.startswith("/"):
+            if name == "/" and open_tags:
+                open_tags.pop()
+            elif name[1:] in open_tags:
+                open_tags.reverse()
+                open_tags.remove(name[1:])  # rich closes the most recent tag of that name
+                open_tags.reverse()
+            else:
+                return None  # rich raises MarkupError here
+        elif name in _PLAIN_STYLES:
+            open_tags.append(name)
+        else:
+            return None
+        pieces.append(text[position : match.start()])
+        position = match.end()
+    pieces.append(text[position:])
+    return "".join(pieces)
+
+
+def cell_text(cell: Any) -> str:
     """What rich would show in a cell, as plain text on one line."""
-    if isinstance(cell, Text):
+    if isinstance(cell, str):
+        text = plain_markup(cell)
+        if text is None:
+            from rich.errors import MarkupError
+            from rich.text import Text
+
+            try:
+                text = Text.from_markup(cell).plain
+            except MarkupError:
+                text = cell
+    elif hasattr(cell, "plain"):  # a rich Text: its characters are the cell
         text = cell.plain
-    elif isinstance(cell, str):
-        try:
-            text = Text.from_markup(cell).plain
-        except MarkupError:
-            text = cell
     else:
-        text = str(cell)
+        text = "" if cell is None else str(cell)
     return " ".join(text.split("\n"))
+
+
+class Table:
+    """A table for :class:`TableConsole`: headers, rows of cells (strings with rich markup, or rich
+    Text), a title. Keyword options (``justify``, ``title_justify``...) are rich's, used when rich draws."""
+
+    def __init__(self, *headers: str, title: str | None = None, **options: Any):
+        self.title = title
+        self.options = options
+        self.headers: list[str] = []
+        self.column_options: list[dict[str, Any]] = []
+        self.rows: list[tuple[Any, ...]] = []
+        for header in headers:
+            self.add_column(header)
+
+    def add_column(self, header: str, **options: Any) -> None:
+        self.headers.append(header)
+        self.column_options.append(options)
+
+    def add_row(self, *cells: Any) -> None:
+        if len(cells) > len(self.headers):
+            raise ValueError(f"a row of {len(cells)} cells in a table of {len(self.headers)} columns")
+        self.rows.append((*cells, *[""] * (len(self.headers) - len(cells))))
+
+    def to_rich(self) -> Any:
+        """The same table as a rich Table, long cells folded onto more lines instead of cut."""
+        from rich.table import Table as RichTable
+
+        table = RichTable(title=self.title, **self.options)
+        for header, options in zip(self.headers, self.column_options, strict=True):
+            table.add_column(header, **options)
+        for row in self.rows:
+            table.add_row(*row)
+        for column in table.columns:
+            column.overflow = "fold"
+        return table
 
 
 def table_rows(table: Table) -> tuple[list[str], list[list[str]]]:
     """(headers, rows) of ``table`` as plain text."""
-    headers = [cell_text(c.header) for c in table.columns]
-    columns = [[cell_text(cell) for cell in c._cells] for c in table.columns]
-    return headers, [list(row) for row in zip(*columns, strict=True)]
+    return [cell_text(h) for h in table.headers], [[cell_text(c) for c in row] for row in table.rows]
 
 
 def aligned_lines(table: Table) -> list[str]:
@@ -64,42 +148,123 @@ def record_lines(table: Table) -> list[str]:
     return out
 
 
-class TableConsole(Console):
-    """A rich console whose tables stay readable at any width and in log files (see the module's text)."""
+_PLAIN_PRINT_OPTIONS = frozenset({"highlight", "soft_wrap", "markup"})  # no colour anyway off a terminal
+
+
+class TableConsole:
+    """A console whose tables stay readable at any width and in log files (see the module's text).
+
+    Takes rich Console's keyword arguments; the rich Console itself is made on first need."""
+
+    def __init__(self, **console_options: Any):
+        self._options = console_options
+        self._rich: Any = None
+
+    @property
+    def rich(self) -> Any:
+        """The rich Console behind this one (imports rich)."""
+        if self._rich is None:
+            from rich.console import Console
+
+            self._rich = Console(**self._options)
+        return self._rich
+
+    def __getattr__(self, name: str) -> Any:  # status(), width, ...: rich's
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.rich, name)
+
+    @property
+    def file(self) -> Any:
+        if self._rich is not None:
+            return self._rich.file
+        chosen = self._options.get("file")
+        return chosen if chosen is not None else sys.stderr if self._options.get("stderr") else sys.stdout
+
+    def plainly_not_a_terminal(self) -> bool:
+        """True when rich too would find no terminal: a file or pipe, nothing forcing colour."""
+        if self._rich is not None:
+            return not self._rich.is_terminal
+        if "force_terminal" in self._options or "force_jupyter" in self._options or "IPython" in sys.modules:
+            return False
+        if "TTY_COMPATIBLE" in os.environ or "FORCE_COLOR" in os.environ:
+            return False
+        try:
+            return not self.file.isatty()
+        except (AttributeError, ValueError):
+            return False
+
+    @property
+    def is_terminal(self) -> bool:
+        return False if self.plainly_not_a_terminal() else self.rich.is_terminal
 
     def wide(self) -> bool:
-        return self.is_terminal and self.width >= WIDE_COLUMNS
+        return self.is_terminal and self.rich.width >= WIDE_COLUMNS
 
-    def print(self, *objects: Any, **kwargs: Any) -> None:
-        tables = [o for o in objects if isinstance(o, Table)]
-        if not tables:
-            super().print(*objects, **kwargs)
+    def _plain_width(self) -> int:
+        """rich's width when it writes to no terminal."""
+        if self._options.get("width") is not None:
+            return int(self._options["width"])
+        columns = os.environ.get("COLUMNS", "")
+        if columns.isdigit():
+            return int(columns)
+        for descriptor in (0, 1, 2):
+            try:
+                width = os.get_terminal_size(descriptor).columns
+            except (AttributeError, ValueError, OSError):
+                continue
+            return width or 80
+        return 80
+
+    def _plain_text(self, obj: Any, options: dict[str, Any]) -> str | None:
+        """``obj`` as rich would print it to a file, when that is certain; else None."""
+        if not isinstance(obj, str) or not set(options) <= _PLAIN_PRINT_OPTIONS or not self.plainly_not_a_terminal():
+            return None
+        text = plain_markup(obj, markup=options.get("markup", self._options.get("markup", True)))
+        if text is None or not all(" " <= ch <= "~" for line in text.split("\n") for ch in line):
+            return None  # tabs, control or wide characters: rich's rules
+        soft_wrap = options.get("soft_wrap", self._options.get("soft_wrap", False))
+        if not soft_wrap and any(len(line) > self._plain_width() for line in text.split("\n")):
+            return None  # rich would wrap it
+        return text
+
+    def print(self, *objects: Any, **options: Any) -> None:
+        if not any(isinstance(o, Table) for o in objects):
+            self._print_text(objects, options)
             return
         for obj in objects:
             if not isinstance(obj, Table):
-                super().print(obj, **kwargs)
+                self._print_text((obj,), options)
             elif self.wide():
-                for column in obj.columns:
-                    column.overflow = "fold"  # a long cell wraps onto more lines instead of ending in "…"
-                super().print(obj, **kwargs)
+                self.rich.print(obj.to_rich(), **options)
             else:
                 self.print_compact(obj)
 
+    def _print_text(self, objects: tuple[Any, ...], options: dict[str, Any]) -> None:
+        text = self._plain_text(objects[0], options) if len(objects) == 1 else None
+        if text is None:
+            self.rich.print(*objects, **options)
+        else:
+            self.file.write(text + "\n")
+            self.file.flush()
+
     def print_compact(self, table: Table) -> None:
         lines = aligned_lines(table)
-        if self.is_terminal and max((len(line) for line in lines), default=0) > self.width:
+        if self.is_terminal and max((len(line) for line in lines), default=0) > self.rich.width:
             lines = record_lines(table)
         self.file.write("".join(f"{line}\n" for line in lines))
         self.file.flush()
 
 
 console = TableConsole()
-err_console = Console(stderr=True)
+err_console = TableConsole(stderr=True)
 
 
 def emit(data: Any, as_json: bool, render: Callable[[Any], None]) -> None:
     """Print ``data`` as JSON (``--json``) or let ``render`` draw it for a person."""
     if as_json:
+        import json
+
         json.dump(data, sys.stdout, indent=2, sort_keys=False, default=str)
         sys.stdout.write("\n")
     else:

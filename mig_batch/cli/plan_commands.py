@@ -6,9 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from rich.table import Table
-
-from mig_batch.cli.output import console
+from mig_batch.cli.output import Table, console
 from mig_batch.planner.bounds import lower_bound, p_opt
 from mig_batch.planner.multi import check_multi
 from mig_batch.planner.plan import check_plan

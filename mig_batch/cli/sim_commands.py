@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from mig_batch.cli.output import console
+from mig_batch.cli.output import Table, console
 from mig_batch.mig.models import get_model
 from mig_batch.sim.experiments import (
     PAPER_POLICIES,
@@ -121,7 +120,7 @@ def _progress(disable: bool) -> Progress:
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=console,
+        console=console.rich,
         transient=True,
         disable=disable,
     )
