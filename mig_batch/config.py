@@ -216,7 +216,7 @@ def _flex(raw: Any, path: Path) -> FlexConfig:
 def _atomize(raw: Any, path: Path) -> AtomizeConfig:
     from mig_batch.atomize.protocol import GRANT_POLICIES
 
-    if "live_defrag" in raw and not isinstance(raw["live_defrag"], bool):
+    if isinstance(raw, dict) and "live_defrag" in raw and not isinstance(raw["live_defrag"], bool):
         raise ConfigError(f"{path}: atomize.live_defrag must be true or false (got {raw['live_defrag']!r})")
     config = _section(raw, path, "atomize", AtomizeConfig)
     if config.defrag_max_steered < 0:

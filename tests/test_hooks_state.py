@@ -164,6 +164,10 @@ def test_config_errors_name_the_setting(tmp_path):
     path.write_text("atomize: {live_defrag: 'yes please'}\n")
     with pytest.raises(ConfigError, match="atomize.live_defrag must be true or false"):
         load_config(path)
+    for section in ("atomize", "flex", "moldable"):
+        path.write_text(f"{section}: 5\n")  # a section that is not a mapping is the user's error, not ours
+        with pytest.raises(ConfigError, match=f"{section} must be a mapping"):
+            load_config(path)
     path.write_text("atomize: {defrag_max_steered: -1}\n")
     with pytest.raises(ConfigError, match="defrag_max_steered must be 0 or more"):
         load_config(path)

@@ -327,3 +327,17 @@ def test_a_restarted_agent_still_knows_which_slot_may_end_an_instance(tmp_path):
     os.utime(tmp_path / "slots" / "7.0", (old, old))
     first.check_prolog(Caller(os.getpid(), os.getuid(), "slot1_3", ""), "8.0")
     assert sorted(p.name for p in (tmp_path / "slots").iterdir()) == ["8.0"]
+
+
+@pytest.mark.parametrize("spec, accepted", [
+    (None, True), ("20G", True), ("3g.40gb", True), ("mig:3g.40gb", True), ("mig:1g.10gb:1", True),
+    ("mig:1g.10gb:4", False), ("1g.10gb:2", False), ("mig:20G", True),
+])  # fmt: skip
+def test_the_schedd_refuses_a_count_of_several_instances(spec, accepted):
+    from mig_batch.htcondor.attrs import ONE_INSTANCE
+
+    ad = classad2.ClassAd()
+    if spec is not None:
+        ad["MigRequest"] = spec
+    ad["One"] = classad2.ExprTree(ONE_INSTANCE)
+    assert ad.eval("One") is accepted

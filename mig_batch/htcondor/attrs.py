@@ -61,6 +61,8 @@ def node_config(node: str, agent_file: str, prefix: str = "") -> str:
 
 # What a user writes in a submit file (+MigRequest = "20G"), and the tag field each becomes.
 REQUEST_ATTRS = {"MigRequest": "req", "MigCompute": "compute", "MigModel": "model", "MigMoldable": "moldable"}
+# a count after the request (mig:1g.10gb:4) asks for several instances, which only Slurm runs so far
+ONE_INSTANCE = '(MigRequest is undefined || !regexp(":[0-9]+$", MigRequest) || regexp(":0*1$", MigRequest))'
 SAFE_VALUE = "^[A-Za-z0-9.:,_-]+$"  # no ';' or '=': a value cannot add fields (a place=) to the tag
 
 
@@ -135,6 +137,11 @@ def schedd_config(controller: str, models: Sequence[GpuModel] = (), agents: Sequ
         f"SUBMIT_REQUIREMENT_MigBatchRequest = {checks}",
         f'SUBMIT_REQUIREMENT_MigBatchRequest_REASON = "{", ".join(REQUEST_ATTRS)} may hold only letters, '
         'digits and . : , _ -"',
+        "SUBMIT_REQUIREMENT_NAMES = $(SUBMIT_REQUIREMENT_NAMES) MigBatchOneInstance",
+        f"SUBMIT_REQUIREMENT_MigBatchOneInstance = {ONE_INSTANCE}",
+        'SUBMIT_REQUIREMENT_MigBatchOneInstance_REASON = strcat("MigRequest ", MigRequest, " asks for several '
+        'instances; on HTCondor a job gets one MIG instance (leave the count out; jobs over several instances '
+        'run on Slurm)")',
         *fits,
         "",
     ])  # fmt: skip
