@@ -197,7 +197,7 @@ SlurmdPort={ports[1]}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket={self.munge_socket}
+AuthInfo=socket={self.munge_socket},cred_expire=30
 CredType=cred/munge
 StateSaveLocation={r / "state"}
 SlurmdSpoolDir={r / "spool"}/%n
