@@ -7,6 +7,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -18,7 +19,7 @@ from mig_batch.gpu.nvml import NvmlNode
 from mig_batch.node import hook_client
 from mig_batch.node.agent import NodeAgent
 from mig_batch.node.journal import Journal
-from mig_batch.node.service import AgentServer
+from mig_batch.node.service import AgentServer, serve
 from mig_batch.state import SCHEMA_VERSION, Decision, StateError, Store
 
 TAG = "mig-batch:v1;req=4g.20gb"
@@ -225,6 +226,33 @@ def test_the_hook_client_asks_the_agent_and_takes_the_slow_path_once_the_agent_i
     server.server_close()
     subprocess.run([*client, "epilog", job, str(sock), *fallback], check=True, timeout=30)
     assert slow.read_text() == "sh\n"
+
+
+def test_the_sweep_logs_a_failing_pass_and_keeps_sweeping(site, batch, gpus, tmp_path, monkeypatch, caplog):
+    stray = gpus.create(0, "1g.5gb", 6)  # made behind mig_batch's back: the sweep's to destroy
+    real, calls = gpus.gpus, []
+
+    def lost_once():  # one NVML hiccup: the pass at start fails
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            raise RuntimeError("NVML: GPU is lost")
+        return real()
+
+    monkeypatch.setattr(gpus, "gpus", lost_once)
+    a = agent(site, batch, gpus)
+    server = AgentServer(tmp_path / "agent.sock", a)
+    thread = threading.Thread(target=serve, args=(server, a, 0.05), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not a.reconciled and time.monotonic() < deadline:  # no NVML call here: the emulator's lock is per process
+        time.sleep(0.05)
+    serving = thread.is_alive()
+    if serving:
+        server.shutdown()  # honoured even if serve_forever has not begun yet
+    server.server_close()
+    thread.join(10)
+    assert serving and gpus.instances(0) == [] and stray is not None and len(calls) >= 2
+    assert "NVML: GPU is lost" in caplog.text and not thread.is_alive()
 
 
 def test_a_gpu_with_mig_mode_off_is_refused_by_name_and_published_for_the_controller(site, batch, nvml_emu_creator):

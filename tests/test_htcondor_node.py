@@ -170,6 +170,44 @@ def test_a_refusal_holds_the_job_through_the_wrapper_error_file(tmp_path):
     assert proc.returncode == 1 and "refused: not your slot" in (tmp_path / "wrapper.err").read_text()
 
 
+def test_a_job_killed_by_sigkill_leaves_the_wrapper_killed_by_sigkill_without_a_traceback(tmp_path):
+    agent = FakeAgent(tmp_path / "nodeb.sock", {"CUDA_VISIBLE_DEVICES": "MIG-abc"})
+    proc = wrapper(tmp_path, MANAGED, ["/bin/sh", "-c", "kill -9 $$"])
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL and "Traceback" not in err
+    assert [op for op, _, _ in agent.asked] == ["prolog", "epilog"]
+
+
+def test_an_unmanaged_job_that_cannot_run_is_reported_without_a_traceback(tmp_path):
+    proc = wrapper(tmp_path, "ClusterId = 3\nProcId = 0\n", [str(tmp_path / "no-such-program")])
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 127 and "cannot run" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("reply", [b"not json\n", b"[1, 2]\n", b'"ok"\n'])
+def test_a_malformed_agent_reply_counts_as_an_unreachable_agent(tmp_path, monkeypatch, reply):
+    from mig_batch.htcondor import job_wrapper
+
+    class Garbled(FakeAgent):
+        def serve(self):
+            while True:
+                try:
+                    conn, _ = self.server.accept()
+                except OSError:
+                    return
+                with conn:
+                    conn.makefile().readline()
+                    self.asked.append(("?", "?", time.time()))
+                    conn.sendall(reply)
+
+    agent = Garbled(tmp_path / "a.sock", {})
+    monkeypatch.setattr(job_wrapper, "AGENT_RETRY_S", 0.3)
+    monkeypatch.setattr(job_wrapper.time, "sleep", lambda s: None)
+    answer = job_wrapper.ask_patiently(str(tmp_path / "a.sock"), "prolog", "12.0")
+    assert answer["ok"] is False and answer["detail"].startswith("node agent unreachable")
+    assert len(agent.asked) >= 2  # retried, as for an agent that is down
+
+
 # --- the agent's slot guard ----------------------------------------------------------------------
 
 

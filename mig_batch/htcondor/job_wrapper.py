@@ -44,7 +44,8 @@ def read_ad(path):
 
 
 def ask(path, op, job, timeout_s=120.0):
-    """The agent's answer (a dict); OSError when it does not answer."""
+    """The agent's answer (a dict); OSError when it does not answer, ValueError when the answer is
+    not a JSON object."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout_s)
         sock.connect(path)
@@ -55,7 +56,10 @@ def ask(path, op, job, timeout_s=120.0):
             if not chunk:
                 raise OSError("the agent closed the connection without an answer")
             data += chunk
-    return json.loads(data)
+    answer = json.loads(data)
+    if not isinstance(answer, dict):
+        raise ValueError(f"the agent answered {data[:80]!r}, not a JSON object")
+    return answer
 
 
 def ask_patiently(path, op, job):
@@ -63,7 +67,7 @@ def ask_patiently(path, op, job):
     while True:
         try:
             return ask(path, op, job)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # a garbled answer: as if the agent were down
             if time.monotonic() > deadline:
                 return {"ok": False, "detail": f"node agent unreachable at {path}: {exc}"}
             time.sleep(1.0)
@@ -126,8 +130,12 @@ def main(argv):
         say("no job command given")
         return 1
     job_ad = read_ad(os.environ.get("_CONDOR_JOB_AD"))
-    if "MigBatchTag" not in job_ad:
-        os.execvp(command[0], command)  # not ours
+    if "MigBatchTag" not in job_ad:  # not ours
+        try:
+            os.execvp(command[0], command)
+        except OSError as exc:
+            say(f"cannot run {command[0]}: {exc}")
+            return 127
     job = f"{job_ad.get('ClusterId', '')}.{job_ad.get('ProcId', '0')}"
     node = read_ad(os.environ.get("_CONDOR_MACHINE_AD")).get("MigBatchNodeName", "")
     path = SOCKET.replace("{node}", node)
@@ -144,9 +152,10 @@ def main(argv):
         say(f"epilog: {done.get('detail')}")
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        signal.signal(sig, signal.SIG_DFL)
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP take no handler
+            signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)  # the job's own death, as HTCondor would have seen it
-        return 128 + sig
+        return 128 + sig  # a signal this process survives (one ignored since before exec)
     return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
 
 

@@ -32,7 +32,6 @@ import socket
 import socketserver
 import struct
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -258,28 +257,6 @@ class WrapperServer(socketserver.ThreadingUnixStreamServer):
         os.chmod(path, 0o666)
 
 
-def serve(path: Path, agent: NodeAgent, guard: SlotGuard, reconcile_interval_s: float) -> None:
-    """Reconcile (strays from before a restart), then answer wrappers; reconcile again every interval
-    (the sweep of instances whose job left its slot without the wrapper saying so)."""
-    for stray in agent.reconcile():
-        log.warning("reconcile at start: destroyed stray %s", stray)
-    server = WrapperServer(path, agent, guard)
-    stop = threading.Event()
-
-    def sweep() -> None:
-        while not stop.wait(reconcile_interval_s):
-            for stray in agent.reconcile():
-                log.info("sweep: destroyed %s", stray)
-
-    threading.Thread(target=sweep, daemon=True).start()
-    log.info("agent for %s listening on %s", agent.node, path)
-    try:
-        server.serve_forever(poll_interval=0.5)
-    finally:
-        stop.set()
-        server.server_close()
-
-
 def agent_main(argv: Sequence[str] | None = None) -> int:
     """``mig-batch-htcondor-agent``: the node agent of an HTCondor execute node (root, systemd)."""
     from mig_batch.cli.guard import run_guarded
@@ -311,7 +288,10 @@ def _agent(argv: list[str]) -> int:
                       Path(str(config.job_dir).format(node=args.node)), config.policy,
                       config.atomize.checkpoint_margin_s)  # fmt: skip
     guard = SlotGuard(batch, args.node, args.startd_local_name, directory=node_dir / "slots", journal=journal)
-    serve(Path(str(config.agent_socket).format(node=args.node)), agent, guard, config.reconcile_interval_s)
+    from mig_batch.node.service import serve
+
+    server = WrapperServer(Path(str(config.agent_socket).format(node=args.node)), agent, guard)
+    serve(server, agent, config.reconcile_interval_s)
     return 0
 
 

@@ -3,7 +3,7 @@
 One JSON line in, one JSON line out: ``{"op": "prolog"|"epilog"|"ping", "job": "<id>"}`` ->
 ``{"ok": true, "detail": "..."}``. Only root may ask (the peer's credentials are checked: the batch
 system's hooks run as root). Each connection gets a thread; the agent serializes the GPU work. A
-reconcile runs at start and every ``reconcile_interval_s``.
+reconcile runs at start and every ``reconcile_interval_s`` (:func:`serve`, shared with HTCondor's agent).
 """
 
 from __future__ import annotations
@@ -78,21 +78,29 @@ class AgentServer(socketserver.ThreadingUnixStreamServer):
         os.chmod(path, 0o600)
 
 
-def serve(path: Path, agent: NodeAgent, reconcile_interval_s: float) -> None:
-    """Reconcile, then answer hooks until stopped; reconcile again every ``reconcile_interval_s``."""
-    strays = agent.reconcile()
-    for s in strays:
-        log.warning("reconcile at start: destroyed stray %s", s)
-    server = AgentServer(path, agent)
+def sweep_once(agent: NodeAgent, when: str) -> None:
+    """One reconcile pass, its strays logged; an exception is logged, not raised, so that one NVML or
+    journal hiccup does not end the sweep for good."""
+    try:
+        for stray in agent.reconcile():
+            log.warning("reconcile %s: destroyed stray %s", when, stray)
+    except Exception:
+        log.exception("reconcile %s failed; the next pass tries again", when)
+
+
+def serve(server: socketserver.BaseServer, agent: NodeAgent, reconcile_interval_s: float) -> None:
+    """The agent's loop for either batch system: reconcile (strays from before a restart), then answer
+    on ``server`` until stopped, reconciling again every ``reconcile_interval_s`` (the sweep of
+    instances whose job ended without its epilog)."""
+    sweep_once(agent, "at start")
     stop = threading.Event()
 
-    def reconcile_loop() -> None:
+    def sweep() -> None:
         while not stop.wait(reconcile_interval_s):
-            for s in agent.reconcile():
-                log.warning("reconcile: destroyed stray %s", s)
+            sweep_once(agent, "sweep")
 
-    threading.Thread(target=reconcile_loop, daemon=True).start()
-    log.info("agent for %s listening on %s", agent.node, path)
+    threading.Thread(target=sweep, name="mig-batch-sweep", daemon=True).start()
+    log.info("agent for %s listening on %s", agent.node, server.server_address)
     try:
         server.serve_forever(poll_interval=0.5)
     finally:

@@ -60,7 +60,7 @@ def agent_main(argv: Sequence[str] | None = None) -> int:
 
 def _agent(argv: list[str]) -> int:
     from mig_batch.cli.guard import DEBUG_HELP, LOG_LEVELS, log_level
-    from mig_batch.node.service import serve
+    from mig_batch.node.service import AgentServer, serve
 
     parser = argparse.ArgumentParser(prog="mig-batch-agent", description="mig_batch node agent for a Slurm node")
     parser.add_argument("--config", help="site config (default: MIG_BATCH_CONFIG or /etc/mig-batch/mig-batch.yaml)")
@@ -72,7 +72,7 @@ def _agent(argv: list[str]) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = load_config(args.config)
     agent = make_agent(config, args.node)
-    serve(config.agent_socket, agent, config.reconcile_interval_s)
+    serve(AgentServer(config.agent_socket, agent), agent, config.reconcile_interval_s)
     return 0
 
 
