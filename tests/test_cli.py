@@ -86,3 +86,10 @@ def test_console_script_is_installed():
         [exe, "translate", "--gpu", "H100-80GB", "--mem", "18G", "--json"], capture_output=True, text=True, check=True
     ).stdout
     assert json.loads(out)["results"][0]["profile"] == "1g.20gb"
+
+
+def test_the_readme_main_job_prints_its_ranking(tmp_path, capsys):
+    """README command 1's render path (not --json), cut to two runs: it draws styled rows."""
+    assert main(["simulate", "placement", "--runs", "2", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "mfi" in out and "on served demand" in out

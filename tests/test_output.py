@@ -63,6 +63,15 @@ def test_a_wide_terminal_draws_the_table_and_folds_long_cells():
     assert sum(line.count("x") for line in out.splitlines()) == 150
 
 
+def test_a_row_style_is_drawn_on_a_terminal_and_dropped_in_a_log():
+    table = wide_table()
+    table.add_row("gpu-node-019", "2", "H100-80GB", "········", "", style="bold green")
+    drawn = printed(TableConsole(file=io.StringIO(), width=160, force_terminal=True, color_system="standard"), table)
+    assert "gpu-node-019" in drawn and "\x1b[1;32m" in drawn  # bold green, as rich draws a styled row
+    logged = printed(TableConsole(file=io.StringIO(), width=160), table)
+    assert "\x1b" not in logged and any(line.startswith("gpu-node-019") for line in logged.splitlines())
+
+
 # --- the plain path (no rich import) prints what rich prints -------------------------------------------
 
 # markup-ish text: tags our commands use, tags they do not, escapes, emoji codes, long words

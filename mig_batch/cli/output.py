@@ -95,6 +95,7 @@ class Table:
         self.headers: list[str] = []
         self.column_options: list[dict[str, Any]] = []
         self.rows: list[tuple[Any, ...]] = []
+        self.row_options: list[dict[str, Any]] = []  # rich's per-row options (style=...): drawn on a terminal only
         for header in headers:
             self.add_column(header)
 
@@ -102,10 +103,11 @@ class Table:
         self.headers.append(header)
         self.column_options.append(options)
 
-    def add_row(self, *cells: Any) -> None:
+    def add_row(self, *cells: Any, **options: Any) -> None:
         if len(cells) > len(self.headers):
             raise ValueError(f"a row of {len(cells)} cells in a table of {len(self.headers)} columns")
         self.rows.append((*cells, *[""] * (len(self.headers) - len(cells))))
+        self.row_options.append(options)
 
     def to_rich(self) -> Any:
         """The same table as a rich Table, long cells folded onto more lines instead of cut."""
@@ -114,8 +116,8 @@ class Table:
         table = RichTable(title=self.title, **self.options)
         for header, options in zip(self.headers, self.column_options, strict=True):
             table.add_column(header, **options)
-        for row in self.rows:
-            table.add_row(*row)
+        for row, options in zip(self.rows, self.row_options, strict=True):
+            table.add_row(*row, **options)
         for column in table.columns:
             column.overflow = "fold"
         return table
