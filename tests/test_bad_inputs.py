@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from mig_batch.cli.cluster_commands import daemon_main
-from mig_batch.cli.guard import INTERNAL
 from mig_batch.cli.main import build_parser
 from mig_batch.cli.main import main as mig_batch_main
 from mig_batch.cli.migsub import main as migsub_main
+from mig_batch.entry import INTERNAL
 from mig_batch.htcondor.node import agent_main as htcondor_agent_main
 from mig_batch.slurm.hooks import agent_main
 

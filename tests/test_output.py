@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.errors import MarkupError
 from rich.text import Text
 
-from mig_batch.cli.guard import terminal_columns
 from mig_batch.cli.output import _EMOJI_NAME, Table, TableConsole, plain_markup
+from mig_batch.entry import terminal_columns
 
 UUID = "MIG-5f0c2a1e-9b7d-5c3e-8a41-0123456789ab"
 

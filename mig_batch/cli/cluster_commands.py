@@ -11,9 +11,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from mig_batch.cli.guard import DEBUG_HELP, LOG_LEVELS, log_level, run_guarded
 from mig_batch.cli.output import Table, console, emit
 from mig_batch.config import ConfigError, SiteConfig, load_config
+from mig_batch.entry import DEBUG_HELP, LOG_LEVELS, log_level, run_guarded
 from mig_batch.mig.models import all_models, get_model
 
 

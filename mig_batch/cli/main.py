@@ -7,7 +7,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from mig_batch.cli.guard import CommandParser, add_debug_option, run_guarded
+from mig_batch.entry import CommandParser, add_debug_option, run_guarded
 
 # command -> (the module that registers it, its one-line help). Only the module of the command being run
 # is imported: the others (OR-Tools, matplotlib, the simulator...) stay unloaded, so --help and light

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mig_batch.cli.guard import DEBUG_HELP, CommandParser, run_guarded
 from mig_batch.cli.output import console, fail
+from mig_batch.entry import DEBUG_HELP, CommandParser, run_guarded
 from mig_batch.errors import MigBatchError
 from mig_batch.mig.models import UnknownModelError, all_models, get_model
 from mig_batch.request import (

@@ -259,14 +259,14 @@ class WrapperServer(socketserver.ThreadingUnixStreamServer):
 
 def agent_main(argv: Sequence[str] | None = None) -> int:
     """``mig-batch-htcondor-agent``: the node agent of an HTCondor execute node (root, systemd)."""
-    from mig_batch.cli.guard import run_guarded
+    from mig_batch.entry import run_guarded
 
     return run_guarded(_agent, argv, "mig-batch-htcondor-agent")
 
 
 def _agent(argv: list[str]) -> int:
-    from mig_batch.cli.guard import DEBUG_HELP, LOG_LEVELS, log_level
     from mig_batch.config import load_config, open_backend
+    from mig_batch.entry import DEBUG_HELP, LOG_LEVELS, log_level
     from mig_batch.htcondor.adapter import HTCondorBatch
 
     parser = argparse.ArgumentParser(prog="mig-batch-htcondor-agent",

@@ -53,13 +53,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def agent_main(argv: Sequence[str] | None = None) -> int:
     """``mig-batch-agent``: the node agent of a Slurm node (run as root by systemd)."""
-    from mig_batch.cli.guard import run_guarded
+    from mig_batch.entry import run_guarded
 
     return run_guarded(_agent, argv, "mig-batch-agent")
 
 
 def _agent(argv: list[str]) -> int:
-    from mig_batch.cli.guard import DEBUG_HELP, LOG_LEVELS, log_level
+    from mig_batch.entry import DEBUG_HELP, LOG_LEVELS, log_level
     from mig_batch.node.service import AgentServer, serve
 
     parser = argparse.ArgumentParser(prog="mig-batch-agent", description="mig_batch node agent for a Slurm node")
