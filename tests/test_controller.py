@@ -387,3 +387,24 @@ def test_at_short_windows_a_subjob_is_expected_to_end_with_its_window_not_slurms
     assert parse_place(batch.job(whole).admin_tag).gpu == 1 - full
     assert batch.job(rigid).running
     assert not [call for call in batch.calls if call[0] in ("cancel", "requeue_hold", "hold")]
+
+
+def test_a_job_its_owner_holds_stays_held_until_they_release_it(site, batch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    job = batch.add(RIGID)
+    c.step()
+    made(batch, job)
+    c.step()
+    assert store.decision(job).state == "running"
+    batch.user_hold(job)  # HTCondor: condor_hold by the owner vacates the job; its instance goes
+    c.step()
+    assert store.decision(job).state == "requeued" and job not in c.view.job_gpu
+    assert ("requeue_hold", job) in batch.calls  # unpinned: released by its owner, it waits for a decision
+    calls = len(batch.calls)
+    for _ in range(3):
+        c.step()
+    assert batch.job(job).held and batch.calls[calls:] == [] and store.count_decisions(job) == 1
+    batch.user_hold(job, held=False)
+    c.step()
+    assert store.count_decisions(job) == 2 and store.decision(job).state == "released"

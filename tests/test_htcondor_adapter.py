@@ -98,3 +98,12 @@ def test_a_machine_that_cannot_run_the_pool_is_told_why(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no debootstrap
     why = LocalPool.available(Image(cache=tmp_path / "empty"))
     assert why is not None and any(w in why for w in ("needs root", "no htcondor2", "no HTCondor image"))
+
+
+def test_a_hold_that_is_not_the_controllers_is_the_users():
+    ours = to_batch_job(ad(JobStatus=5, HoldReason="mig-batch: requeued: its node n2 is down"))
+    owners = to_batch_job(ad(JobStatus=5, HoldReason="via condor_hold (by user ciuser)"))
+    released = to_batch_job(ad(JobStatus=1))  # released by its owner, unpinned: waits for the controller
+    assert ours.held and not ours.held_by_user
+    assert owners.held and owners.held_by_user
+    assert released.held and not released.held_by_user

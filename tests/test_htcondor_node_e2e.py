@@ -229,10 +229,19 @@ def test_rm_hold_and_eviction_of_running_jobs_leave_no_instance(bed):
         wait_for(lambda job=job: not live_instance_of(bed, seen[job]), 30)
         print(f"{command[0]}: instance gone {time.monotonic() - t0:.1f}s later")
     assert live_instance_of(bed, seen[edited])
+    # the owner's hold stands: mig-batchd does not release the job; the owner's release runs it again
+    time.sleep(5)  # 25 controller passes
+    assert job_status(bed, held) == "5", "the owner's hold was undone"
+    assert bed.pool.run("condor_release", held, user=bed.pool.user, check=False).returncode == 0
+    wait_for(lambda: job_status(bed, held) == "2", 90)
     for job in (held, evicted, edited):
         bed.pool.run("condor_rm", job, user=bed.pool.user, check=False)
     quiet(bed)
     assert_no_overlap_and_no_leak(bed)
+
+
+def job_status(bed, job):
+    return bed.pool.run("condor_q", job, "-af", "JobStatus").stdout.strip()
 
 
 def run_of_start(bed, job, path):

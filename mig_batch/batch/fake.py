@@ -59,7 +59,7 @@ class FakeBatch:
             self._set(job, state=JobState.PENDING)
 
     def requeue_hold(self, job: str, reason: str = "") -> None:
-        self.calls.append(("requeue_hold", job))
+        self.calls.append(("requeue_hold", job))  # a job its owner holds stays theirs (HTCondor: already held)
         self._set(job, state=JobState.HELD, start_time=0.0, end_time=0.0)
 
     def hold(self, job: str) -> None:
@@ -110,6 +110,14 @@ class FakeBatch:
 
     def set_node_up(self, node: str, up: bool) -> None:
         self._nodes[node] = dataclasses.replace(self._nodes[node], up=up)
+
+    def user_hold(self, job: str, held: bool = True) -> None:
+        """The job's owner holds it (a running job is vacated) or, with ``held=False``, releases it: a
+        released managed job waits unpinned, as the controller's own hold leaves it."""
+        if held:
+            self._set(job, state=JobState.HELD, held_by_user=True, start_time=0.0, end_time=0.0)
+        else:
+            self._set(job, state=JobState.HELD, held_by_user=False)
 
     def requeue(self, job: str) -> None:
         """The batch system requeued a running job (its node failed): pending again, not held."""

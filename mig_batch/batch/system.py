@@ -46,6 +46,7 @@ class BatchJob:
     outcome: str = ""  # how it finished, in the batch system's words (COMPLETED, CANCELLED, ...)
     reason: str = ""  # why it waits, in the batch system's words
     cpus: int = 1  # CPUs it asked for: a node without them idle cannot start it
+    held_by_user: bool = False  # held by its owner or an operator, not by mig_batch: left held until they release it
 
     @property
     def managed(self) -> bool:

@@ -133,7 +133,8 @@ class Controller:
         self._watch_nodes(nodes)
         pins = self._follow(jobs, stats)
         self._measure_room(nodes, jobs)
-        waiting = sorted((j for j in jobs.values() if j.managed and j.held and self._needs_decision(j.job_id)),
+        waiting = sorted((j for j in jobs.values()
+                          if j.managed and j.held and not j.held_by_user and self._needs_decision(j.job_id)),
                          key=lambda j: j.order)  # fmt: skip
         decided: list[Decision] = []
         chains: list[tuple[BatchJob, JobTag]] = []
@@ -308,10 +309,12 @@ class Controller:
                     stats.ended += 1
                 elif job.running:
                     self._running(d, job)
-                elif job.held and d.state == DecisionState.DECIDED:
+                elif job.held and d.state == DecisionState.DECIDED and not job.held_by_user:
                     again.append(d)
-                elif d.state == DecisionState.RUNNING or d.node in self._down_since:
-                    self._requeue(d, job, "the batch system requeued it" if d.state == DecisionState.RUNNING
+                elif d.state == DecisionState.RUNNING or d.node in self._down_since or \
+                        (job.held_by_user and d.state in (DecisionState.DECIDED, DecisionState.RELEASED)):
+                    self._requeue(d, job, "held by its owner" if job.held_by_user
+                                  else "the batch system requeued it" if d.state == DecisionState.RUNNING
                                   else f"its node {d.node} is down")  # fmt: skip
             except BatchError as exc:
                 stats.errors.append(str(exc))
@@ -372,7 +375,7 @@ class Controller:
     def _requeue(self, d: Decision, job: BatchJob, reason: str) -> None:
         """Back to the queue, held, to be decided again."""
         if not job.finished:
-            if job.running:
+            if job.running or job.held_by_user:  # unpinned too: released later, it must wait for a new decision
                 self.batch.requeue_hold(d.job, reason)
             else:
                 self.batch.hold(d.job)
