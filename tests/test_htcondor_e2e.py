@@ -200,8 +200,10 @@ def test_the_controller_decides_over_htcondor_and_each_job_runs_where_decided(po
     store = Store(site.state)
     daemon = Controller(site, store, controller)
     # the model pins each job to one node's GPU: where it runs is the controller's doing, not chance
-    jobs = {submit_as_owner(pool, "on-h100", MigRequest='"40G"', MigModel='"H100-80GB"'): "nodeb",
-            submit_as_owner(pool, "on-a100", MigRequest='"40G"', MigModel='"A100-80GB"'): "nodea"}  # fmt: skip
+    # not submitted on hold: a job its owner holds is theirs, and the controller leaves it held
+    on_h100 = submit_as_owner(pool, "on-h100", held=False, MigRequest='"40G"', MigModel='"H100-80GB"')
+    on_a100 = submit_as_owner(pool, "on-a100", held=False, MigRequest='"40G"', MigModel='"A100-80GB"')
+    jobs = {on_h100: "nodeb", on_a100: "nodea"}
     stats = daemon.step()
     assert stats.placed == 2 and not stats.errors, stats
     for job_id, node in jobs.items():
