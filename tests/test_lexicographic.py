@@ -1,10 +1,10 @@
 """Our lexicographic placement policies (issue 20 point 4): hand-checked choices, brute force, properties."""
 
 import itertools
-import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_placement import clusters as placement_clusters
 
 from mig_batch.mig.models import get_model
 from mig_batch.mig.tables import tables_for
@@ -81,19 +81,8 @@ def brute_force(cluster, profile, order):
     return best
 
 
-@st.composite
-def clusters(draw, max_gpus=10):
-    n = draw(st.integers(1, max_gpus))
-    rng = random.Random(draw(st.integers(0, 10**6)))
-    cluster = Cluster.homogeneous(MODEL, n, gpus_per_host=4)
-    tables = cluster.tables[MODEL]
-    for j in range(draw(st.integers(0, 4 * n))):
-        gpu = cluster.gpus[rng.randrange(n)]
-        k = rng.randrange(len(BASE))
-        starts = tables.free_starts[k][gpu.mask]
-        if starts:
-            cluster.allocate(gpu.gid, f"pre{j}", BASE[k], rng.choice(starts))
-    return cluster
+def clusters(max_gpus=10):
+    return placement_clusters(max_gpus, MODEL)
 
 
 ORDERS = [order for r in (1, 2, 3) for order in itertools.permutations(CRITERIA, r)]

@@ -19,19 +19,20 @@ BASE = [p.name for p in A100.base_profiles]
 
 
 @st.composite
-def clusters(draw, max_gpus=12):
-    """A small cluster whose GPUs hold random feasible instances."""
+def clusters(draw, max_gpus=12, model=MODEL):
+    """A small cluster of ``model`` GPUs holding random feasible instances."""
     n = draw(st.integers(1, max_gpus))
     seed = draw(st.integers(0, 10**6))
     rng = random.Random(seed)
-    cluster = Cluster.homogeneous(MODEL, n, gpus_per_host=4)
-    tables = cluster.tables[MODEL]
+    cluster = Cluster.homogeneous(model, n, gpus_per_host=4)
+    tables = cluster.tables[model]
+    base = [p.name for p in get_model(model).base_profiles]
     for j in range(draw(st.integers(0, 4 * n))):
         gpu = cluster.gpus[rng.randrange(n)]
-        k = rng.randrange(len(BASE))
+        k = rng.randrange(len(base))
         starts = tables.free_starts[k][gpu.mask]
         if starts:
-            cluster.allocate(gpu.gid, f"pre{j}", BASE[k], rng.choice(starts))
+            cluster.allocate(gpu.gid, f"pre{j}", base[k], rng.choice(starts))
     return cluster
 
 

@@ -244,15 +244,11 @@ def check_instances(count: int, sbatch_lines: list[str], request: MigRequest, mo
 def site_capacity(request: MigRequest, models: list) -> tuple[int, str] | None:
     """(the most instances of ``request`` one empty node of the site holds, which node); None without an
     inventory in the site config."""
-    from mig_batch.config import ConfigError, load_config
     from mig_batch.placement.multi import node_capacity
     from mig_batch.request import translate
 
-    try:
-        config = load_config()
-    except ConfigError:
-        return None
-    if not config.nodes:
+    config = site_config()
+    if config is None or not config.nodes:
         return None
     names = {m.name for m in models}
     profiles = {}

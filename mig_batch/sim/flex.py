@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -228,7 +229,7 @@ def _mfi_spots(tables: ModelTables, state: HostState, profile: str, masks: list[
 # --- policies --------------------------------------------------------------------------------------
 
 
-class FlexPolicy:
+class FlexPolicy(ABC):
     name = ""
     keeps_idle = True  # False: an instance is destroyed when its job ends
     layout: tuple[tuple[int, str], ...] = ()
@@ -240,8 +241,9 @@ class FlexPolicy:
     def max_size(self) -> int:
         return self.model.compute_slices + 1  # 7g.40gb holds sizes 6-8
 
+    @abstractmethod
     def plan(self, job: FlexJob, state: HostState) -> Plan | None:
-        raise NotImplementedError
+        """Where ``job`` runs now (its instances, made or reused), or None: it waits."""
 
     def room_suffices(self, job: FlexJob, state: HostState) -> bool:
         """Enough free resources in total (ignoring which GPU they sit on): Flex-MIG's test for fragmentation."""
