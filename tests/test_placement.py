@@ -145,22 +145,33 @@ def test_heterogeneous_cluster_uses_each_models_profile():
     assert (d.gid, d.model, d.profile) == (1, "H100-80GB", "1g.10gb")
 
 
-@settings(max_examples=60)
-@given(st.lists(st.tuples(st.booleans(), st.integers(0, 7), st.integers(0, 5)), max_size=60))
+@settings(max_examples=120)
+@given(st.lists(st.tuples(st.sampled_from(["add", "release", "fence", "unfence"]), st.integers(0, 7),
+                          st.integers(0, 5)), max_size=60))  # fmt: skip
 def test_index_buckets_match_gpu_masks(ops):
+    """Allocations and releases on fenced GPUs too (the controller fences nodes without idle CPUs while
+    their jobs end): the buckets hold exactly the unfenced GPUs of each mask."""
     cluster = Cluster.homogeneous(MODEL, 8)
     jobs = []
-    for j, (add, g, k) in enumerate(ops):
+    for j, (op, g, k) in enumerate(ops):
         gpu = cluster.gpus[g]
         starts = cluster.tables[MODEL].free_starts[k][gpu.mask]
-        if add and starts:
+        if op == "add" and starts:
             cluster.allocate(g, f"j{j}", BASE[k], starts[0])
             jobs.append(f"j{j}")
-        elif jobs:
+        elif op == "release" and jobs:
             cluster.release(jobs.pop(k % len(jobs)))
+        elif op == "fence":
+            cluster.fence(g)
+        elif op == "unfence":
+            cluster.unfence(g)
         for mask, bucket in cluster.occupied_masks(MODEL):
-            assert bucket.members == {gpu.gid for gpu in cluster.gpus if gpu.mask == mask}
+            assert bucket.members == {
+                gpu.gid for gpu in cluster.gpus if gpu.mask == mask and gpu.gid not in cluster.fenced
+            }
             assert bucket.lowest() == min(bucket.members)
+        unfenced = {gpu.gid for gpu in cluster.gpus if gpu.gid not in cluster.fenced}
+        assert {gid for _, bucket in cluster.occupied_masks(MODEL) for gid in bucket.members} == unfenced
 
 
 def test_conflicting_allocations_are_refused():

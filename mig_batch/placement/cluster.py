@@ -128,15 +128,20 @@ class Cluster:
         """Keep the GPU's instances but hide it from every placement until :meth:`unfence`."""
         if gid not in self.fenced:
             self.fenced.add(gid)
-            self.buckets[self.gpus[gid].model][self.gpus[gid].mask].discard(gid)
+            self._leave_bucket(self.gpus[gid])
 
     def unfence(self, gid: int) -> None:
         if gid in self.fenced:
             self.fenced.discard(gid)
             self._bucket(self.gpus[gid].model, self.gpus[gid].mask).add(gid)
 
+    def _leave_bucket(self, gpu: Gpu) -> None:
+        bucket = self.buckets[gpu.model].get(gpu.mask)  # a GPU fenced before its mask was ever seen has none
+        if bucket is not None:
+            bucket.discard(gpu.gid)
+
     def _move(self, gpu: Gpu, new_mask: int) -> None:
-        self.buckets[gpu.model][gpu.mask].discard(gpu.gid)
+        self._leave_bucket(gpu)
         gpu.mask = new_mask
         if gpu.gid not in self.fenced:
             self._bucket(gpu.model, new_mask).add(gpu.gid)
