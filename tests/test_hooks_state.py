@@ -208,14 +208,29 @@ def test_a_schema_2_store_gains_chain_links(tmp_path):
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
-def test_the_hook_client_asks_the_agent_and_takes_the_slow_path_once_the_agent_is_gone(site, batch, tmp_path, gpus):
+@pytest.fixture(scope="module", params=["python", "c"])
+def hook_client_command(request, tmp_path_factory) -> list[str]:
+    """The hook client the Prolog and Epilog shims run: the standard-library Python one, or the C one
+    compiled as `mig-batch slurm install` compiles it."""
+    if request.param == "python":
+        return [sys.executable, "-I", "-S", hook_client.__file__]
+    from mig_batch.slurm.install import build_hook_client
+
+    binary, why = build_hook_client(tmp_path_factory.mktemp("hook"))
+    assert binary is not None, why
+    return [str(binary)]
+
+
+def test_the_hook_client_asks_the_agent_and_takes_the_slow_path_once_the_agent_is_gone(
+    site, batch, tmp_path, gpus, hook_client_command
+):
     sock = tmp_path / "agent.sock"
     server = AgentServer(sock, agent(site, batch, gpus))
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
     job = decide(batch, 1, "4g.20gb", 0)
     slow = tmp_path / "slow-path-ran"
-    client = [sys.executable, "-I", "-S", hook_client.__file__]
+    client = hook_client_command
     fallback = ["sh", "-c", f"echo $0 >> {slow}"]
     for bad in ("", "1; rm", '1"}'):  # not a job id: nothing asked, nothing run, still exit 0
         subprocess.run([*client, "prolog", bad, str(sock), *fallback], check=True, timeout=30)

@@ -263,6 +263,28 @@ def test_doctor_flags_a_prolog_that_is_not_executable_or_not_ours(installed, tmp
     assert check.ok
 
 
+@pytest.mark.parametrize("kind", ["c", "python"])
+def test_doctor_names_a_hook_client_or_python_that_moved(site, tmp_path, kind):
+    """A shim runs the hook client (the compiled one, or a Python and hook_client.py) and the slow path's
+    Python: each that no longer exists is named."""
+    slurm_dir = tmp_path / f"etc-{kind}"
+    python = tmp_path / "venv" / "python"
+    python.parent.mkdir()
+    python.symlink_to(sys.executable)
+    install(slurm_dir, str(python), site.path, str(site.job_dir), str(site.agent_socket), [get_model("A100-40GB")],
+            hook_client_kind=kind)  # fmt: skip
+    [check] = [c for c in check_hooks(show_config(slurm_dir)) if c.name == "Prolog"]
+    assert check.ok, check.detail
+    python.unlink()  # the venv moved
+    [check] = [c for c in check_hooks(show_config(slurm_dir)) if c.name == "Prolog"]
+    assert not check.ok and f"runs {python}, which does not exist" in check.detail
+    if kind == "c":
+        python.symlink_to(sys.executable)
+        (slurm_dir / "mig-batch-hook").unlink()
+        [check] = [c for c in check_hooks(show_config(slurm_dir)) if c.name == "Prolog"]
+        assert not check.ok and f"runs {slurm_dir / 'mig-batch-hook'}, which does not exist" in check.detail
+
+
 def test_doctor_on_a_node_without_agent_or_slurm_fails_with_fixes(site, gpus, capsys, tmp_path):
     with open(site.path, "a") as f:
         f.write(f"slurm_bin: {tmp_path}/no-slurm\n")

@@ -85,7 +85,7 @@ def test_install_writes_the_slice_accounting_snippets_only_when_asked(tmp_path):
     from mig_batch.slurm.install import install
 
     models = [get_model("A100-80GB")]
-    plain = install(tmp_path / "plain", "/usr/bin/python3", "/c.yaml", "/j", "/s", models, {"g1": ["A100-80GB"]})
+    plain, _ = install(tmp_path / "plain", "/usr/bin/python3", "/c.yaml", "/j", "/s", models, {"g1": ["A100-80GB"]})
     assert not any(p.name.endswith(".mig-batch") for p in plain)
     install(tmp_path / "acct", "/usr/bin/python3", "/c.yaml", "/j", "/s", models, {"g1": ["A100-80GB"]}, "mig_slices")
     assert "NodeName=g1 Name=mig_slices Count=8" in (tmp_path / "acct" / "gres.conf.mig-batch").read_text()

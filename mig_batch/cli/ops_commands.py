@@ -241,9 +241,12 @@ def _head(path: Path, size: int = 4096) -> str:
 
 
 def shim_targets(shim: Path) -> list[Path]:
-    """The Python and the hook client a Prolog/Epilog shim runs (a moved venv breaks every job start)."""
-    match = re.search(r"^(/\S+) -I -S (/\S+) ", _head(shim), re.MULTILINE)
-    return [Path(match[1]), Path(match[2])] if match else []
+    """The hook client (the C one, or a Python and hook_client.py) and the slow path's Python a Prolog/Epilog
+    shim runs (a moved venv breaks every job start)."""
+    match = re.search(r'^(.+?) (?:prolog|epilog) "\$SLURM_JOB_ID" \S+ (/\S+) -m ', _head(shim), re.MULTILINE)
+    if not match:
+        return []
+    return [Path(p) for p in dict.fromkeys([*match[1].split(), match[2]]) if p.startswith("/")]
 
 
 def check_job_submit(show_config: str) -> Check:

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mig_batch.batch.system import BatchError, BatchJob, JobState, NodeStatus, Pin
@@ -22,6 +23,8 @@ FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NOD
 NODE_UP = {"IDLE", "MIXED", "ALLOCATED", "COMPLETING", "PLANNED"}
 NODE_TROUBLE = {"NOT_RESPONDING", "DRAIN", "FAIL", "POWERED_DOWN", "POWERING_DOWN", "REBOOT_REQUESTED"}
 _FAILED_JOB = re.compile(r"for job (\d+)")
+PIN_CHUNK = 16  # pins per scontrol process: released as soon as their chunk is pinned
+PIN_PROCESSES = 4  # chunks under way at once
 
 
 class SlurmError(BatchError):
@@ -144,17 +147,32 @@ class SlurmCli:
         return list({n.node: n for n in map(parse_node_line, filter(str.strip, out.splitlines()))}.values())
 
     def pin_and_release(self, pins: Sequence[Pin]) -> dict[str, str]:
-        """All pins through one scontrol process (commands on stdin), then one release of the pinned."""
+        """Pin and release in chunks, several chunks at once: each chunk is one ``scontrol`` process with
+        its pins on stdin, then one release of those it pinned. A job is released as soon as its chunk is
+        pinned, and slurmctld serves the chunks' RPCs on several threads while one waits for a lock."""
         if not pins:
             return {}
         tres = self._tres_per_node([p.job_id for p in pins if p.slices]) if self.slice_gres else {}
+        chunks = [pins[i : i + PIN_CHUNK] for i in range(0, len(pins), PIN_CHUNK)]
+        if len(chunks) == 1:
+            return self._pin_chunk(chunks[0], tres)
+        failed: dict[str, str] = {}
+        with ThreadPoolExecutor(max_workers=min(PIN_PROCESSES, len(chunks))) as pool:
+            for chunk_failed in pool.map(lambda chunk: self._pin_chunk(chunk, tres), chunks):
+                failed.update(chunk_failed)
+        return failed
+
+    def _pin_chunk(self, pins: Sequence[Pin], tres: dict[str, str]) -> dict[str, str]:
         lines = []
         for p in pins:
             subjob = f" timelimit={p.time_limit_min} starttime=now" if p.time_limit_min is not None else ""
             if p.job_id in tres:  # Slurm counts the slices: sacct, fair-share and QOS/association limits see them
                 subjob += f" tresPerNode={with_slices(tres[p.job_id], self.slice_gres, p.slices)}"
             lines.append(f"update jobid={p.job_id} nodelist={p.node} admincomment={_quote(p.admin_tag)}{subjob}\n")
-        errors = self._run("scontrol", stdin="".join(lines), check=False)
+        try:
+            errors = self._run("scontrol", stdin="".join(lines), check=False)
+        except SlurmError as exc:
+            return {p.job_id: str(exc) for p in pins}
         failed = {}
         for line in errors.splitlines():
             match = _FAILED_JOB.search(line)
@@ -182,7 +200,7 @@ class SlurmCli:
         return {j: found.get(j, "") for j in jobs}
 
     def release(self, jobs: Sequence[str]) -> None:
-        """Release held jobs, one scontrol call for many (slurmctld's RPCs are the bottleneck)."""
+        """Release held jobs, one scontrol call for many."""
         for i in range(0, len(jobs), 200):
             self._run("scontrol", "release", ",".join(jobs[i : i + 200]))
 

@@ -312,6 +312,7 @@ class MigTestbed:
     mig_off: dict[str, list[int]] = field(default_factory=dict)  # GPUs emulated with MIG mode off, per node
     node_pythonpath: str = ""  # put first on the node processes' path (e.g. another nvidia-ml-py version)
     atomize: dict[str, object] = field(default_factory=dict)  # mig-batchd's atomize settings (e.g. live_defrag)
+    hook_client: str = "auto"  # the Prolog/Epilog client: c, python, auto (c where a compiler is found)
     cluster: LocalCluster | None = None
     controller: subprocess.Popen | None = None
     agents: dict[str, subprocess.Popen] = field(default_factory=dict)
@@ -412,7 +413,7 @@ class MigTestbed:
         etc = self.root / "etc"
         models = [get_model(m) for m in sorted({m for ms in self.nodes.values() for m in ms})]
         install(etc, str(self.node_python), str(self.config_path), f"{NODE_PATHS[1]}/jobs",
-                f"{NODE_PATHS[1]}/agent.sock", models, self.nodes)  # fmt: skip
+                f"{NODE_PATHS[1]}/agent.sock", models, self.nodes, hook_client_kind=self.hook_client)  # fmt: skip
         gres_types, gres, accounting = "mig", {}, ""
         if self.slice_gres:  # the generated gres.conf as a site would append it; counts on the node lines
             (etc / "gres.conf").write_text(slice_accounting_conf(self.nodes, self.slice_gres)[1])
