@@ -89,3 +89,98 @@ def test_install_writes_the_slice_accounting_snippets_only_when_asked(tmp_path):
     assert not any(p.name.endswith(".mig-batch") for p in plain)
     install(tmp_path / "acct", "/usr/bin/python3", "/c.yaml", "/j", "/s", models, {"g1": ["A100-80GB"]}, "mig_slices")
     assert "NodeName=g1 Name=mig_slices Count=8" in (tmp_path / "acct" / "gres.conf.mig-batch").read_text()
+
+
+def test_pins_go_in_chunks_each_released_as_soon_as_it_is_pinned_and_a_refused_pin_is_not_released(tmp_path):
+    """Slurm's scontrol faked at the subprocess edge: it logs each call (its stdin's pins, or the release)
+    in order and refuses job 7's pin as Slurm words it."""
+    from mig_batch.batch.system import Pin
+    from mig_batch.slurm.commands import PIN_CHUNK, SlurmCli
+
+    calls = tmp_path / "calls"
+    (tmp_path / "scontrol").write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = release ]; then echo "release $2" >> {calls}; exit 0; fi\n'
+        f"pins=$(sed -n 's/^update jobid=\\([0-9]*\\) .*/\\1/p' | tr '\\n' ,)\n"
+        f'echo "pin $pins" >> {calls}\n'
+        'case ",$pins" in *,7,*) echo "Job has already finished for job 7" >&2 ;; esac\n'
+    )  # fmt: skip
+    (tmp_path / "scontrol").chmod(0o755)
+    jobs = [str(j) for j in range(1, 2 * PIN_CHUNK + 5)]
+    failed = SlurmCli(bin_dir=str(tmp_path)).pin_and_release([Pin(j, "n1", "mig-batch:v1;x") for j in jobs])
+    assert list(failed) == ["7"] and "already finished" in failed["7"]
+    lines = calls.read_text().splitlines()
+    chunks = [jobs[i : i + PIN_CHUNK] for i in range(0, len(jobs), PIN_CHUNK)]
+    expected = []
+    for chunk in chunks:
+        expected += [f"pin {','.join(chunk)},", f"release {','.join(j for j in chunk if j != '7')}"]
+    assert lines == expected
+
+
+def test_group_commit_runs_every_item_once_and_gives_each_caller_its_own_error():
+    import threading
+    import time
+
+    from mig_batch.slurm.commands import GroupCommit
+
+    runs: list[list[int]] = []
+
+    def run(items):
+        runs.append(items)
+        time.sleep(0.01)  # callers pile up behind a run under way
+        return {i: ValueError(f"item {item}") for i, item in enumerate(items) if item % 5 == 0}
+
+    batcher, results = GroupCommit(run), {}
+
+    def call(n):
+        try:
+            batcher.submit(n)
+            results[n] = None
+        except ValueError as exc:
+            results[n] = str(exc)
+
+    threads = [threading.Thread(target=call, args=(n,)) for n in range(40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert sorted(item for batch in runs for item in batch) == list(range(40))
+    assert results == {n: (f"item {n}" if n % 5 == 0 else None) for n in range(40)}
+    assert len(runs) < 40  # calls were combined
+
+
+def test_concurrent_job_tags_share_one_scontrol_and_a_refused_one_fails_alone(tmp_path):
+    import threading
+
+    from mig_batch.slurm.commands import SlurmCli, SlurmError
+
+    calls = tmp_path / "calls"
+    (tmp_path / "scontrol").write_text(
+        "#!/bin/sh\n"
+        f'if [ $# -gt 0 ]; then echo "argv $*" >> {calls}; sleep 0.2; exit 0; fi\n'
+        f"sleep 0.2; cat >> {calls}\n"  # stdin: the batched updates
+        f"grep -q 'jobid=13 ' {calls} && echo 'Job has already finished for job 13' >&2; exit 0\n"
+    )  # fmt: skip
+    (tmp_path / "scontrol").chmod(0o755)
+    cli, errors = SlurmCli(bin_dir=str(tmp_path)), {}
+
+    def report(job):
+        try:
+            cli.set_job_tag(job, f"mig-batch:v1;node=requeue:no room on n{job}")  # a space: quoted on stdin
+        except SlurmError as exc:
+            errors[job] = str(exc)
+
+    first = threading.Thread(target=report, args=("10",))
+    first.start()
+    while not calls.exists():  # the first caller's own run is under way; the rest queue behind it
+        pass
+    threads = [threading.Thread(target=report, args=(str(j),)) for j in range(11, 16)]
+    for t in threads:
+        t.start()
+    for t in [first, *threads]:
+        t.join(10)
+    text = calls.read_text()
+    assert "argv update jobid=10 admincomment=mig-batch:v1;node=requeue:no room on n10" in text
+    for j in range(11, 16):
+        assert f'update jobid={j} admincomment="mig-batch:v1;node=requeue:no room on n{j}"' in text
+    assert list(errors) == ["13"] and "already finished" in errors["13"]
