@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -77,11 +78,14 @@ def test_installed_wheel_works_outside_the_checkout(wheel: Path, tmp_path: Path)
     config.write_text((REPO / "etc" / "mig-batch.yaml").read_text())
     _run(bin_dir / "mig-batch", "slurm", "install", away / "slurm", "--config", config, cwd=away, env=env)
     written = sorted(p.name for p in (away / "slurm").iterdir())
-    assert written == ["job_submit.lua", "mig-batch-epilog", "mig-batch-prolog", "mig-batch-subjob",
+    compiled = ["mig-batch-hook"] if shutil.which("cc") else []  # the C hook client, from the wheel's source
+    assert written == ["job_submit.lua", "mig-batch-epilog", *compiled, "mig-batch-prolog", "mig-batch-subjob",
                        "mig-batch-taskprolog"]  # fmt: skip
     prolog = (away / "slurm" / "mig-batch-prolog").read_text()
     assert not re.search(r"@[A-Z_]+@", prolog), "a placeholder was left unfilled"
-    assert str(env_dir) in prolog, "the Prolog shim should run the installed hook client"
+    assert str(env_dir) in prolog, "the Prolog shim's slow path should run the installed package"
+    if compiled:
+        assert f"{away / 'slurm' / 'mig-batch-hook'} prolog" in prolog
 
 
 @pytest.mark.skipif(not os.environ.get("MIG_BATCH_EXPECT_INSTALLED"), reason="set by CI's run against the wheel")

@@ -272,11 +272,25 @@ def _normalise(name: str) -> str:
     return "".join(ch for ch in name.upper() if ch.isalnum())
 
 
+_ALIASES: dict[int, tuple[dict[str, GpuModel], dict[str, GpuModel]]] = {}  # id(models) -> (models, index)
+
+
+def _alias_index(models: dict[str, GpuModel]) -> dict[str, GpuModel]:
+    """Each normalised name and alias -> the first model in ``models`` that has it (built once per load)."""
+    known = _ALIASES.get(id(models))
+    if known is None or known[0] is not models:
+        index: dict[str, GpuModel] = {}
+        for model in models.values():
+            for key in (model.name, *model.aliases):
+                index.setdefault(_normalise(key), model)
+        known = _ALIASES[id(models)] = (models, index)
+    return known[1]
+
+
 def get_model(name: str) -> GpuModel:
     """Look up a model by name or alias, ignoring case, spaces and dashes (``a100-40gb`` works)."""
     models = all_models()
-    wanted = _normalise(name)
-    for model in models.values():
-        if wanted in {_normalise(model.name), *(_normalise(a) for a in model.aliases)}:
-            return model
-    raise UnknownModelError(name, sorted(models))
+    model = _alias_index(models).get(_normalise(name))
+    if model is None:
+        raise UnknownModelError(name, sorted(models))
+    return model

@@ -42,8 +42,13 @@ class Journal:
         os.replace(tmp, path)  # atomic: the entry is whole or absent
 
     def get(self, job: str) -> Entry | None:
+        return self._read(self._path(job))
+
+    @staticmethod
+    def _read(path: str | Path) -> Entry | None:
         try:
-            return Entry(**json.loads(self._path(job).read_text()))
+            with open(path, encoding="utf-8") as f:
+                return Entry(**json.loads(f.read()))
         except FileNotFoundError:
             return None
         except (ValueError, TypeError):
@@ -53,9 +58,7 @@ class Journal:
         self._path(job).unlink(missing_ok=True)
 
     def entries(self) -> list[Entry]:
-        out = []
-        for path in sorted(self.dir.glob("*.json")):
-            entry = self.get(path.stem)
-            if entry is not None:
-                out.append(entry)
-        return out
+        """Every readable entry, by file name (every Epilog reads them all: no pathlib per file)."""
+        with os.scandir(self.dir) as found:
+            paths = sorted(f.path for f in found if f.name.endswith(".json"))
+        return [entry for entry in map(self._read, paths) if entry is not None]
