@@ -7,11 +7,14 @@ the first submission to the last job *completed*:
 
 Each run starts a fresh cluster of the same shape (slurmd processes, CPUs, emulated GPUs) in a
 temporary directory that is removed afterwards. Reported: jobs per second each way and the ratios
-mig/bare and mig/noop.
+mig/bare and mig/noop, and the machine's CPU time per job during each burst (every process: Slurm,
+munge, the hooks, the agents, mig-batchd and the submitting loop; niced work excluded). On a testbed
+where all of them share the cores, the CPU a job costs is what bounds the rate.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -30,24 +33,40 @@ class BurstRun:
     completed: int
     submit_s: float  # submitting the burst
     total_s: float  # first submission to the last job completed
+    cpu_s: float = 0.0  # the machine's busy CPU time over the burst (niced work excluded); 0: unknown
 
     @property
     def jobs_per_s(self) -> float:
         return self.completed / self.total_s if self.total_s else 0.0
 
+    @property
+    def cpu_ms_per_job(self) -> float:
+        return self.cpu_s / self.completed * 1e3 if self.completed else 0.0
 
-def _burst(run, script: Path, jobs: int, gres: list[str], timeout_s: float) -> tuple[int, float, float]:
-    """Submit ``jobs`` copies of ``script``; wait until none is queued. (completed, submit s, total s)."""
-    t0 = time.perf_counter()
+
+def busy_cpu_s() -> float:
+    """Seconds of CPU the machine has spent busy since boot, niced work excluded (Linux /proc/stat)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:]
+    except OSError:
+        return 0.0
+    user, _nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[:7])
+    return (user + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def _burst(run, script: Path, jobs: int, gres: list[str], timeout_s: float) -> tuple[int, float, float, float]:
+    """Submit ``jobs`` copies of ``script``; wait until none is queued. (completed, submit s, total s, CPU s)."""
+    cpu0, t0 = busy_cpu_s(), time.perf_counter()
     ids = [run("sbatch", "--parsable", *gres, "-o", "/dev/null", str(script)).stdout.strip() for _ in range(jobs)]
     submit_s = time.perf_counter() - t0
     while time.perf_counter() - t0 < timeout_s:
         if not run("squeue", "-h", "-o", "%i").stdout.split():
             break
         time.sleep(0.2)
-    total_s = time.perf_counter() - t0
+    total_s, cpu_s = time.perf_counter() - t0, busy_cpu_s() - cpu0
     left = len(run("squeue", "-h", "-o", "%i").stdout.split())
-    return len(ids) - left, submit_s, total_s
+    return len(ids) - left, submit_s, total_s, cpu_s
 
 
 def bench_mode(mode: str, jobs: int, gpus_per_node: int, nodes: int, timeout_s: float = 900) -> BurstRun:
@@ -70,8 +89,8 @@ def bench_mode(mode: str, jobs: int, gpus_per_node: int, nodes: int, timeout_s: 
                 extra = f"Prolog={hook}\nEpilog={hook}\n"
             cluster = LocalCluster(root, nodes=tuple(names), extra_conf=extra).start()
             run, gres = cluster.run, []
-        completed, submit_s, total_s = _burst(run, script, jobs, gres, timeout_s)
-        return BurstRun(mode, jobs, completed, submit_s, total_s)
+        completed, submit_s, total_s, cpu_s = _burst(run, script, jobs, gres, timeout_s)
+        return BurstRun(mode, jobs, completed, submit_s, total_s, cpu_s)
     finally:
         slurm = bed.cluster if bed is not None else cluster
         if slurm is not None:

@@ -211,11 +211,13 @@ def cmd_bench_controller(args: argparse.Namespace) -> int:
     ratios = {f"mig/{base}": runs["mig"].jobs_per_s / runs[base].jobs_per_s for base in ("bare", "noop")
               if runs[base].jobs_per_s}  # fmt: skip
     if args.json:
-        print(json.dumps({"runs": [{**asdict(r), "jobs_per_s": r.jobs_per_s} for r in runs.values()],
+        print(json.dumps({"runs": [{**asdict(r), "jobs_per_s": r.jobs_per_s, "cpu_ms_per_job": r.cpu_ms_per_job}
+                                   for r in runs.values()],
                           "ratios": ratios}, indent=1))  # fmt: skip
         return 0
     for r in runs.values():
         console.print(f"{r.mode:5} {r.completed}/{r.jobs} jobs completed in {r.total_s:.1f} s "
-                      f"({r.jobs_per_s:.1f} jobs/s; submitting took {r.submit_s:.1f} s)", highlight=False)  # fmt: skip
+                      f"({r.jobs_per_s:.1f} jobs/s; submitting took {r.submit_s:.1f} s; "
+                      f"{r.cpu_ms_per_job:.0f} ms of CPU per job)", highlight=False)  # fmt: skip
     console.print("  ".join(f"{k} = {v:.2f}" for k, v in ratios.items()), highlight=False)
     return 0
