@@ -232,7 +232,7 @@ def test_the_hook_client_asks_the_agent_and_takes_the_slow_path_once_the_agent_i
     slow = tmp_path / "slow-path-ran"
     client = hook_client_command
     fallback = ["sh", "-c", f"echo $0 >> {slow}"]
-    for bad in ("", "1; rm", '1"}'):  # not a job id: nothing asked, nothing run, still exit 0
+    for bad in ("", "1; rm", '1"}', "1" * 65):  # not a job id: nothing asked, nothing run, still exit 0
         subprocess.run([*client, "prolog", bad, str(sock), *fallback], check=True, timeout=30)
     subprocess.run([*client, "prolog", job, str(sock), *fallback], check=True, timeout=30)
     [inst] = gpus.instances(1)
@@ -241,6 +241,62 @@ def test_the_hook_client_asks_the_agent_and_takes_the_slow_path_once_the_agent_i
     server.server_close()
     subprocess.run([*client, "epilog", job, str(sock), *fallback], check=True, timeout=30)
     assert slow.read_text() == "sh\n"
+
+
+def test_the_hook_client_takes_a_long_answer_whole_and_the_slow_path_only_without_one(tmp_path, hook_client_command):
+    """An answer longer than any buffer is still an answer (no slow path: the work would be done twice);
+    an agent that accepts and closes, or goes away before reading, is no answer (slow path)."""
+    import socket
+
+    sock_path, slow = tmp_path / "a.sock", tmp_path / "slow-path-ran"
+
+    def agent_that(behaviour):
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock_path.unlink(missing_ok=True)
+        listener.bind(str(sock_path))
+        listener.listen(1)
+
+        def serve():
+            conn, _ = listener.accept()
+            if behaviour == "long":
+                conn.recv(4096)
+                conn.sendall(b'{"ok": true, "detail": "' + b"x" * 200_000 + b'"}\n')
+            conn.close()  # "close": accepted, closed without reading or answering
+            listener.close()
+
+        threading.Thread(target=serve, daemon=True).start()
+
+    for behaviour, expect_slow in (("long", False), ("close", True)):
+        slow.unlink(missing_ok=True)
+        agent_that(behaviour)
+        subprocess.run([*hook_client_command, "prolog", "5", str(sock_path), "sh", "-c", f"echo ran > {slow}"],
+                       check=True, timeout=30)  # fmt: skip
+        assert slow.exists() == expect_slow, behaviour
+
+
+def test_a_c_client_that_cannot_run_on_the_node_hands_over_to_the_python_one(tmp_path):
+    """The Prolog shim with the compiled client: it runs it; when it cannot run (here: a binary of another
+    kind), the shim runs the Python client with the same arguments. A fake Python logs how it was called."""
+    from mig_batch.mig.models import get_model
+    from mig_batch.slurm.install import install
+
+    calls, python = tmp_path / "calls", tmp_path / "python"
+    python.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    python.chmod(0o755)
+    dest = tmp_path / "etc"
+    _, which = install(dest, str(python), "/etc/c.yaml", str(tmp_path / "jobs"), str(tmp_path / "no-agent.sock"),
+                       [get_model("A100-80GB")], hook_client_kind="c")  # fmt: skip
+    assert "(C;" in which
+
+    def prolog() -> str:
+        calls.unlink(missing_ok=True)
+        subprocess.run([str(dest / "mig-batch-prolog")], env={"SLURM_JOB_ID": "5"}, check=True, timeout=30)
+        return calls.read_text()
+
+    assert prolog() == "-m mig_batch.slurm.hooks prolog\n"  # the C client found no agent: its slow path
+    (dest / "mig-batch-hook").write_bytes(b"\x7fELF garbage")  # not a binary this node can run
+    assert prolog() == f"-I -S {hook_client.__file__} prolog 5 {tmp_path / 'no-agent.sock'} {python} -m " \
+                       "mig_batch.slurm.hooks prolog\n"  # fmt: skip
 
 
 def test_the_sweep_logs_a_failing_pass_and_keeps_sweeping(site, batch, gpus, tmp_path, monkeypatch, caplog):

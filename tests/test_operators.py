@@ -280,9 +280,13 @@ def test_doctor_names_a_hook_client_or_python_that_moved(site, tmp_path, kind):
     assert not check.ok and f"runs {python}, which does not exist" in check.detail
     if kind == "c":
         python.symlink_to(sys.executable)
-        (slurm_dir / "mig-batch-hook").unlink()
+        binary = slurm_dir / "mig-batch-hook"
+        binary.write_text("#!/bin/sh\necho 'GLIBC_2.34 not found' >&2\nexit 1\n")  # built for another node
         [check] = [c for c in check_hooks(show_config(slurm_dir)) if c.name == "Prolog"]
-        assert not check.ok and f"runs {slurm_dir / 'mig-batch-hook'}, which does not exist" in check.detail
+        assert not check.ok and f"{binary} cannot run here (exit 1: GLIBC_2.34 not found)" in check.detail
+        binary.unlink()
+        [check] = [c for c in check_hooks(show_config(slurm_dir)) if c.name == "Prolog"]
+        assert not check.ok and f"runs {binary}, which does not exist" in check.detail
 
 
 def test_doctor_on_a_node_without_agent_or_slurm_fails_with_fixes(site, gpus, capsys, tmp_path):

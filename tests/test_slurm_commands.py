@@ -92,8 +92,9 @@ def test_install_writes_the_slice_accounting_snippets_only_when_asked(tmp_path):
 
 
 def test_pins_go_in_chunks_each_released_as_soon_as_it_is_pinned_and_a_refused_pin_is_not_released(tmp_path):
-    """Slurm's scontrol faked at the subprocess edge: it logs each call (its stdin's pins, or the release)
-    in order and refuses job 7's pin as Slurm words it."""
+    """Slurm's scontrol faked at the subprocess edge: it logs each call (its stdin's pins, a pin in argv, or
+    the release) in order and refuses job 7's pin as Slurm words it. Job 9's tag has a blank: its pin goes
+    through its own process (scontrol would keep the quotes of a quoted value read from stdin)."""
     from mig_batch.batch.system import Pin
     from mig_batch.slurm.commands import PIN_CHUNK, SlurmCli
 
@@ -101,19 +102,23 @@ def test_pins_go_in_chunks_each_released_as_soon_as_it_is_pinned_and_a_refused_p
     (tmp_path / "scontrol").write_text(
         "#!/bin/sh\n"
         f'if [ "$1" = release ]; then echo "release $2" >> {calls}; exit 0; fi\n'
+        f'if [ "$1" = update ]; then echo "argv $2" >> {calls}; exit 0; fi\n'
         f"pins=$(sed -n 's/^update jobid=\\([0-9]*\\) .*/\\1/p' | tr '\\n' ,)\n"
         f'echo "pin $pins" >> {calls}\n'
         'case ",$pins" in *,7,*) echo "Job has already finished for job 7" >&2 ;; esac\n'
     )  # fmt: skip
     (tmp_path / "scontrol").chmod(0o755)
     jobs = [str(j) for j in range(1, 2 * PIN_CHUNK + 5)]
-    failed = SlurmCli(bin_dir=str(tmp_path)).pin_and_release([Pin(j, "n1", "mig-batch:v1;x") for j in jobs])
+    tags = {j: "mig-batch:v1;node=requeue:no room" if j == "9" else "mig-batch:v1;x" for j in jobs}
+    failed = SlurmCli(bin_dir=str(tmp_path)).pin_and_release([Pin(j, "n1", tags[j]) for j in jobs])
     assert list(failed) == ["7"] and "already finished" in failed["7"]
     lines = calls.read_text().splitlines()
     chunks = [jobs[i : i + PIN_CHUNK] for i in range(0, len(jobs), PIN_CHUNK)]
     expected = []
     for chunk in chunks:
-        expected += [f"pin {','.join(chunk)},", f"release {','.join(j for j in chunk if j != '7')}"]
+        expected += ["argv jobid=9"] if "9" in chunk else []
+        expected.append(f"pin {','.join(j for j in chunk if j != '9')},")
+        expected.append(f"release {','.join(j for j in chunk if j != '7')}")
     assert lines == expected
 
 
@@ -150,6 +155,8 @@ def test_group_commit_runs_every_item_once_and_gives_each_caller_its_own_error()
 
 
 def test_concurrent_job_tags_share_one_scontrol_and_a_refused_one_fails_alone(tmp_path):
+    """Slurm's scontrol faked at the subprocess edge. scontrol keeps quotes in values it reads from stdin,
+    so a tag with a blank or a quote goes through its own process, word for word."""
     import threading
 
     from mig_batch.slurm.commands import SlurmCli, SlurmError
@@ -164,9 +171,12 @@ def test_concurrent_job_tags_share_one_scontrol_and_a_refused_one_fails_alone(tm
     (tmp_path / "scontrol").chmod(0o755)
     cli, errors = SlurmCli(bin_dir=str(tmp_path)), {}
 
+    def tag(job):
+        return f'mig-batch:v1;node=requeue:no room on n{job} ("full")' if job == "14" else f"mig-batch:v1;n={job}"
+
     def report(job):
         try:
-            cli.set_job_tag(job, f"mig-batch:v1;node=requeue:no room on n{job}")  # a space: quoted on stdin
+            cli.set_job_tag(job, tag(job))
         except SlurmError as exc:
             errors[job] = str(exc)
 
@@ -179,8 +189,9 @@ def test_concurrent_job_tags_share_one_scontrol_and_a_refused_one_fails_alone(tm
         t.start()
     for t in [first, *threads]:
         t.join(10)
-    text = calls.read_text()
-    assert "argv update jobid=10 admincomment=mig-batch:v1;node=requeue:no room on n10" in text
-    for j in range(11, 16):
-        assert f'update jobid={j} admincomment="mig-batch:v1;node=requeue:no room on n{j}"' in text
+    lines = calls.read_text().splitlines()
+    assert lines[0] == "argv update jobid=10 admincomment=mig-batch:v1;n=10"
+    assert f"argv update jobid=14 admincomment={tag('14')}" in lines
+    stdin = [line for line in lines if not line.startswith("argv ")]
+    assert sorted(stdin) == sorted(f"update jobid={j} admincomment=mig-batch:v1;n={j}" for j in (11, 12, 13, 15))
     assert list(errors) == ["13"] and "already finished" in errors["13"]

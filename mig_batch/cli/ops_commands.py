@@ -223,6 +223,7 @@ def check_hooks(show_config: str) -> list[Check]:
             elif SHIM_MARK in _head(path):
                 ours = path
                 problems += [f"{path} runs {p}, which does not exist" for p in shim_targets(path) if not p.exists()]
+                problems += [why for why in [check_hook_binary(path)] if why]
         if ours is None and not problems:
             problems.append(f"{value} is not mig_batch's {shim}")
         if problems:
@@ -241,12 +242,30 @@ def _head(path: Path, size: int = 4096) -> str:
 
 
 def shim_targets(shim: Path) -> list[Path]:
-    """The hook client (the C one, or a Python and hook_client.py) and the slow path's Python a Prolog/Epilog
+    """The hook clients (the C one, a Python and hook_client.py) and the slow path's Python a Prolog/Epilog
     shim runs (a moved venv breaks every job start)."""
-    match = re.search(r'^(.+?) (?:prolog|epilog) "\$SLURM_JOB_ID" \S+ (/\S+) -m ', _head(shim), re.MULTILINE)
-    if not match:
-        return []
-    return [Path(p) for p in dict.fromkeys([*match[1].split(), match[2]]) if p.startswith("/")]
+    found = []
+    for match in re.finditer(r'^\s*(.+?) (?:prolog|epilog) "\$SLURM_JOB_ID" \S+ (/\S+) -m ', _head(shim), re.MULTILINE):
+        found += [*match[1].split(), match[2]]
+    return [Path(p) for p in dict.fromkeys(found) if p.startswith("/")]
+
+
+def check_hook_binary(shim: Path) -> str:
+    """Why the compiled hook client a shim runs cannot run on this node ("" when it can or there is none):
+    its usage line exits 0 wherever it runs."""
+    from mig_batch.slurm.install import HOOK_BINARY
+
+    binary = next((p for p in shim_targets(shim) if p.name == HOOK_BINARY), None)
+    if binary is None or not binary.exists():
+        return ""
+    try:
+        proc = subprocess.run([str(binary)], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{binary} cannot run here ({exc}); the shim falls back to the Python client (slower)"
+    if proc.returncode != 0:
+        return f"{binary} cannot run here (exit {proc.returncode}: {proc.stderr.strip()[-200:]}); the shim falls " \
+               "back to the Python client (slower): run `mig-batch slurm install` on a host like this node"  # fmt: skip
+    return ""
 
 
 def check_job_submit(show_config: str) -> Check:

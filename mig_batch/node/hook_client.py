@@ -41,7 +41,7 @@ def ask(path: str, op: str, job: str, timeout_s: float | None = None) -> tuple[b
 
 def safe_job_id(job: str) -> bool:
     """Slurm's job ids (also 123_4 and 123+1): nothing that could break the hand-written JSON."""
-    return job != "" and all(c.isascii() and (c.isalnum() or c in "_+.-") for c in job)
+    return 0 < len(job) <= 64 and all(c.isascii() and (c.isalnum() or c in "_+.-") for c in job)
 
 
 def main(argv: list[str]) -> int:

@@ -132,8 +132,11 @@ class GroupCommit:
             errors: dict[int, Exception] = {}
             try:
                 errors = self._run([s[0] for s in batch])
-            except Exception as exc:
-                errors = dict.fromkeys(range(len(batch)), exc)
+            except BaseException as exc:  # every caller of the batch learns it failed
+                shared = exc if isinstance(exc, Exception) else RuntimeError(f"the batch was interrupted: {exc!r}")
+                errors = dict.fromkeys(range(len(batch)), shared)
+                if shared is not exc:
+                    raise
             finally:
                 with self._cond:
                     for i, s in enumerate(batch):
@@ -194,28 +197,45 @@ class SlurmCli:
         return failed
 
     def _pin_chunk(self, pins: Sequence[Pin], tres: dict[str, str]) -> dict[str, str]:
-        lines = []
+        failed: dict[str, str] = {}
+        batched = []
         for p in pins:
-            subjob = f" timelimit={p.time_limit_min} starttime=now" if p.time_limit_min is not None else ""
+            args = [f"jobid={p.job_id}", f"nodelist={p.node}", f"admincomment={p.admin_tag}"]
+            if p.time_limit_min is not None:
+                args += [f"timelimit={p.time_limit_min}", "starttime=now"]
             if p.job_id in tres:  # Slurm counts the slices: sacct, fair-share and QOS/association limits see them
-                subjob += f" tresPerNode={with_slices(tres[p.job_id], self.slice_gres, p.slices)}"
-            lines.append(f"update jobid={p.job_id} nodelist={p.node} admincomment={_quote(p.admin_tag)}{subjob}\n")
-        try:
-            errors = self._run("scontrol", stdin="".join(lines), check=False)
-        except SlurmError as exc:
-            return {p.job_id: str(exc) for p in pins}
-        failed = {}
-        for line in errors.splitlines():
-            match = _FAILED_JOB.search(line)
-            if match:
-                failed[match.group(1)] = line.strip()
-            elif line.strip():  # an error scontrol did not attribute to a job: trust none of the pins
-                return {p.job_id: f"scontrol: {line.strip()}" for p in pins}
+                args.append(f"tresPerNode={with_slices(tres[p.job_id], self.slice_gres, p.slices)}")
+            if all(map(stdin_safe, args)):
+                batched.append((p.job_id, args))
+                continue
+            try:  # scontrol's stdin keeps quotes in values: such a pin goes through its own process
+                self._run("scontrol", "update", *args)
+            except SlurmError as exc:
+                failed[p.job_id] = str(exc)
+        if batched:
+            failed.update(self._updates_on_stdin(batched))
         pinned = [p.job_id for p in pins if p.job_id not in failed]
         try:
             self.release(pinned)
         except SlurmError as exc:
             failed.update({job: str(exc) for job in pinned})
+        return failed
+
+    def _updates_on_stdin(self, updates: Sequence[tuple[str, list[str]]]) -> dict[str, str]:
+        """``update`` commands for several jobs through one scontrol process (its stdin): the jobs whose
+        update failed, with Slurm's message. An error scontrol does not attribute to a job fails them all."""
+        lines = "".join(f"update {' '.join(args)}\n" for _, args in updates)
+        try:
+            errors = self._run("scontrol", stdin=lines, check=False)
+        except SlurmError as exc:
+            return {job: str(exc) for job, _ in updates}
+        failed = {}
+        for line in errors.splitlines():
+            match = _FAILED_JOB.search(line)
+            if match:
+                failed[match.group(1)] = line.strip()
+            elif line.strip():  # an error scontrol did not attribute to a job: trust none of them
+                return {job: f"scontrol: {line.strip()}" for job, _ in updates}
         return failed
 
     def _tres_per_node(self, jobs: Sequence[str]) -> dict[str, str]:
@@ -251,26 +271,20 @@ class SlurmCli:
 
     def _set_job_tags(self, tags: list[tuple[str, str]]) -> dict[int, Exception]:
         errors: dict[int, Exception] = {}
-        batched = []
+        batched = {}
         for i, (job, tag) in enumerate(tags):
-            if len(tags) > 1 and '"' not in tag:  # a quote would end the quoted value on stdin
-                batched.append(i)
+            arg = f"admincomment={tag}"
+            if len(tags) > 1 and stdin_safe(arg):
+                batched[job] = i
                 continue
             try:
-                self._run("scontrol", "update", f"jobid={job}", f"admincomment={tag}")
+                self._run("scontrol", "update", f"jobid={job}", arg)
             except SlurmError as exc:
                 errors[i] = exc
         if batched:
-            lines = "".join(f'update jobid={tags[i][0]} admincomment="{tags[i][1]}"\n' for i in batched)
-            stderr = self._run("scontrol", stdin=lines, check=False)
-            refused = {}
-            for line in stderr.splitlines():
-                match = _FAILED_JOB.search(line)
-                if match:
-                    refused[match.group(1)] = line.strip()
-                elif line.strip():  # not attributed to a job: trust none of them
-                    return {**errors, **{i: SlurmError(f"scontrol: {line.strip()}") for i in batched}}
-            errors.update({i: SlurmError(refused[tags[i][0]]) for i in batched if tags[i][0] in refused})
+            refused = self._updates_on_stdin([(job, [f"jobid={job}", f"admincomment={tags[i][1]}"])
+                                              for job, i in batched.items()])  # fmt: skip
+            errors.update({batched[job]: SlurmError(why) for job, why in refused.items() if job in batched})
         return errors
 
     def set_node_tag(self, node: str, agent_tag: str) -> None:
@@ -299,5 +313,7 @@ def with_slices(tres_per_node: str, gres: str, slices: int) -> str:
     return ",".join([*items, f"gres:{gres}:{slices}"])
 
 
-def _quote(value: str) -> str:
-    return f'"{value}"' if any(c.isspace() for c in value) else value
+def stdin_safe(arg: str) -> bool:
+    """Whether ``key=value`` reaches Slurm unchanged as a word of an scontrol command read from stdin:
+    scontrol splits such lines at blanks and keeps quotes in values, and drops a line of 4 KiB."""
+    return not any(c.isspace() or c in "\"'" for c in arg) and len(arg) < 1000

@@ -4,6 +4,7 @@ C compiler, else the standard-library Python one)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
@@ -24,14 +25,18 @@ def build_hook_client(dest: Path, compiler: str | None = None) -> tuple[Path | N
     if cc is None:
         return None, "no C compiler (cc) on this host"
     source, binary = resource_path("plugins", "slurm", f"{HOOK_BINARY}.c"), dest / HOOK_BINARY
+    building = dest / f".{HOOK_BINARY}.new"  # a Prolog starting meanwhile runs the old binary, whole
     try:
-        proc = subprocess.run([cc, "-O2", "-std=gnu11", "-o", str(binary), str(source)], capture_output=True,
+        proc = subprocess.run([cc, "-O2", "-std=gnu11", "-o", str(building), str(source)], capture_output=True,
                               text=True, timeout=120)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as exc:
+        building.unlink(missing_ok=True)
         return None, f"{cc} failed: {exc}"
     if proc.returncode != 0:
+        building.unlink(missing_ok=True)
         return None, f"{cc} failed: {proc.stderr.strip()[-500:]}"
-    binary.chmod(0o755)
+    building.chmod(0o755)
+    os.replace(building, binary)
     return binary, ""
 
 
@@ -100,14 +105,15 @@ def install(dest: Path, python: str, config: str, job_dir: str, agent_socket: st
     binary, why = (None, "asked for the Python client") if hook_client_kind == "python" else build_hook_client(dest)
     if binary is None and hook_client_kind == "c":
         raise ValueError(f"cannot build the C hook client: {why}; give --hook-client python or install a C compiler")
+    python_hook = f"{python} -I -S {Path(hook_client.__file__).resolve()}"
     if binary is not None:
         written.append(binary)
-        hook, which = str(binary), f"hook client: {binary} (C)"
+        hook, which = str(binary), f"hook client: {binary} (C; the Python one where it cannot run)"
     else:
-        hook = f"{python} -I -S {Path(hook_client.__file__).resolve()}"
+        hook = python_hook
         which = f"hook client: the Python one ({why}); each Prolog and Epilog starts an interpreter (~10 ms)"
     values = {"@PYTHON@": python, "@CONFIG@": config, "@JOB_DIR@": job_dir, "@SOCKET@": agent_socket,
-              "@HOOK@": hook}  # fmt: skip
+              "@HOOK@": hook, "@PY_HOOK@": python_hook}  # fmt: skip
     for name in SHIMS:
         text = resource_path("wrappers", f"{name}.in").read_text()
         for key, value in values.items():

@@ -21,13 +21,15 @@
 #include <syslog.h>
 #include <unistd.h>
 
+#ifndef TIMEOUT_S
 #define TIMEOUT_S 120
+#endif
 #define ANSWER_MAX 65536
 
 /* Slurm's job ids (also 123_4 and 123+1): nothing that could break the hand-written JSON. */
 static int safe_job_id(const char *job)
 {
-	if (!*job)
+	if (!*job || strlen(job) > 64)
 		return 0;
 	for (const char *c = job; *c; c++) {
 		int ok = (*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') ||
@@ -38,16 +40,21 @@ static int safe_job_id(const char *job)
 	return 1;
 }
 
-/* 0 and the answer line (without its newline) in `answer`; -1 and the reason in `answer` when the
- * agent did not answer. */
+/* 0 and the answer line (without its newline; cut at `size`) in `answer`; -1 and the reason in `answer`
+ * when the agent did not answer. */
 static int ask(const char *path, const char *op, const char *job, char *answer, size_t size)
 {
 	struct sockaddr_un addr = {.sun_family = AF_UNIX};
 	struct timeval timeout = {.tv_sec = TIMEOUT_S};
-	char request[512];
+	char request[512], chunk[4096];
 	size_t got = 0;
-	int fd, len;
+	int fd, len, complete = 0;
 
+	len = snprintf(request, sizeof(request), "{\"op\": \"%s\", \"job\": \"%s\"}\n", op, job);
+	if (len < 0 || (size_t)len >= sizeof(request)) {
+		snprintf(answer, size, "job id too long");
+		return -1;
+	}
 	if (strlen(path) >= sizeof(addr.sun_path)) {
 		snprintf(answer, size, "socket path too long");
 		return -1;
@@ -60,36 +67,46 @@ static int ask(const char *path, const char *op, const char *job, char *answer, 
 	}
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
 	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
-	len = snprintf(request, sizeof(request), "{\"op\": \"%s\", \"job\": \"%s\"}\n", op, job);
-	if (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 || write(fd, request, len) != len) {
+	/* MSG_NOSIGNAL: an agent that went away must lead to the slow path, not kill us with SIGPIPE */
+	if (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 || send(fd, request, len, MSG_NOSIGNAL) != len) {
 		snprintf(answer, size, "%s", strerror(errno));
 		close(fd);
 		return -1;
 	}
-	while (got < size - 1) {
-		ssize_t n = read(fd, answer + got, size - 1 - got);
+	while (!complete) { /* up to the newline; what does not fit in `answer` is read and dropped */
+		ssize_t n = read(fd, chunk, sizeof(chunk));
 		if (n < 0 && errno == EINTR)
 			continue;
-		if (n <= 0)
+		if (n < 0) {
+			snprintf(answer, size, "%s", errno == EAGAIN || errno == EWOULDBLOCK ?
+				 "no answer within the timeout" : strerror(errno));
+			close(fd);
+			return -1;
+		}
+		if (n == 0)
 			break;
-		got += n;
-		if (answer[got - 1] == '\n')
-			break;
+		complete = chunk[n - 1] == '\n';
+		for (ssize_t i = 0; i < n && got < size - 1; i++)
+			answer[got++] = chunk[i];
 	}
 	close(fd);
-	if (got == 0 || answer[got - 1] != '\n') { /* it died mid-request */
+	if (!complete) { /* it died mid-request */
 		snprintf(answer, size, "the agent closed the connection without an answer");
 		return -1;
 	}
-	answer[got - 1] = '\0';
+	if (got && answer[got - 1] == '\n')
+		got--;
+	answer[got] = '\0';
 	return 0;
 }
 
+static volatile sig_atomic_t timed_out;
 static pid_t slow_child;
 
 static void on_alarm(int sig)
 {
 	(void)sig;
+	timed_out = 1;
 	if (slow_child > 0)
 		kill(slow_child, SIGKILL);
 }
@@ -120,9 +137,11 @@ static void slow_path(const char *job, char **argv)
 		_exit(127);
 	}
 	close(pipefd[1]);
-	signal(SIGALRM, on_alarm);
+	struct sigaction alarm_action = {.sa_handler = on_alarm}; /* no SA_RESTART: the alarm ends a read */
+	sigemptyset(&alarm_action.sa_mask);
+	sigaction(SIGALRM, &alarm_action, NULL);
 	alarm(TIMEOUT_S);
-	for (;;) {
+	while (!timed_out) { /* a grandchild may hold the pipe open after the child is killed */
 		ssize_t n = read(pipefd[0], out + got, sizeof(out) - 1 - got);
 		if (n < 0 && errno == EINTR)
 			continue;
@@ -138,6 +157,7 @@ static void slow_path(const char *job, char **argv)
 	while (waitpid(slow_child, &status, 0) < 0 && errno == EINTR)
 		;
 	alarm(0);
+	slow_child = 0;
 	while (got && (out[got - 1] == '\n' || out[got - 1] == ' '))
 		got--;
 	out[got] = '\0';
@@ -146,9 +166,10 @@ static void slow_path(const char *job, char **argv)
 		syslog(LOG_INFO, "job %s (slow path): %s", job, got ? tail : "exit 0");
 	else if (WIFEXITED(status))
 		syslog(LOG_ERR, "job %s (slow path): %s%sexit %d", job, tail, got ? "; " : "", WEXITSTATUS(status));
+	else if (timed_out)
+		syslog(LOG_ERR, "job %s: slow path failed: killed after the %d s timeout", job, TIMEOUT_S);
 	else
-		syslog(LOG_ERR, "job %s: slow path failed: killed by signal %d (timeout %d s)", job, WTERMSIG(status),
-		       TIMEOUT_S);
+		syslog(LOG_ERR, "job %s: slow path failed: killed by signal %d", job, WTERMSIG(status));
 }
 
 int main(int argc, char **argv)
@@ -163,6 +184,7 @@ int main(int argc, char **argv)
 	const char *op = argv[1], *job = argv[2], *path = argv[3];
 	snprintf(ident, sizeof(ident), "mig-batch-%s", op);
 	openlog(ident, LOG_PID, LOG_DAEMON);
+	signal(SIGPIPE, SIG_IGN);
 	if (!safe_job_id(job)) {
 		syslog(LOG_WARNING, "job id '%.64s' is not a Slurm job id; nothing asked", job);
 		return 0;
