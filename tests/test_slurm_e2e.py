@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from mig_batch.batch.tags import parse_report
 from mig_batch.gpu import nvml_emu
 from mig_batch.mig.models import get_model
+from mig_batch.slurm.commands import SlurmCli
 from mig_batch.slurm.local_cluster import LocalCluster, MigTestbed
 from mig_batch.state import Store
 
@@ -134,6 +136,11 @@ def test_thirty_mixed_jobs_complete_each_with_one_mig_device(bed):
         d = store.decision(job)
         assert d.state == "ended" and (d.node, d.gpu, d.start) == (life.node, life.gpu, life.start)
     assert len({cvd for cvd, _, _ in runs.values()}) == 30
+    # what each node reported went back through Slurm intact, Prologs that reported at once included
+    tags = {j.job_id: j.admin_tag for j in SlurmCli(env=bed.cluster.env()).jobs()}
+    for job, (cvd, _, _) in runs.items():
+        assert tags[job].startswith("mig-batch:v1;"), f"job {job}'s tag: {tags[job]!r}"
+        assert parse_report(tags[job]).uuid == cvd, f"job {job}'s tag: {tags[job]!r}"
     assert_no_overlap_and_no_leak(bed)
     never_drained(bed)
 
