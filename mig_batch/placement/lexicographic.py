@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Sequence
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 from mig_batch.mig.models import get_model
@@ -64,7 +64,7 @@ def _dead_slices(model_name: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-@cache
+@lru_cache(maxsize=64)  # one per model and learned mix in use; a long-lived daemon sees a few
 def expected_fill(model_name: str, shares: tuple[float, ...]) -> tuple[float, ...]:
     """[mask] -> memory slices a GPU with this mask is still expected to take, nothing leaving.
 
@@ -122,7 +122,8 @@ class Lexicographic(MaskScoredPolicy):
             )
         self.order = tuple(order)
         self.refresh, self.quantum = refresh, quantum
-        self.mix: deque[tuple[str, str, int]] = deque(maxlen=mix_window)  # (job, model, base profile index)
+        # (job, ((model, base profile index), ...)): one entry per job, whatever models it names
+        self.mix: deque[tuple[str, tuple[tuple[str, int], ...]]] = deque(maxlen=mix_window)
         self.mix_jobs: set[str] = set()
         self.new_jobs = 0
         self.shares: dict[str, tuple[float, ...]] = {}  # model -> rounded profile shares used by ``ev``
@@ -133,14 +134,17 @@ class Lexicographic(MaskScoredPolicy):
             return
         if len(self.mix) == self.mix.maxlen:
             self.mix_jobs.discard(self.mix[0][0])
-        for model, profile in request.profiles.items():
-            if model in cluster.tables:
-                self.mix.append((request.job, model, cluster.tables[model].index(profile)))
+        profiles = tuple(
+            (model, cluster.tables[model].index(profile))
+            for model, profile in request.profiles.items()
+            if model in cluster.tables
+        )
+        self.mix.append((request.job, profiles))
         self.mix_jobs.add(request.job)
         self.new_jobs += 1
         if self.new_jobs % self.refresh != 1 and self.refresh != 1:
             return
-        counts = Counter((model, k) for _, model, k in self.mix)
+        counts = Counter(entry for _, profiles in self.mix for entry in profiles)
         shares = {}
         for model, tables in cluster.tables.items():
             n = len(tables.base_names)
