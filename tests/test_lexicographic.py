@@ -10,7 +10,7 @@ from mig_batch.mig.models import get_model
 from mig_batch.mig.tables import tables_for
 from mig_batch.placement.base import Placement, PlacementRequest
 from mig_batch.placement.cluster import Cluster
-from mig_batch.placement.lexicographic import CRITERIA, Lexicographic, MixAware, dead_slices
+from mig_batch.placement.lexicographic import CRITERIA, Lexicographic, MixAware, dead_slices, expected_fill
 from mig_batch.placement.policies import make_policy
 from mig_batch.sim.engine import estimated_duration
 from mig_batch.sim.workloads import Arrival
@@ -56,10 +56,12 @@ def test_waste_first_and_fit_first_choose_differently():
         assert Lexicographic(order).decide(cluster, request("1g.10gb")).gid == 0
 
 
-def brute_force(cluster, profile, order):
-    """Every GPU and start, criteria computed directly from the masks; ties to the lowest GPU, start."""
+def brute_force(cluster, profile, order, shares=None):
+    """Every GPU and start, criteria computed directly from the masks; ties to the lowest GPU, start.
+    ``ev`` uses the expected fill under ``shares`` (the profile shares the policy had learned)."""
     tables = tables_for(MODEL)
     dead = dead_slices(tables)
+    fill = expected_fill(MODEL, shares or (1 / len(BASE),) * len(BASE))
     p = GPU.profile(profile)
     best = None
     for gpu in cluster.gpus:
@@ -74,6 +76,7 @@ def brute_force(cluster, profile, order):
                 "dead": dead[after] - dead[gpu.mask],
                 "cc": -tables.cc[after],
                 "df": tables.frag["printed"][after] - tables.frag["printed"][gpu.mask],
+                "ev": round(fill[gpu.mask] - p.memory_slices - fill[after], 6),
             }
             # the mask's key is its best start's key, so compare (key, gid, start) with start last
             candidate = (tuple(values[c] for c in order), gpu.gid, start)
@@ -91,8 +94,9 @@ ORDERS = [order for r in (1, 2, 3) for order in itertools.permutations(CRITERIA,
 @settings(max_examples=200, deadline=None)
 @given(clusters(), st.sampled_from(BASE), st.sampled_from(ORDERS))
 def test_lexicographic_equals_brute_force(cluster, profile, order):
-    decision = Lexicographic(order).decide(cluster, request(profile))
-    expected = brute_force(cluster, profile, order)
+    policy = Lexicographic(order)
+    decision = policy.decide(cluster, request(profile))
+    expected = brute_force(cluster, profile, order, policy.shares.get(MODEL))
     if expected is None:
         assert not isinstance(decision, Placement)
     else:
@@ -174,3 +178,67 @@ def test_robust_suite_runs_mix_by_default(tmp_path):
     from mig_batch.sim.robust import quick_setup
 
     assert "mix" in quick_setup(tmp_path).policies
+
+
+def max_packing(profile, mask):
+    """Most slices instances of ``profile`` alone can still cover on a GPU with ``mask`` (exhaustive)."""
+    p = GPU.profile(profile)
+    free = [s for s in p.starts if not p.window(s) & mask]
+    return max(
+        (p.memory_slices * len(chosen) for r in range(len(free) + 1) for chosen in itertools.combinations(free, r)
+         if all(not p.window(a) & p.window(b) for a, b in itertools.combinations(chosen, 2))),
+        default=0,
+    )  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(BASE), st.integers(0, 255))
+def test_expected_fill_of_a_one_profile_mix_is_its_best_packing(profile, mask):
+    """With every request of one profile, a GPU takes as many as fit, placed at the best starts."""
+    shares = tuple(1.0 if name == profile else 0.0 for name in BASE)
+    assert expected_fill(MODEL, shares)[mask] == max_packing(profile, mask)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 20), min_size=len(BASE), max_size=len(BASE)).filter(any), st.integers(0, 255))
+def test_expected_fill_is_within_the_free_slices(weights, mask):
+    fill = expected_fill(MODEL, tuple(w / sum(weights) for w in weights))
+    assert 0 <= fill[mask] <= 8 - mask.bit_count() + 1e-9
+    assert fill[0xFF] == 0
+    fits = any(w and tables_for(MODEL).free_starts[k][mask] for k, w in enumerate(weights))
+    assert (fill[mask] > 0) == fits
+
+
+def test_mix_keeps_the_windows_the_recent_mix_asks_for():
+    """Regression (issue 20 point 4): the fit-first ranking used to put a 1g.5gb on an empty GPU at start 4
+    whatever the mix (no dead slice, most CC after), which blocks 3g.20gb@4. Under a mix of whole-GPU,
+    3g.20gb and 1g.5gb requests it now takes a start below 4: a 3g.20gb@4 and more 1g.5gb still fit."""
+    cluster = Cluster.homogeneous(MODEL, 1)
+    old = MixAware(fit_order=("left", "dead", "cc"))
+    new = MixAware()
+    mix = ["7g.40gb"] * 6 + ["3g.20gb"] * 2 + ["1g.5gb"] * 2
+    for policy in (old, new):
+        for n in range(300):  # more than one re-estimate of the mix (every 256 jobs)
+            policy.decide(cluster, request(mix[n % 10], job=f"j{n}"))  # decide never changes the cluster
+    assert new.fit.shares[MODEL][BASE.index("3g.20gb")] == new.fit.shares[MODEL][BASE.index("1g.5gb")] == 0.2
+    assert old.decide(cluster, request("1g.5gb", job="small")).start == 4
+    placed = new.decide(cluster, request("1g.5gb", job="small"))
+    assert placed.start < 4
+    fill = expected_fill(MODEL, new.fit.shares[MODEL])
+    window = GPU.profile("1g.5gb").window
+    assert fill[window(placed.start)] > fill[window(4)]
+
+
+def test_learned_mix_counts_a_job_decided_again_once():
+    cluster = Cluster.homogeneous(MODEL, 1)
+    policy = Lexicographic(("left", "ev"), refresh=1)
+    for _ in range(50):
+        policy.decide(cluster, request("7g.40gb", job="waiting"))
+    policy.decide(cluster, request("1g.5gb", job="small"))
+    shares = policy.shares[MODEL]
+    assert shares[BASE.index("7g.40gb")] == shares[BASE.index("1g.5gb")]  # one job each (+1 pseudo-count)
+    short = Lexicographic(("ev",), mix_window=2, refresh=1)
+    for job in ("a", "b", "c", "a"):  # "a" left the window, so deciding it again counts it again
+        short.decide(cluster, request("7g.40gb" if job == "a" else "1g.5gb", job=job))
+    assert [job for job, _ in short.mix] == ["c", "a"] and short.mix_jobs == {"c", "a"}
+    assert make_policy("lex", order=("ev",), quantum=0.1).describe()["quantum"] == 0.1

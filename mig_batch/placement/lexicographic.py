@@ -1,4 +1,5 @@
-"""A lexicographic placement policy of ours (issue 20 point 4): best fit first, then waste, CC and F.
+"""A lexicographic placement policy of ours (issue 20 point 4): best fit first, then waste, expected fill,
+CC and F.
 
 Every criterion depends only on the GPU's (model, occupancy mask) and the chosen start, so the policy
 is a :class:`MaskScoredPolicy`: all keys are precomputed per (model, profile, mask) and a decision
@@ -10,20 +11,23 @@ Criteria (lower is better), combined in the order given:
 - ``dead``: free slices that no profile can use any more after placing (no allowed window of any
   profile fits in the free slices covering them) minus those dead before; wasted capacity;
 - ``cc``: minus the configuration capability after placing (GRMU's CC: more ways to place later);
-- ``df``: the increase of F (MFI Alg. 1 as printed).
+- ``df``: the increase of F (MFI Alg. 1 as printed);
+- ``ev``: the expected fill lost under the recent request mix (:func:`expected_fill`): what the GPU would
+  still take before the placement, minus the placed slices, minus what it would still take after. The
+  only criterion that changes over time; the policy learns the mix of the jobs it decides.
 The start is the one with the lowest tuple on the start-dependent criteria, ties to the lowest start.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 from mig_batch.mig.models import get_model
 from mig_batch.mig.scores import FragVariant
-from mig_batch.mig.tables import ModelTables
+from mig_batch.mig.tables import ModelTables, tables_for
 from mig_batch.placement.base import (
     Decision,
     MaskChoice,
@@ -36,7 +40,7 @@ from mig_batch.placement.base import (
 )
 from mig_batch.placement.cluster import Cluster
 
-CRITERIA = ("new", "left", "dead", "cc", "df")
+CRITERIA = ("new", "left", "dead", "cc", "df", "ev")
 DEFAULT_ORDER = ("left", "dead", "cc", "df")
 
 
@@ -60,19 +64,100 @@ def _dead_slices(model_name: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+@lru_cache(maxsize=64)  # one per model and learned mix in use; a long-lived daemon sees a few
+def expected_fill(model_name: str, shares: tuple[float, ...]) -> tuple[float, ...]:
+    """[mask] -> memory slices a GPU with this mask is still expected to take, nothing leaving.
+
+    A one-GPU model of "look ahead at the request mix": requests keep coming, profile k with weight
+    ``shares[k]`` (base profile order); one that fits is placed at the start that keeps the most expected
+    fill, one that does not fit goes elsewhere (it is not counted: the expectation is over the requests
+    this GPU can take). So V[mask] = sum over fitting k of shares[k] * max over free starts s of
+    (size_k + V[mask | window(k, s)]), divided by the sum of those shares; 0 when no weighted profile fits.
+    Unlike dead slices it weighs a blocked window by how often its profile is asked for.
+    """
+    tables = tables_for(model_name)
+    model = tables.model
+    sizes = [p.memory_slices for p in model.base_profiles]
+    windows = [[p.window(s) for s in p.starts] for p in model.base_profiles]
+    values = [0.0] * (1 << model.memory_slices)
+    for mask in sorted(range(1 << model.memory_slices), key=lambda m: -m.bit_count()):  # fuller masks first
+        total = weight = 0.0
+        for k, share in enumerate(shares):
+            fits = [values[mask | w] for w in windows[k] if not w & mask]
+            if share > 0 and fits:
+                total += share * (sizes[k] + max(fits))
+                weight += share
+        values[mask] = total / weight if weight else 0.0
+    return tuple(values)
+
+
 class Lexicographic(MaskScoredPolicy):
-    """Keys combined lexicographically in ``order`` (a subset of ``CRITERIA``); see the module doc."""
+    """Keys combined lexicographically in ``order`` (a subset of ``CRITERIA``); see the module doc.
+
+    With ``ev`` in the order the policy keeps the profiles of the last ``mix_window`` jobs it decided
+    (a job decided again counts once), estimates their shares with one pseudo-count per profile, rounded
+    to ``quantum`` so that the rankings change rarely, and re-estimates every ``refresh`` new jobs.
+    """
 
     name = "lex"
 
-    def __init__(self, order: Sequence[str] = DEFAULT_ORDER, end_after: int | None = None) -> None:
+    def __init__(
+        self,
+        order: Sequence[str] = DEFAULT_ORDER,
+        end_after: int | None = None,
+        mix_window: int = 2000,
+        refresh: int = 256,
+        quantum: float = 0.05,
+    ) -> None:
         super().__init__()
         self.end_after = end_after  # end-time criterion after this many criteria (None: never)
         self.gpu_end: dict[int, int] = {}  # gid -> latest estimated end of the jobs placed there since it was empty
         unknown = [c for c in order if c not in CRITERIA]
         if unknown or not order:
             raise ValueError(f"unknown criteria {unknown}; known: {', '.join(CRITERIA)}")
+        if mix_window < 1 or refresh < 1 or not 0 < quantum <= 1:
+            raise ValueError(
+                f"mix_window and refresh must be at least 1 and quantum in (0, 1]; got {mix_window}, {refresh}, "
+                f"{quantum}"
+            )
         self.order = tuple(order)
+        self.refresh, self.quantum = refresh, quantum
+        # (job, ((model, base profile index), ...)): one entry per job, whatever models it names
+        self.mix: deque[tuple[str, tuple[tuple[str, int], ...]]] = deque(maxlen=mix_window)
+        self.mix_jobs: set[str] = set()
+        self.new_jobs = 0
+        self.shares: dict[str, tuple[float, ...]] = {}  # model -> rounded profile shares used by ``ev``
+
+    def observe(self, cluster: Cluster, request: PlacementRequest) -> None:
+        """Count a new job in the request mix; re-estimate the shares at the first job and every ``refresh``."""
+        if "ev" not in self.order or request.job in self.mix_jobs:
+            return
+        if len(self.mix) == self.mix.maxlen:
+            self.mix_jobs.discard(self.mix[0][0])
+        profiles = tuple(
+            (model, cluster.tables[model].index(profile))
+            for model, profile in request.profiles.items()
+            if model in cluster.tables
+        )
+        self.mix.append((request.job, profiles))
+        self.mix_jobs.add(request.job)
+        self.new_jobs += 1
+        if self.new_jobs % self.refresh != 1 and self.refresh != 1:
+            return
+        counts = Counter(entry for _, profiles in self.mix for entry in profiles)
+        shares = {}
+        for model, tables in cluster.tables.items():
+            n = len(tables.base_names)
+            total = sum(counts[(model, k)] for k in range(n)) + n
+            q = self.quantum
+            shares[model] = tuple(round((counts[(model, k)] + 1) / total / q) * q for k in range(n))
+        if shares != self.shares:
+            self.shares = shares
+            self.invalidate()
+
+    def _shares(self, tables: ModelTables) -> tuple[float, ...]:
+        n = len(tables.base_names)
+        return self.shares.get(tables.model.name) or (1 / n,) * n
 
     def mask_choice(self, tables: ModelTables, k: int, mask: int) -> MaskChoice | None:
         starts = tables.free_starts[k][mask]
@@ -85,6 +170,7 @@ class Lexicographic(MaskScoredPolicy):
         frag = tables.frag[FragVariant.PRINTED]
         cc_after = dict(tables.cc_after[k][mask])
         name = tables.base_names[k]
+        fill = expected_fill(model.name, self._shares(tables)) if "ev" in self.order else None
         best: tuple[tuple[Any, ...], int] | None = None
         for s in starts:
             after = mask | tables.window(name, s)
@@ -94,6 +180,7 @@ class Lexicographic(MaskScoredPolicy):
                 "dead": dead[after] - dead[mask],
                 "cc": -cc_after[s],
                 "df": frag[after] - frag[mask],
+                "ev": round(fill[mask] - size - fill[after], 6) if fill else 0,  # rounded: float noise ties
             }
             key = tuple(values[c] for c in self.order)
             if best is None or (key, s) < best:
@@ -102,6 +189,7 @@ class Lexicographic(MaskScoredPolicy):
         return best
 
     def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
+        self.observe(cluster, request)
         if self.end_after is None or request.end is None or request.now is None or len(request.profiles) != 1:
             decision = super().decide(cluster, request)
         else:
@@ -139,16 +227,20 @@ class Lexicographic(MaskScoredPolicy):
         return placement_on(cluster, best[1], profile, best[2])
 
     def describe(self) -> dict[str, Any]:
-        return {"policy": self.name, "order": list(self.order), "end_after": self.end_after}
+        out: dict[str, Any] = {"policy": self.name, "order": list(self.order), "end_after": self.end_after}
+        if "ev" in self.order:
+            out.update(mix_window=self.mix.maxlen, refresh=self.refresh, quantum=self.quantum)
+        return out
 
 
 class MixAware(Policy):
     """Waste-first or fit-first by the recent request mix (issue 20's "look ahead at the request mix").
 
     When whole-GPU requests are common (at least ``whole_share`` of the last ``window`` requests), empty
-    GPUs are worth keeping for them: best fit first, then dead slices (``fit_order``). Otherwise a
-    dead slice is the bigger loss: dead slices first, then best fit (``waste_order``). Both rankings
-    are precomputed per mask, so a decision stays flat in the cluster size.
+    GPUs are worth keeping for them: best fit first, then dead slices, then the expected fill lost under
+    the recent mix (``fit_order``). Otherwise a dead slice is the bigger loss: dead slices first, then
+    best fit (``waste_order``). Both rankings are precomputed per mask (the fit ranking again when the
+    learned mix changes), so a decision stays flat in the cluster size.
     """
 
     name = "mix"
@@ -157,7 +249,7 @@ class MixAware(Policy):
         self,
         whole_share: float = 0.4,
         window: int = 2000,
-        fit_order: Sequence[str] = ("left", "dead", "cc"),
+        fit_order: Sequence[str] = ("left", "dead", "ev", "cc"),
         waste_order: Sequence[str] = ("dead", "left", "cc"),
         end_after: int | None = None,
     ) -> None:
