@@ -8,7 +8,7 @@ from functools import partial
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mig_batch.atomize.defrag import choose_spot, keep_windows, spot_key, steer, with_steering
+from mig_batch.atomize.defrag import Steer, choose_spot, keep_windows, offer_groups, spot_key, steer, with_steering
 from mig_batch.atomize.gaps import GpuTimeline, Hold, cluster_gaps, start_in_gap
 from mig_batch.atomize.profiles import MemoryProfile
 from mig_batch.atomize.protocol import Chain, negotiate
@@ -96,6 +96,18 @@ def test_a_window_is_kept_only_when_it_opens_no_later_than_easy_would_start_the_
     fast = [gpu(0, Hold(chains_at, until=90)), gpu(1, Hold(window("1g.10gb", 0), until=100))]
     (kept,) = keep_windows(fast, {0: chains_at}, [WHOLE], 0.0, 4, 3600)
     assert kept is not None and kept.gid == 0
+
+
+def test_chains_held_back_longer_than_the_bound_are_offered_first_without_the_steering_holds():
+    """The rule the simulator and mig-batchd share: steering delays a chain a bounded time."""
+    timelines = [gpu(0), gpu(1)]
+    steers = [Steer(1, window("7g.80gb", 0), 30.0)]
+    waited = {"old": 400.0, "new": 10.0}
+    chains = [chain("new"), chain("old")]
+    [(first, seen_first), (rest, seen_rest)] = offer_groups(chains, timelines, steers, waited, max_hold_s=300)
+    assert [c.job for c in first] == ["old"] and seen_first == timelines
+    assert [c.job for c in rest] == ["new"] and seen_rest == with_steering(timelines, steers) != timelines
+    assert offer_groups(chains, timelines, [], waited, 300) == [(chains, timelines)]  # nothing steered: one group
 
 
 def test_two_blocked_jobs_get_two_windows():

@@ -173,6 +173,19 @@ def with_steering(timelines: Sequence[GpuTimeline], steers: Sequence[Steer]) -> 
             for t in timelines]  # fmt: skip
 
 
+def offer_groups(chains: Sequence[Chain], timelines: Sequence[GpuTimeline], steers: Sequence[Steer],
+                 waited_s: Mapping[str, float], max_hold_s: float) -> list[tuple[list[Chain], list[GpuTimeline]]]:
+    """The chains in the order their groups are offered gaps, each with the timelines it sees. Steering
+    delays a chain a bounded time: those that have waited (``waited_s``, by job) longer than ``max_hold_s``
+    come first and see the real timelines; the others see them with the steering holds. Without steers,
+    one group."""
+    if not steers:
+        return [(list(chains), list(timelines))]
+    overdue = [c for c in chains if waited_s.get(c.job, 0.0) > max_hold_s]
+    rest = [c for c in chains if c not in overdue]
+    return [(overdue, list(timelines)), (rest, with_steering(timelines, steers))]
+
+
 def keep_windows(timelines: Sequence[GpuTimeline], chain_masks: Mapping[int, int],
                  blocked: Sequence[Mapping[str, str]], now: float, limit: int,
                  horizon: float) -> list[Steer | None]:  # fmt: skip

@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from functools import partial
 
-from mig_batch.atomize.defrag import Steer, choose_spot, with_steering
+from mig_batch.atomize.defrag import Steer, choose_spot, offer_groups
 from mig_batch.atomize.gaps import Gap, GpuTimeline, cluster_gaps, start_in_gap
 from mig_batch.atomize.profiles import MemoryProfile
 from mig_batch.atomize.protocol import Chain, Reply, Round, negotiate
@@ -79,11 +79,8 @@ class ChainDriver:
         chains = [Chain(job.job_id, rec.declared_mib, self.history(rec), rec.min_s, rec.max_s, rec.submitted,
                         last_mib=rec.last_mib, attained=rec.attained, deadline=rec.deadline)
                   for job, _, rec in waiting]  # fmt: skip
-        groups: list[tuple[list[Chain], list[GpuTimeline]]] = [(chains, timelines)]
-        if cfg.live_defrag and steers:
-            since = {job.job_id: float(job.submit_time) for job, _, _ in waiting}
-            overdue = [c for c in chains if now - since[c.job] > cfg.defrag_max_hold_s]
-            groups = [(overdue, timelines), ([c for c in chains if c not in overdue], with_steering(timelines, steers))]
+        waited = {job.job_id: now - float(job.submit_time) for job, _, _ in waiting}  # each subjob is a new job
+        groups = offer_groups(chains, timelines, steers if cfg.live_defrag else (), waited, cfg.defrag_max_hold_s)
         round_ = Round(())
         for group, views in groups:
             if not group:

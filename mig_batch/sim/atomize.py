@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mig_batch.atomize.defrag import Steer, choose_spot, keep_windows, with_steering
+from mig_batch.atomize.defrag import Steer, choose_spot, keep_windows, offer_groups, with_steering
 from mig_batch.atomize.gaps import (
     Gap,
     GpuTimeline,
@@ -369,9 +369,8 @@ class Simulation:
         if not self.defrag:
             gaps = [g for g in cluster_gaps(timelines, self.now, s.horizon_s) if g.opens <= self.now]
             return negotiate(gaps, chains, self.now, s.eps, s.grant_policy, s.hysteresis).grants()
-        overdue = [c for c in chains if self.now - self.waiting_since.get(c.job, self.now) > s.defrag_max_hold_s]
-        groups = [(overdue, timelines), ([c for c in chains if c not in overdue], with_steering(timelines, steers))]
-        for group, views in groups if steers else [(chains, timelines)]:
+        waited = {c.job: self.now - self.waiting_since.get(c.job, self.now) for c in chains}
+        for group, views in offer_groups(chains, timelines, steers, waited, s.defrag_max_hold_s):
             if not group:
                 continue
             gaps = [g for g in cluster_gaps(views, self.now, s.horizon_s) if g.opens <= self.now]
