@@ -409,12 +409,17 @@ def test_status_shows_every_rank_on_its_gpu(tmp_path, capsys):
 # --- one job's instances share one GPU model ------------------------------------------------------------------
 
 
-def test_a_mixed_model_node_gets_one_model_per_job_and_placement_goes_on(tmp_path):
+def mixed_model_node(tmp_path) -> tuple[FakeBatch, Store, Controller]:
+    """One node with an A100-40GB and an A100-80GB, on the fake batch system: (batch, store, controller)."""
     site = SiteConfig(state=tmp_path / "state.db", job_dir=tmp_path / "jobs", node_dir=tmp_path / "node",
                       nodes={"n1": ("A100-40GB", "A100-80GB")})  # fmt: skip
     batch = FakeBatch(["n1"])
     store = Store(site.state)
-    c = Controller(site, store, batch)
+    return batch, store, Controller(site, store, batch)
+
+
+def test_a_mixed_model_node_gets_one_model_per_job_and_placement_goes_on(tmp_path):
+    batch, store, c = mixed_model_node(tmp_path)
     multi = batch.add("mig-batch:v1;req=20480M;n=2")
     plain = batch.add("mig-batch:v1;req=1g.10gb")
     assert c.step().placed == 2 and not c.step().errors
@@ -548,11 +553,7 @@ def test_an_unpinnable_decision_does_not_keep_other_jobs_from_their_pins(site):
 
 
 def test_a_job_the_node_moved_to_another_models_gpu_is_recorded_with_that_model(tmp_path):
-    site = SiteConfig(state=tmp_path / "state.db", job_dir=tmp_path / "jobs", node_dir=tmp_path / "node",
-                      nodes={"n1": ("A100-40GB", "A100-80GB")})  # fmt: skip
-    batch = FakeBatch(["n1"])
-    store = Store(site.state)
-    c = Controller(site, store, batch)
+    batch, store, c = mixed_model_node(tmp_path)
     job = batch.add("mig-batch:v1;req=9000M;n=2")
     c.step()
     d = store.decision(job)

@@ -94,10 +94,13 @@ class FakeAgent:
             except OSError:
                 return
             with conn:
-                request = json.loads(conn.makefile().readline())
-                self.asked.append((request["op"], request["job"], time.time()))
-                env = self.env if request["op"] == "prolog" else {}
-                conn.sendall(json.dumps({"ok": self.ok, "detail": "stand-in", "env": env}).encode() + b"\n")
+                conn.sendall(self.answer(conn.makefile().readline()))
+
+    def answer(self, line: str) -> bytes:
+        request = json.loads(line)
+        self.asked.append((request["op"], request["job"], time.time()))
+        env = self.env if request["op"] == "prolog" else {}
+        return json.dumps({"ok": self.ok, "detail": "stand-in", "env": env}).encode() + b"\n"
 
 
 def wrapper(tmp_path, job_ad: str, command: list[str], **popen):
@@ -189,16 +192,9 @@ def test_a_malformed_agent_reply_counts_as_an_unreachable_agent(tmp_path, monkey
     from mig_batch.htcondor import job_wrapper
 
     class Garbled(FakeAgent):
-        def serve(self):
-            while True:
-                try:
-                    conn, _ = self.server.accept()
-                except OSError:
-                    return
-                with conn:
-                    conn.makefile().readline()
-                    self.asked.append(("?", "?", time.time()))
-                    conn.sendall(reply)
+        def answer(self, line: str) -> bytes:
+            self.asked.append(("?", "?", time.time()))
+            return reply
 
     agent = Garbled(tmp_path / "a.sock", {})
     monkeypatch.setattr(job_wrapper, "AGENT_RETRY_S", 0.3)

@@ -197,28 +197,37 @@ class SlurmCli:
         return failed
 
     def _pin_chunk(self, pins: Sequence[Pin], tres: dict[str, str]) -> dict[str, str]:
-        failed: dict[str, str] = {}
-        batched = []
+        updates = []
         for p in pins:
             args = [f"jobid={p.job_id}", f"nodelist={p.node}", f"admincomment={p.admin_tag}"]
             if p.time_limit_min is not None:
                 args += [f"timelimit={p.time_limit_min}", "starttime=now"]
             if p.job_id in tres:  # Slurm counts the slices: sacct, fair-share and QOS/association limits see them
                 args.append(f"tresPerNode={with_slices(tres[p.job_id], self.slice_gres, p.slices)}")
-            if all(map(stdin_safe, args)):
-                batched.append((p.job_id, args))
-                continue
-            try:  # scontrol's stdin keeps quotes in values: such a pin goes through its own process
-                self._run("scontrol", "update", *args)
-            except SlurmError as exc:
-                failed[p.job_id] = str(exc)
-        if batched:
-            failed.update(self._updates_on_stdin(batched))
+            updates.append((p.job_id, args))
+        failed = self._update_jobs(updates)
         pinned = [p.job_id for p in pins if p.job_id not in failed]
         try:
             self.release(pinned)
         except SlurmError as exc:
             failed.update({job: str(exc) for job in pinned})
+        return failed
+
+    def _update_jobs(self, updates: Sequence[tuple[str, list[str]]]) -> dict[str, str]:
+        """``scontrol update`` for several jobs: the jobs whose update failed, with Slurm's message. Several
+        go through one scontrol process (its stdin); one alone, or one with a value scontrol would not keep
+        verbatim on stdin, through its own."""
+        failed: dict[str, str] = {}
+        batched, alone = [], []
+        for update in updates:
+            (batched if len(updates) > 1 and all(map(stdin_safe, update[1])) else alone).append(update)
+        for job, args in alone:
+            try:
+                self._run("scontrol", "update", *args)
+            except SlurmError as exc:
+                failed[job] = str(exc)
+        if batched:
+            failed.update(self._updates_on_stdin(batched))
         return failed
 
     def _updates_on_stdin(self, updates: Sequence[tuple[str, list[str]]]) -> dict[str, str]:
@@ -270,22 +279,8 @@ class SlurmCli:
         self._job_tags.submit((job, admin_tag))
 
     def _set_job_tags(self, tags: list[tuple[str, str]]) -> dict[int, Exception]:
-        errors: dict[int, Exception] = {}
-        batched = {}
-        for i, (job, tag) in enumerate(tags):
-            arg = f"admincomment={tag}"
-            if len(tags) > 1 and stdin_safe(arg):
-                batched[job] = i
-                continue
-            try:
-                self._run("scontrol", "update", f"jobid={job}", arg)
-            except SlurmError as exc:
-                errors[i] = exc
-        if batched:
-            refused = self._updates_on_stdin([(job, [f"jobid={job}", f"admincomment={tags[i][1]}"])
-                                              for job, i in batched.items()])  # fmt: skip
-            errors.update({batched[job]: SlurmError(why) for job, why in refused.items() if job in batched})
-        return errors
+        failed = self._update_jobs([(job, [f"jobid={job}", f"admincomment={tag}"]) for job, tag in tags])
+        return {i: SlurmError(failed[job]) for i, (job, _) in enumerate(tags) if job in failed}
 
     def set_node_tag(self, node: str, agent_tag: str) -> None:
         self._run("scontrol", "update", f"nodename={node}", f"comment={agent_tag}")
