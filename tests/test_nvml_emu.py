@@ -169,6 +169,32 @@ def test_processes_share_one_node(nvml_emu_node):
     assert nvml_emu.live_instances(directory) == []
 
 
+def _create_and_destroy(args) -> tuple[int, int]:
+    directory, step = args
+    os.environ[nvml_emu.NODE_ENV] = str(directory)
+    node = NvmlNode()
+    if step == "create":
+        return node.create(0, "1g.5gb", 3).gi_id, 0
+    node.destroy(0, node.instances(0)[0].gi_id)
+    return 0, 0
+
+
+@root_only
+def test_a_listing_sees_what_another_process_changed_since_the_last(nvml_emu_node):
+    """The library keeps the node's state between calls: another process's create and destroy show at once."""
+    backend, directory = nvml_emu_node(["A100-40GB"])
+    assert backend.instances(0) == []  # parsed and kept
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        pool.map(_create_and_destroy, [(directory, "create")])
+        assert [i.start for i in backend.instances(0)] == [3]
+        pool.map(_create_and_destroy, [(directory, "destroy")])
+        assert backend.instances(0) == []
+        pool.map(_create_and_destroy, [(directory, "create")])
+    assert [i.start for i in backend.instances(0)] == [3]
+    backend.destroy(0, backend.instances(0)[0].gi_id)
+    assert nvml_emu.live_instances(directory) == []
+
+
 @root_only
 @settings(max_examples=25)
 @given(st.lists(st.tuples(st.sampled_from(["1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"]),

@@ -62,6 +62,10 @@ class NvmlNode(GpuBackend):
     def __init__(self) -> None:
         with _errors():
             _nvml().nvmlInit()
+        # a GPU's model and its profiles' ids are fixed for the driver's life (they hold with MIG mode off
+        # too): read once, not at every create, destroy and listing
+        self._models: dict[int, GpuModel] = {}
+        self._offered: dict[int, dict[str, GpuInstanceProfile]] = {}
 
     def close(self) -> None:
         with _errors():
@@ -72,17 +76,22 @@ class NvmlNode(GpuBackend):
             return _nvml().nvmlDeviceGetHandleByIndex(gpu)
 
     def _model(self, gpu: int) -> GpuModel:
+        if gpu in self._models:
+            return self._models[gpu]
         nv = _nvml()
         with _errors():
             name = nv.nvmlDeviceGetName(self._handle(gpu))
         name = name.decode() if isinstance(name, bytes) else name
         try:
-            return get_model(name)
+            model = self._models[gpu] = get_model(name)
         except UnknownModelError:
             raise NotSupported(f"GPU {gpu} is a {name}, which no etc/gpus model lists as an alias") from None
+        return model
 
     def _profiles(self, gpu: int) -> dict[str, GpuInstanceProfile]:
         """Profile name -> what the driver says of it, for the model's profiles this GPU offers."""
+        if gpu in self._offered:
+            return self._offered[gpu]
         nv = _nvml()
         handle, model = self._handle(gpu), self._model(gpu)
         out = {}
@@ -96,6 +105,7 @@ class NvmlNode(GpuBackend):
             except NotSupported:
                 continue  # not offered by this GPU / driver; any other error is a fault, and raised
             out[profile.name] = GpuInstanceProfile(info.id, info.instanceCount)
+        self._offered[gpu] = out
         return out
 
     def gpus(self) -> list[GpuInfo]:
@@ -121,13 +131,15 @@ class NvmlNode(GpuBackend):
         handle = self._handle(gpu)
         out = []
         with _errors():
+            migs = None
             for name, profile in self._profiles(gpu).items():
                 array = (nv.c_nvmlGpuInstance_t * max(profile.instance_count, 1))()
                 count = ctypes.c_uint(0)
                 nv.nvmlDeviceGetGpuInstances(handle, profile.id, array, ctypes.byref(count))
                 for k in range(count.value):
                     info = nv.nvmlGpuInstanceGetInfo(array[k])
-                    mig = self._mig_device(handle, info.id)
+                    migs = self._mig_devices(handle) if migs is None else migs
+                    mig = migs.get(info.id)
                     ci_id = nv.nvmlDeviceGetComputeInstanceId(mig) if mig is not None else 0
                     uuid = _text(nv.nvmlDeviceGetUUID(mig)) if mig is not None else ""
                     out.append(MigInstance(gpu, info.id, ci_id, name, info.placement.start, info.placement.size, uuid))
@@ -141,15 +153,20 @@ class NvmlNode(GpuBackend):
 
     def _mig_device(self, handle, gi_id: int):
         """The MIG device handle of a GPU instance (None without a compute instance)."""
+        return self._mig_devices(handle).get(gi_id)
+
+    @staticmethod
+    def _mig_devices(handle) -> dict:
+        """GPU instance id -> its MIG device handle, for every GPU instance with a compute instance."""
         nv = _nvml()
+        out = {}
         for k in range(nv.nvmlDeviceGetMaxMigDeviceCount(handle)):
             try:
                 mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, k)
             except nv.NVMLError:
                 continue
-            if nv.nvmlDeviceGetGpuInstanceId(mig) == gi_id:
-                return mig
-        return None
+            out.setdefault(nv.nvmlDeviceGetGpuInstanceId(mig), mig)
+        return out
 
     def create(self, gpu: int, profile: str, start: int) -> MigInstance:
         nv = _nvml()

@@ -29,6 +29,9 @@ class Journal:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir, 0o700)
+        # file name -> (its identity, what it holds): every Epilog lists all entries, and a file is only
+        # read again when it was replaced (a hook's in-process fallback may write here too)
+        self._seen: dict[str, tuple[tuple[int, int, int], Entry | None]] = {}
 
     def _path(self, job: str) -> Path:
         if not job or "/" in job or job.startswith("."):
@@ -58,7 +61,18 @@ class Journal:
         self._path(job).unlink(missing_ok=True)
 
     def entries(self) -> list[Entry]:
-        """Every readable entry, by file name (every Epilog reads them all: no pathlib per file)."""
+        """Every readable entry, by file name."""
+        seen: dict[str, tuple[tuple[int, int, int], Entry | None]] = {}
         with os.scandir(self.dir) as found:
-            paths = sorted(f.path for f in found if f.name.endswith(".json"))
-        return [entry for entry in map(self._read, paths) if entry is not None]
+            for f in found:
+                if not f.name.endswith(".json"):
+                    continue
+                try:
+                    st = f.stat()
+                except FileNotFoundError:
+                    continue  # removed while listed
+                identity = (st.st_ino, st.st_mtime_ns, st.st_size)
+                known = self._seen.get(f.name)
+                seen[f.name] = known if known is not None and known[0] == identity else (identity, self._read(f.path))
+        self._seen = seen
+        return [entry for _, (_, entry) in sorted(seen.items()) if entry is not None]
