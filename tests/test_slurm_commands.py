@@ -195,3 +195,56 @@ def test_concurrent_job_tags_share_one_scontrol_and_a_refused_one_fails_alone(tm
     stdin = [line for line in lines if not line.startswith("argv ")]
     assert sorted(stdin) == sorted(f"update jobid={j} admincomment=mig-batch:v1;n={j}" for j in (11, 12, 13, 15))
     assert list(errors) == ["13"] and "already finished" in errors["13"]
+
+
+def _fake_interactive_scontrol(tmp_path, prompt: bool = True):
+    """Slurm's scontrol faked at the subprocess edge: with arguments it logs them; without, it is the
+    interactive one reading a pipe (prompt, echo, errors on stderr) and ends after its third command."""
+    calls = tmp_path / "calls"
+    (tmp_path / "scontrol").write_text(
+        "#!/bin/sh\n"
+        f'if [ $# -gt 0 ]; then echo "argv $*" >> {calls}; exit 0; fi\n'
+        f"echo start >> {calls}\n"
+        + ("printf 'scontrol: '\n" if prompt else "cat > /dev/null; exit 0\n")
+        + "n=0\n"
+        "while IFS= read -r line; do\n"
+        '  echo "$line"\n'
+        f'  echo "$line" >> {calls}\n'
+        '  case "$line" in *jobid=13\\ *) echo "Job has already finished for job 13" >&2 ;; esac\n'
+        "  n=$((n + 1)); [ $n -ge 3 ] && exit 0\n"
+        "  printf 'scontrol: '\n"
+        "done\n"
+    )  # fmt: skip
+    (tmp_path / "scontrol").chmod(0o755)
+    return calls
+
+
+def test_a_session_sends_each_update_as_a_line_and_a_broken_one_is_resent_through_a_process(tmp_path):
+    from mig_batch.slurm.commands import SlurmCli, SlurmError
+
+    calls = _fake_interactive_scontrol(tmp_path)
+    cli, errors = SlurmCli(bin_dir=str(tmp_path), session=True), {}
+    for job in range(10, 16):
+        try:
+            cli.set_job_tag(str(job), f"mig-batch:v1;n={job}")
+        except SlurmError as exc:
+            errors[job] = str(exc)
+    cli.set_node_tag("n1", "mig-batch:agent;started=1")
+    update = "update jobid={0} admincomment=mig-batch:v1;n={0}".format
+    assert calls.read_text().splitlines() == [
+        "start", update(10), update(11), update(12), f"argv {update(12)}",  # it ended without an answer: resent
+        "start", update(13), update(14), update(15), f"argv {update(15)}",
+        "start", "update nodename=n1 comment=mig-batch:agent;started=1",
+    ]  # fmt: skip
+    assert list(errors) == [13] and "already finished" in errors[13]
+
+
+def test_a_scontrol_without_a_prompt_is_tried_once_then_every_update_runs_its_own(tmp_path):
+    from mig_batch.slurm.commands import SlurmCli
+
+    calls = _fake_interactive_scontrol(tmp_path, prompt=False)
+    cli = SlurmCli(bin_dir=str(tmp_path), session=True, timeout=0.5)
+    for job in ("1", "2"):
+        cli.set_job_tag(job, "mig-batch:v1;x")
+    assert calls.read_text().splitlines() == ["start", "argv update jobid=1 admincomment=mig-batch:v1;x",
+                                              "argv update jobid=2 admincomment=mig-batch:v1;x"]  # fmt: skip

@@ -8,6 +8,7 @@ raises :class:`SlurmError` (a ``BatchError``) with the command and Slurm's messa
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -17,11 +18,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from mig_batch.batch.system import BatchError, BatchJob, JobState, NodeStatus, Pin
+from mig_batch.slurm.session import ScontrolSession
 
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
             "BOOT_FAIL", "DEADLINE"}  # fmt: skip
 NODE_UP = {"IDLE", "MIXED", "ALLOCATED", "COMPLETING", "PLANNED"}
 NODE_TROUBLE = {"NOT_RESPONDING", "DRAIN", "FAIL", "POWERED_DOWN", "POWERING_DOWN", "REBOOT_REQUESTED"}
+log = logging.getLogger("mig-batch")
 _FAILED_JOB = re.compile(r"for job (\d+)")
 PIN_CHUNK = 16  # pins per scontrol process: released as soon as their chunk is pinned
 
@@ -151,15 +154,20 @@ class SlurmCli:
     """:class:`~mig_batch.batch.system.BatchSystem` over Slurm's command-line tools."""
 
     def __init__(self, bin_dir: str = "", env: dict[str, str] | None = None, timeout: float = 30,
-                 slice_gres: str = ""):  # fmt: skip
+                 slice_gres: str = "", session: bool = False):  # fmt: skip
+        """``session``: updates go through one long-lived scontrol (for a long-lived caller: the node agent)."""
         self.bin_dir, self.env, self.timeout = bin_dir, env, timeout
         self.slice_gres = slice_gres  # the GRES a pin sets to the job's MIG slices ("": none)
+        self._session = ScontrolSession(self._exe("scontrol"), env, timeout) if session else None
         # a node's Prologs report at once in a burst: one scontrol process for all of them (~3 ms of CPU each)
         self._job_tags = GroupCommit(self._set_job_tags)
 
+    def _exe(self, command: str) -> str:
+        return str(Path(self.bin_dir) / command) if self.bin_dir else command
+
     def _run(self, command: str, *args: str, stdin: str | None = None, check: bool = True,
              time_format: str | None = None) -> str:  # fmt: skip
-        exe = str(Path(self.bin_dir) / command) if self.bin_dir else command
+        exe = self._exe(command)
         env = dict(self.env or os.environ)
         if time_format is not None:
             env["SLURM_TIME_FORMAT"] = time_format
@@ -214,13 +222,17 @@ class SlurmCli:
         return failed
 
     def _update_jobs(self, updates: Sequence[tuple[str, list[str]]]) -> dict[str, str]:
-        """``scontrol update`` for several jobs: the jobs whose update failed, with Slurm's message. Several
-        go through one scontrol process (its stdin); one alone, or one with a value scontrol would not keep
-        verbatim on stdin, through its own."""
+        """``scontrol update`` for several jobs: the jobs whose update failed, with Slurm's message. Through
+        the session when there is one, else several through one scontrol process (its stdin); one alone, or
+        one with a value scontrol would not keep verbatim on stdin, through its own."""
         failed: dict[str, str] = {}
         batched, alone = [], []
         for update in updates:
-            (batched if len(updates) > 1 and all(map(stdin_safe, update[1])) else alone).append(update)
+            (batched if all(map(stdin_safe, update[1])) else alone).append(update)
+        if self._session is not None:
+            batched = self._updates_in_session(batched, failed)
+        if len(batched) == 1:
+            alone, batched = alone + batched, []
         for job, args in alone:
             try:
                 self._run("scontrol", "update", *args)
@@ -229,6 +241,27 @@ class SlurmCli:
         if batched:
             failed.update(self._updates_on_stdin(batched))
         return failed
+
+    def _updates_in_session(self, updates: list[tuple[str, list[str]]], failed: dict[str, str]) -> list:
+        """Updates through the session, their failures into ``failed``; those it could not send (the session
+        broke or is not usable here), for a process of their own."""
+        for i, (job, args) in enumerate(updates):
+            answer = self._in_session(args)
+            if answer is None:
+                return updates[i:]  # an update is idempotent: sending it again is safe
+            if answer:
+                failed[job] = answer
+        return []
+
+    def _in_session(self, update: list[str]) -> str | None:
+        """Slurm's answer to one update through the session ("" for success); None when it was not sent."""
+        if self._session is None or not self._session.usable or not all(map(stdin_safe, update)):
+            return None
+        try:
+            return self._session.run(f"update {' '.join(update)}")
+        except BatchError as exc:
+            log.info("%s; sent through a process of its own", exc)
+            return None
 
     def _updates_on_stdin(self, updates: Sequence[tuple[str, list[str]]]) -> dict[str, str]:
         """``update`` commands for several jobs through one scontrol process (its stdin): the jobs whose
@@ -283,7 +316,12 @@ class SlurmCli:
         return {i: SlurmError(failed[job]) for i, (job, _) in enumerate(tags) if job in failed}
 
     def set_node_tag(self, node: str, agent_tag: str) -> None:
-        self._run("scontrol", "update", f"nodename={node}", f"comment={agent_tag}")
+        args = [f"nodename={node}", f"comment={agent_tag}"]
+        answer = self._in_session(args)
+        if answer is None:
+            self._run("scontrol", "update", *args)
+        elif answer:
+            raise SlurmError(f"scontrol update {' '.join(args)} failed: {answer}")
 
     def job(self, job: str) -> BatchJob | None:
         """One job (the node agent's read of its decision), None when Slurm no longer knows it."""

@@ -22,9 +22,11 @@ from mig_batch.node.journal import Journal
 from mig_batch.slurm.commands import SlurmCli
 
 
-def make_agent(config: SiteConfig, node: str) -> NodeAgent:
-    return NodeAgent(node, open_backend(config, node), Journal(config.node_dir / "journal"), SlurmCli(config.slurm_bin),
-                     config.job_dir, config.policy, config.atomize.checkpoint_margin_s)  # fmt: skip
+def make_agent(config: SiteConfig, node: str, long_lived: bool = False) -> NodeAgent:
+    """The node's agent; ``long_lived`` (the service) keeps one scontrol open for its reports."""
+    return NodeAgent(node, open_backend(config, node), Journal(config.node_dir / "journal"),
+                     SlurmCli(config.slurm_bin, session=long_lived), config.job_dir, config.policy,
+                     config.atomize.checkpoint_margin_s)  # fmt: skip
 
 
 def slow_path(config: SiteConfig, op: str, env: Mapping[str, str]) -> str:
@@ -71,7 +73,7 @@ def _agent(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = load_config(args.config)
-    agent = make_agent(config, args.node)
+    agent = make_agent(config, args.node, long_lived=True)
     serve(AgentServer(config.agent_socket, agent), agent, config.reconcile_interval_s)
     return 0
 
