@@ -363,3 +363,19 @@ def test_a_multi_instance_job_on_a_gpu_with_mig_mode_off_is_refused_by_name(site
     assert "nvidia-smi -i 1 -mig 1" in result.report.reason and a.mig_off == (1,)
     assert backend.instances(0) == [] and "NoDevFiles" in (site.job_dir / job).read_text()
     assert parse_agent_tag(batch.nodes()[0].agent_tag).problem.job == job
+
+
+def test_the_journal_lists_what_another_writer_added_replaced_or_removed_since(tmp_path):
+    """The agent keeps parsed entries between listings; a hook's in-process fallback writes the same directory."""
+    from mig_batch.node.journal import Entry
+
+    agent_side, hook_side = Journal(tmp_path / "j"), Journal(tmp_path / "j")
+    first = Entry("7", 0, 1, "1g.10gb", 0, "MIG-a", 1.0)
+    agent_side.add(first)
+    assert agent_side.entries() == [first]
+    replaced = Entry("7", 2, 3, "2g.20gb", 4, "MIG-b", 2.0)
+    hook_side.add(replaced)
+    hook_side.add(Entry("8", 1, 1, "1g.10gb", 6, "MIG-c", 3.0))
+    assert [(e.job, e.uuid) for e in agent_side.entries()] == [("7", "MIG-b"), ("8", "MIG-c")]
+    hook_side.remove("7")
+    assert [e.job for e in agent_side.entries()] == ["8"]

@@ -239,3 +239,27 @@ def test_controller_sigkill_and_slurmd_restart_lose_nothing(bed):
     never_drained(bed)
     log = Path(bed.root / "log" / "slurmctld.log").read_text()
     assert "drain" not in log.lower()
+
+
+def test_the_agents_scontrol_session_updates_a_long_tag_and_names_a_refused_job(bed):
+    """The node agent's long-lived scontrol against the real one, started as systemd starts the agent
+    (no TERM): a tag longer than a terminal line comes back whole; a refused update names its job."""
+    from mig_batch.slurm.commands import SlurmCli, SlurmError
+
+    script = job_script(bed, "session", "", seconds=0.1)
+    job = bed.cluster.run("sbatch", "--parsable", "--hold", str(script)).stdout.strip()
+    env = {k: v for k, v in bed.env().items() if k not in ("TERM", "COLUMNS")}
+    cli = SlurmCli(env=env, session=True)
+    try:
+        tag = "session-check;" + ";".join(f"field{i}=value{i}" for i in range(20))  # ~280 characters
+        cli.set_job_tag(job, tag)
+        assert cli.job(job).admin_tag == tag
+        with pytest.raises(SlurmError, match="999999"):
+            cli.set_job_tag("999999", tag)
+        cli.set_job_tag(job, tag + ";again")  # the session goes on after a refusal
+        assert cli.job(job).admin_tag == tag + ";again"
+        assert cli._session is not None and cli._session.usable
+    finally:
+        bed.cluster.run("scancel", job, check=False)
+        if cli._session is not None:
+            cli._session.close()

@@ -62,10 +62,11 @@ class NvmlNode(GpuBackend):
     def __init__(self) -> None:
         with _errors():
             _nvml().nvmlInit()
-        # a GPU's model and its profiles' ids are fixed for the driver's life (they hold with MIG mode off
+        # a GPU's model and its profiles' ids hold while its MIG mode does (they are read with MIG mode off
         # too): read once, not at every create, destroy and listing
         self._models: dict[int, GpuModel] = {}
         self._offered: dict[int, dict[str, GpuInstanceProfile]] = {}
+        self._mig_modes: dict[int, int] = {}  # as gpus() saw them last
 
     def close(self) -> None:
         with _errors():
@@ -105,7 +106,8 @@ class NvmlNode(GpuBackend):
             except NotSupported:
                 continue  # not offered by this GPU / driver; any other error is a fault, and raised
             out[profile.name] = GpuInstanceProfile(info.id, info.instanceCount)
-        self._offered[gpu] = out
+        if out:  # none offered may be a GPU in reset: asked again next time
+            self._offered[gpu] = out
         return out
 
     def gpus(self) -> list[GpuInfo]:
@@ -118,6 +120,9 @@ class NvmlNode(GpuBackend):
                     current, _pending = nv.nvmlDeviceGetMigMode(handle)
                 except nv.NVMLError:
                     current = 0
+                if self._mig_modes.setdefault(i, current) != current:  # ids hold for one MIG mode's lifetime
+                    self._mig_modes[i] = current
+                    self._offered.pop(i, None)
                 uuid = nv.nvmlDeviceGetUUID(handle)
                 try:
                     model = self._model(i).name
@@ -156,7 +161,7 @@ class NvmlNode(GpuBackend):
         return self._mig_devices(handle).get(gi_id)
 
     @staticmethod
-    def _mig_devices(handle) -> dict:
+    def _mig_devices(handle) -> dict[int, object]:
         """GPU instance id -> its MIG device handle, for every GPU instance with a compute instance."""
         nv = _nvml()
         out = {}

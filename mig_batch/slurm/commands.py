@@ -14,11 +14,12 @@ import os
 import re
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from mig_batch.batch.system import BatchError, BatchJob, JobState, NodeStatus, Pin
-from mig_batch.slurm.session import ScontrolSession
+from mig_batch.slurm.session import ScontrolSession, SessionBroken, SessionError
 
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
             "BOOT_FAIL", "DEADLINE"}  # fmt: skip
@@ -242,26 +243,29 @@ class SlurmCli:
             failed.update(self._updates_on_stdin(batched))
         return failed
 
-    def _updates_in_session(self, updates: list[tuple[str, list[str]]], failed: dict[str, str]) -> list:
-        """Updates through the session, their failures into ``failed``; those it could not send (the session
-        broke or is not usable here), for a process of their own."""
+    def _updates_in_session(self, updates: list[tuple[str, list[str]]],
+                            failed: dict[str, str]) -> list[tuple[str, list[str]]]:  # fmt: skip
+        """Updates through the session within one deadline, their failures into ``failed``. Returns those
+        for a process of their own: the session broke before they were sent, or it answered with an
+        error that names no job (a session gone stale: a process reads slurm.conf again)."""
+        deadline = time.monotonic() + self.timeout
         for i, (job, args) in enumerate(updates):
-            answer = self._in_session(args)
-            if answer is None:
-                return updates[i:]  # an update is idempotent: sending it again is safe
+            if self._session is None or not self._session.usable:
+                return updates[i:]
+            try:
+                answer = self._session.run(f"update {' '.join(args)}", max(0.1, deadline - time.monotonic()))
+            except SessionBroken:
+                return updates[i:]  # never sent: sending it again is safe
+            except SessionError as exc:  # no answer in time: Slurm is not answering, the rest would wait too
+                failed.update({j: str(exc) for j, _ in updates[i:]})
+                return []
+            if answer and _FAILED_JOB.search(answer) is None:
+                log.info("scontrol session answered %r for job %s; sent through a process of its own", answer, job)
+                self._session.close()
+                return updates[i:]
             if answer:
                 failed[job] = answer
         return []
-
-    def _in_session(self, update: list[str]) -> str | None:
-        """Slurm's answer to one update through the session ("" for success); None when it was not sent."""
-        if self._session is None or not self._session.usable or not all(map(stdin_safe, update)):
-            return None
-        try:
-            return self._session.run(f"update {' '.join(update)}")
-        except BatchError as exc:
-            log.info("%s; sent through a process of its own", exc)
-            return None
 
     def _updates_on_stdin(self, updates: Sequence[tuple[str, list[str]]]) -> dict[str, str]:
         """``update`` commands for several jobs through one scontrol process (its stdin): the jobs whose
@@ -317,11 +321,16 @@ class SlurmCli:
 
     def set_node_tag(self, node: str, agent_tag: str) -> None:
         args = [f"nodename={node}", f"comment={agent_tag}"]
-        answer = self._in_session(args)
-        if answer is None:
-            self._run("scontrol", "update", *args)
-        elif answer:
-            raise SlurmError(f"scontrol update {' '.join(args)} failed: {answer}")
+        if self._session is not None and self._session.usable and all(map(stdin_safe, args)):
+            try:
+                if not self._session.run(f"update {' '.join(args)}"):
+                    return
+                self._session.close()  # an error: its own process says it again, or succeeds on a fresh config
+            except SessionBroken:
+                pass
+            except SessionError as exc:
+                raise SlurmError(str(exc)) from None
+        self._run("scontrol", "update", *args)
 
     def job(self, job: str) -> BatchJob | None:
         """One job (the node agent's read of its decision), None when Slurm no longer knows it."""
@@ -348,5 +357,6 @@ def with_slices(tres_per_node: str, gres: str, slices: int) -> str:
 
 def stdin_safe(arg: str) -> bool:
     """Whether ``key=value`` reaches Slurm unchanged as a word of an scontrol command read from stdin:
-    scontrol splits such lines at blanks and keeps quotes in values, and drops a line of 4 KiB."""
-    return not any(c.isspace() or c in "\"'" for c in arg) and len(arg) < 1000
+    scontrol splits such lines at blanks and keeps quotes in values, drops a line of 4 KiB, and its readline
+    may alter control and non-ASCII characters."""
+    return all(c.isascii() and c.isprintable() and not c.isspace() and c not in "\"'" for c in arg) and len(arg) < 1000

@@ -289,7 +289,7 @@ static void load_state(int fresh) {
     }
     memset(state, 0, sizeof state);
     next_serial = serial;
-    loaded_token = token, loaded_valid = f != 0 && token != 0;
+    loaded_valid = 0; /* until the whole file is parsed */
     if (!f) return; /* no instances yet */
     while (fgets(line, sizeof line, f)) {
         unsigned int g, gi, ci, a, b, c;
@@ -306,6 +306,7 @@ static void load_state(int fresh) {
         }
     }
     fclose(f);
+    loaded_token = token, loaded_valid = token != 0;
 }
 
 static int save_state(void) {
