@@ -245,27 +245,38 @@ class SlurmCli:
 
     def _updates_in_session(self, updates: list[tuple[str, list[str]]],
                             failed: dict[str, str]) -> list[tuple[str, list[str]]]:  # fmt: skip
-        """Updates through the session within one deadline, their failures into ``failed``. Returns those
-        for a process of their own: the session broke before they were sent, or it answered with an
-        error that names no job (a session gone stale: a process reads slurm.conf again)."""
+        """Updates through the session within one deadline, their failures into ``failed``; those for a
+        process of their own are returned (see :meth:`_session_update`)."""
         deadline = time.monotonic() + self.timeout
         for i, (job, args) in enumerate(updates):
-            if self._session is None or not self._session.usable:
-                return updates[i:]
             try:
-                answer = self._session.run(f"update {' '.join(args)}", max(0.1, deadline - time.monotonic()))
-            except SessionBroken:
-                return updates[i:]  # never sent: sending it again is safe
+                answer = self._session_update(args, deadline)
             except SessionError as exc:  # no answer in time: Slurm is not answering, the rest would wait too
                 failed.update({j: str(exc) for j, _ in updates[i:]})
                 return []
-            if answer and _FAILED_JOB.search(answer) is None:
-                log.info("scontrol session answered %r for job %s; sent through a process of its own", answer, job)
-                self._session.close()
+            if answer is None:
                 return updates[i:]
             if answer:
                 failed[job] = answer
         return []
+
+    def _session_update(self, args: list[str], deadline: float | None = None) -> str | None:
+        """One ``update`` through the session: "" done, Slurm's error naming the job, or None for a process of
+        its own (no usable session, a value it would alter, the session broke before sending, or an error that
+        names no job: a session gone stale, and a process reads slurm.conf again). Raises
+        :class:`SessionError` when the update's fate is unknown (no answer by ``deadline``)."""
+        if self._session is None or not self._session.usable or not all(map(stdin_safe, args)):
+            return None
+        left = None if deadline is None else max(0.1, deadline - time.monotonic())
+        try:
+            answer = self._session.run(f"update {' '.join(args)}", left)
+        except SessionBroken:
+            return None  # never sent: sending it again is safe
+        if answer and _FAILED_JOB.search(answer) is None:
+            log.info("scontrol session answered %r to %s; sent through a process of its own", answer, args[0])
+            self._session.close()
+            return None
+        return answer
 
     def _updates_on_stdin(self, updates: Sequence[tuple[str, list[str]]]) -> dict[str, str]:
         """``update`` commands for several jobs through one scontrol process (its stdin): the jobs whose
@@ -321,15 +332,11 @@ class SlurmCli:
 
     def set_node_tag(self, node: str, agent_tag: str) -> None:
         args = [f"nodename={node}", f"comment={agent_tag}"]
-        if self._session is not None and self._session.usable and all(map(stdin_safe, args)):
-            try:
-                if not self._session.run(f"update {' '.join(args)}"):
-                    return
-                self._session.close()  # an error: its own process says it again, or succeeds on a fresh config
-            except SessionBroken:
-                pass
-            except SessionError as exc:
-                raise SlurmError(str(exc)) from None
+        try:
+            if self._session_update(args) is not None:  # a node's error names no job: it comes back as None
+                return
+        except SessionError as exc:
+            raise SlurmError(str(exc)) from None
         self._run("scontrol", "update", *args)
 
     def job(self, job: str) -> BatchJob | None:

@@ -1,5 +1,5 @@
 """One long-lived interactive ``scontrol`` for a long-lived caller (the node agent): each command is a line
-on its stdin, not a process of its own (a process costs ~2.5 ms of CPU, a line ~0.4 ms).
+on its stdin, not a process of its own (a process costs ~2.5 ms of CPU, a line ~0.5 ms).
 
 scontrol, reading a pipe, prints its prompt on stdout after every command: the prompt ends the command.
 What it wrote to stderr by then is the answer (its errors; stdout carries only readline's echo, which a
