@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mig_batch.batch.system import JobState
-from mig_batch.slurm.commands import FIELDS, SlurmError, _limit_s, parse_job_line, parse_node_line
+from mig_batch.slurm.commands import FIELDS, SlurmError, _limit_s, parse_job_line, parse_node_line, stdin_safe
 
 FAILED = "2|FAILED|4294901758|0|n1|1795407940|1795407942|1795407942|UNLIMITED|768|NonZeroExitCode|1|(null)|"
 KILLED = "3|FAILED|4294901757|0|n1|1795407940|1795407942|1795407942|UNLIMITED|9|JobLaunchFailure|1|(null)|"
@@ -30,6 +30,13 @@ def test_a_held_job_has_no_forecast_start_and_its_tag():
     assert job.state == JobState.HELD and job.start_time == 0.0 and job.node == ""
     assert job.admin_tag == "mig-batch:v1;gres=mig:1g.10gb" and job.time_limit_s == 26 * 3600 + 3 * 60
     assert job.cpus == 4
+
+
+@given(st.text(max_size=1100) | st.text(alphabet=st.characters(max_codepoint=127), max_size=1100))
+def test_a_word_is_stdin_safe_when_scontrol_would_keep_it_verbatim(word):
+    """Printable ASCII without blanks or quotes, under 1000 characters: nothing else goes on scontrol's stdin."""
+    keeps = all(33 <= ord(c) <= 126 and c not in "\"'" for c in word) and len(word) < 1000
+    assert stdin_safe(word) == keeps
 
 
 def test_a_running_job():
