@@ -255,36 +255,3 @@ def test_a_scontrol_without_a_prompt_is_tried_once_then_every_update_runs_its_ow
         cli.set_job_tag(job, "mig-batch:v1;x")
     assert calls.read_text().splitlines() == ["start", "argv update jobid=1 admincomment=mig-batch:v1;x",
                                               "argv update jobid=2 admincomment=mig-batch:v1;x"]  # fmt: skip
-
-
-def test_a_session_pins_and_releases_with_no_process_per_chunk_and_a_refused_release_fails_its_chunk(tmp_path):
-    """mig-batchd's session: each chunk's pins, then its release, are lines to one interactive scontrol
-    (faked at the subprocess edge); a pin Slurm refuses is not released, and a release Slurm refuses
-    fails every job it named."""
-    from mig_batch.batch.system import Pin
-    from mig_batch.slurm.commands import PIN_CHUNK, SlurmCli
-
-    calls = tmp_path / "calls"
-    (tmp_path / "scontrol").write_text(
-        "#!/bin/sh\n"
-        f'if [ $# -gt 0 ]; then echo "argv $*" >> {calls}; exit 0; fi\n'
-        f"echo start >> {calls}\n"
-        "printf 'scontrol: '\n"
-        "while IFS= read -r line; do\n"
-        f'  echo "$line" >> {calls}\n'
-        '  case "$line" in "update jobid=7 "*) echo "Job has already finished for job 7" >&2 ;;\n'
-        '    "release "*,20,*) echo "Job is no longer pending execution for job 20" >&2 ;; esac\n'
-        "  printf 'scontrol: '\n"
-        "done\n"
-    )  # fmt: skip
-    (tmp_path / "scontrol").chmod(0o755)
-    jobs = [str(j) for j in range(1, PIN_CHUNK + 6)]
-    cli = SlurmCli(bin_dir=str(tmp_path), session=True)
-    failed = cli.pin_and_release([Pin(j, "n1", "mig-batch:v1;x") for j in jobs])
-    lines = calls.read_text().splitlines()
-    first, second = jobs[:PIN_CHUNK], jobs[PIN_CHUNK:]
-    pins = [f"update jobid={j} nodelist=n1 admincomment=mig-batch:v1;x" for j in jobs]
-    assert lines == ["start", *pins[:PIN_CHUNK], "release " + ",".join(j for j in first if j != "7"),
-                     *pins[PIN_CHUNK:], "release " + ",".join(second)]  # fmt: skip
-    assert "already finished" in failed["7"]
-    assert sorted(failed, key=int) == ["7", *second] and "no longer pending" in failed["20"]

@@ -256,7 +256,7 @@ def _daemon(argv: list[str]) -> int:
 
         batch = HTCondorBatch(config.htcondor_config or None, agent_file=config.htcondor_agent_file)
     else:
-        batch = SlurmCli(config.slurm_bin, slice_gres=config.slice_gres, session=not args.once)
+        batch = SlurmCli(config.slurm_bin, slice_gres=config.slice_gres)
     controller = Controller(config, Store(config.state), batch)
     if args.once:
         try:

@@ -160,8 +160,7 @@ class SlurmCli:
 
     def __init__(self, bin_dir: str = "", env: dict[str, str] | None = None, timeout: float = 30,
                  slice_gres: str = "", session: bool = False):  # fmt: skip
-        """``session``: updates and releases go through one long-lived scontrol (for a long-lived caller: the
-        node agent, mig-batchd)."""
+        """``session``: updates go through one long-lived scontrol (for a long-lived caller: the node agent)."""
         self.bin_dir, self.env, self.timeout = bin_dir, env, timeout
         self.slice_gres = slice_gres  # the GRES a pin sets to the job's MIG slices ("": none)
         self._envs: dict[str | None, dict[str, str]] = {}
@@ -274,23 +273,19 @@ class SlurmCli:
         return []
 
     def _session_update(self, args: list[str], deadline: float | None = None) -> str | None:
-        """One ``update`` through the session (see :meth:`_session_run`)."""
-        return self._session_run(["update", *args], deadline)
-
-    def _session_run(self, words: list[str], deadline: float | None = None) -> str | None:
-        """One scontrol command through the session: "" done, Slurm's error naming a job, or None for a
-        process of its own (no usable session, a word it would alter, the session broke before sending, or
-        an error that names no job: a session gone stale, and a process reads slurm.conf again). Raises
-        :class:`SessionError` when the command's fate is unknown (no answer by ``deadline``)."""
-        if self._session is None or not self._session.usable or not all(map(stdin_safe, words)):
+        """One ``update`` through the session: "" done, Slurm's error naming the job, or None for a process of
+        its own (no usable session, a value it would alter, the session broke before sending, or an error that
+        names no job: a session gone stale, and a process reads slurm.conf again). Raises
+        :class:`SessionError` when the update's fate is unknown (no answer by ``deadline``)."""
+        if self._session is None or not self._session.usable or not all(map(stdin_safe, args)):
             return None
         left = None if deadline is None else max(0.1, deadline - time.monotonic())
         try:
-            answer = self._session.run(" ".join(words), left)
+            answer = self._session.run(f"update {' '.join(args)}", left)
         except SessionBroken:
             return None  # never sent: sending it again is safe
         if answer and _FAILED_JOB.search(answer) is None:
-            log.info("scontrol session answered %r to %s; sent through a process of its own", answer, words[:2])
+            log.info("scontrol session answered %r to %s; sent through a process of its own", answer, args[0])
             self._session.close()
             return None
         return answer
@@ -325,17 +320,9 @@ class SlurmCli:
         return {j: found.get(j, "") for j in jobs}
 
     def release(self, jobs: Sequence[str]) -> None:
-        """Release held jobs, one scontrol command for many (through the session when there is one)."""
+        """Release held jobs, one scontrol call for many."""
         for i in range(0, len(jobs), 200):
-            listed = ",".join(jobs[i : i + 200])
-            try:
-                answer = self._session_run(["release", listed])
-            except SessionError as exc:
-                raise SlurmError(f"scontrol release {listed}: {exc}") from None
-            if answer is None:
-                self._run("scontrol", "release", listed)
-            elif answer:
-                raise SlurmError(f"scontrol release {listed}: {answer}")
+            self._run("scontrol", "release", ",".join(jobs[i : i + 200]))
 
     def requeue_hold(self, job: str, reason: str = "") -> None:
         self._run("scontrol", "requeuehold", job)
