@@ -3,7 +3,7 @@
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from mig_batch.batch.system import JobState
@@ -33,6 +33,8 @@ def test_a_held_job_has_no_forecast_start_and_its_tag():
 
 
 @given(st.text(max_size=1100) | st.text(alphabet=st.characters(max_codepoint=127), max_size=1100))
+@example("a" * 999)
+@example("a" * 1000)
 def test_a_word_is_stdin_safe_when_scontrol_would_keep_it_verbatim(word):
     """Printable ASCII without blanks or quotes, under 1000 characters: nothing else goes on scontrol's stdin."""
     keeps = all(33 <= ord(c) <= 126 and c not in "\"'" for c in word) and len(word) < 1000
@@ -255,3 +257,14 @@ def test_a_scontrol_without_a_prompt_is_tried_once_then_every_update_runs_its_ow
         cli.set_job_tag(job, "mig-batch:v1;x")
     assert calls.read_text().splitlines() == ["start", "argv update jobid=1 admincomment=mig-batch:v1;x",
                                               "argv update jobid=2 admincomment=mig-batch:v1;x"]  # fmt: skip
+
+
+def test_a_session_that_cannot_start_falls_back_to_a_process_and_its_failure_is_slurms(tmp_path):
+    """An scontrol the session cannot start (here: not executable) is an update never sent: it goes
+    through a process of its own, whose failure is a SlurmError (the agent publishes it), not an OSError."""
+    from mig_batch.slurm.commands import SlurmCli, SlurmError
+
+    (tmp_path / "scontrol").write_text("#!/bin/sh\nexit 0\n")
+    (tmp_path / "scontrol").chmod(0o644)
+    with pytest.raises(SlurmError, match="Permission denied"):
+        SlurmCli(bin_dir=str(tmp_path), session=True).set_job_tag("1", "mig-batch:v1;x")

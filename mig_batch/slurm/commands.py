@@ -28,9 +28,9 @@ NODE_TROUBLE = {"NOT_RESPONDING", "DRAIN", "FAIL", "POWERED_DOWN", "POWERING_DOW
 log = logging.getLogger("mig-batch")
 _FAILED_JOB = re.compile(r"for job (\d+)")
 _STDIN_SAFE = re.compile(r"[!#-&(-~]{0,999}")  # printable ASCII but blanks and quotes, under 1000 characters
-# Every job of this cluster in any state and partition (hidden ones too). --local skips the federation
-# read each squeue would otherwise ask slurmctld for: one RPC less per call (the agent's is per job).
-SQUEUE_ALL = ("--local", "--all", "-h", "-t", "all")
+# Every job of this cluster in any state. --local: a one-job read (the agent's, per job) skips the
+# federation read slurmctld would otherwise answer first.
+SQUEUE_ARGS = ("--local", "-h", "-t", "all")
 PIN_CHUNK = 16  # pins per scontrol process: released as soon as their chunk is pinned
 
 
@@ -163,20 +163,9 @@ class SlurmCli:
         """``session``: updates go through one long-lived scontrol (for a long-lived caller: the node agent)."""
         self.bin_dir, self.env, self.timeout = bin_dir, env, timeout
         self.slice_gres = slice_gres  # the GRES a pin sets to the job's MIG slices ("": none)
-        self._envs: dict[str | None, dict[str, str]] = {}
         self._session = ScontrolSession(self._exe("scontrol"), env, timeout) if session else None
         # a node's Prologs report at once in a burst: one scontrol process for all of them (~3 ms of CPU each)
         self._job_tags = GroupCommit(self._set_job_tags)
-
-    def _env(self, time_format: str | None) -> dict[str, str]:
-        """The commands' environment, built once per time format (copying os.environ costs more than a
-        fast Slurm call): ``env``, or this process's environment as it was at the first call."""
-        if time_format not in self._envs:
-            env = dict(self.env or os.environ)
-            if time_format is not None:
-                env["SLURM_TIME_FORMAT"] = time_format
-            self._envs[time_format] = env
-        return self._envs[time_format]
 
     def _exe(self, command: str) -> str:
         return str(Path(self.bin_dir) / command) if self.bin_dir else command
@@ -184,9 +173,12 @@ class SlurmCli:
     def _run(self, command: str, *args: str, stdin: str | None = None, check: bool = True,
              time_format: str | None = None) -> str:  # fmt: skip
         exe = self._exe(command)
+        env = dict(self.env or os.environ)
+        if time_format is not None:
+            env["SLURM_TIME_FORMAT"] = time_format
         try:
             proc = subprocess.run([exe, *args], capture_output=True, text=True, timeout=self.timeout, input=stdin,
-                                  env=self._env(time_format))  # fmt: skip
+                                  env=env)  # fmt: skip
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise SlurmError(f"{command} {' '.join(args)}: {exc}") from None
         if check and proc.returncode != 0:
@@ -194,7 +186,7 @@ class SlurmCli:
         return proc.stdout if check else proc.stderr
 
     def _squeue(self, *args: str) -> list[BatchJob]:
-        out = self._run("squeue", *SQUEUE_ALL, "-O", FORMAT, *args, time_format="%s")
+        out = self._run("squeue", *SQUEUE_ARGS, "-O", FORMAT, *args, time_format="%s")
         return [parse_job_line(line) for line in out.splitlines() if line.strip()]
 
     def jobs(self) -> list[BatchJob]:
@@ -311,7 +303,7 @@ class SlurmCli:
         """Each job's TresPerNode now ("" for none): the pin replaces the whole list, so it keeps the rest."""
         if not jobs:
             return {}
-        out = self._run("squeue", *SQUEUE_ALL, "-j", ",".join(jobs), "-O", "JobID:|,tres-per-node:|")
+        out = self._run("squeue", *SQUEUE_ARGS, "-j", ",".join(jobs), "-O", "JobID:|,tres-per-node:|")
         found = {}
         for line in out.splitlines():
             job, _, tres = line.partition("|")

@@ -71,8 +71,11 @@ class ScontrolSession:
         self._close_locked()
         if not self.usable:
             raise SessionBroken("scontrol session: not usable here")
-        self._proc = subprocess.Popen([self.exe], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, env=self.env, bufsize=0)  # fmt: skip
+        try:
+            self._proc = subprocess.Popen([self.exe], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, env=self.env, bufsize=0)  # fmt: skip
+        except OSError as exc:  # no scontrol to run, or no process to spare: nothing was sent
+            raise SessionBroken(f"scontrol session: {exc}") from None
         self._started = time.monotonic()
         try:
             self._wait_for_prompt(min(self.timeout_s, 5.0))
