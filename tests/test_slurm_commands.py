@@ -41,6 +41,11 @@ def test_a_word_is_stdin_safe_when_scontrol_would_keep_it_verbatim(word):
     assert stdin_safe(word) == keeps
 
 
+def test_a_revoked_federated_job_is_finished_here():
+    """A federation's sibling record that will never run on this cluster: its slot must not stay taken."""
+    assert parse_job_line(HELD.replace("|PENDING|", "|REVOKED|")).state == JobState.FINISHED
+
+
 def test_a_running_job():
     job = parse_job_line(RUNNING)
     assert job.state == JobState.RUNNING and job.user_id == 1000 and job.end_time == 0.0 and job.time_limit_s == 1800

@@ -21,8 +21,9 @@ from pathlib import Path
 from mig_batch.batch.system import BatchError, BatchJob, JobState, NodeStatus, Pin
 from mig_batch.slurm.session import ScontrolSession, SessionBroken, SessionError
 
+# REVOKED: a federated job's record on a cluster where a sibling runs instead; it never runs here
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
-            "BOOT_FAIL", "DEADLINE"}  # fmt: skip
+            "BOOT_FAIL", "DEADLINE", "REVOKED"}  # fmt: skip
 NODE_UP = {"IDLE", "MIXED", "ALLOCATED", "COMPLETING", "PLANNED"}
 NODE_TROUBLE = {"NOT_RESPONDING", "DRAIN", "FAIL", "POWERED_DOWN", "POWERING_DOWN", "REBOOT_REQUESTED"}
 log = logging.getLogger("mig-batch")
