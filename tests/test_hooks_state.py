@@ -93,6 +93,18 @@ def test_prolog_that_cannot_place_asks_for_a_requeue_and_does_not_fail(site, bat
     assert "NoDevFiles" in (site.job_dir / job).read_text()
 
 
+def test_a_job_whose_environment_cannot_be_written_gets_no_instance_and_a_requeue(site, batch, gpus):
+    """The job's file is where the TaskProlog finds CUDA_VISIBLE_DEVICES: without it the job would run on
+    whatever device CUDA finds first, so its instance is destroyed and the controller asked to requeue it."""
+    site.job_dir.parent.mkdir(parents=True, exist_ok=True)
+    site.job_dir.write_text("not a directory")  # every write below it fails
+    job = decide(batch, 1, "4g.20gb", 0)
+    result = agent(site, batch, gpus).prolog(job)  # returns normally: a failing prolog would drain the node
+    assert result.report.kind == "requeue" and "Error" in result.problem
+    assert parse_report(batch.job(job).admin_tag).kind == "requeue"
+    assert gpus.instances(1) == [] and Journal(site.node_dir / "journal").entries() == []
+
+
 def test_a_job_released_without_a_placement_is_refused_not_guessed(site, batch, gpus):
     job = batch.add(TAG)
     batch.release([job])

@@ -131,6 +131,7 @@ class NodeAgent:
             job = self.channel.job(job_id)
             with self.lock:
                 result = self._provision(job_id, job)
+                self._bind(job_id, result.exports)
         except Exception as exc:  # never fail the hook: that would drain the node
             result = PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"],
                                   NodeReport("requeue", reason=f"{type(exc).__name__}: {exc}"),
@@ -138,9 +139,23 @@ class NodeAgent:
             if job is None:
                 with contextlib.suppress(BatchError):
                     job = self.channel.job(job_id)
+            with contextlib.suppress(OSError):  # the file may be what failed: the requeue is reported anyway
+                self._write_job_file(job_id, result.exports)
         self._report(job_id, job, result.report)
-        self._write_job_file(job_id, result.exports)
         return result
+
+    def _bind(self, job_id: str, exports: list[str]) -> None:
+        """Leave the job its environment. When that fails, the job's instances are destroyed and the error
+        raised: a job without its CUDA_VISIBLE_DEVICES would run on whatever device CUDA finds first."""
+        try:
+            self._write_job_file(job_id, exports)
+        except OSError:
+            for entry in self._entries(job_id):
+                found = self.backend.find(entry.uuid)
+                if found is not None:
+                    self._destroy_all([found])
+                self.journal.remove(entry.job)
+            raise
 
     def _provision(self, job_id: str, job: BatchJob | None) -> PrologResult:
         if job is None or not job.managed:
