@@ -150,12 +150,16 @@ class NodeAgent:
         try:
             self._write_job_file(job_id, exports)
         except OSError:
-            for entry in self._entries(job_id):
-                found = self.backend.find(entry.uuid)
-                if found is not None:
-                    self._destroy_all([found])
-                self.journal.remove(entry.job)
+            self._forget(self._entries(job_id))
             raise
+
+    def _forget(self, entries: list[Entry]) -> None:
+        """Destroy these journaled instances (those still there) and drop their entries."""
+        for entry in entries:
+            found = self.backend.find(entry.uuid)
+            if found is not None:
+                self._destroy_all([found])
+            self.journal.remove(entry.job)
 
     def _provision(self, job_id: str, job: BatchJob | None) -> PrologResult:
         if job is None or not job.managed:
@@ -165,11 +169,7 @@ class NodeAgent:
         wanted = len(place.ranks()) if place is not None else 1
         if known and len(known) == wanted and all(self.backend.find(e.uuid) is not None for e in known):
             return PrologResult(self._exports(known, place), None)  # this prolog ran before
-        for entry in known:  # a part of a job's instances (an earlier prolog stopped midway): start again
-            found = self.backend.find(entry.uuid)
-            if found is not None:
-                self._destroy_all([found])
-            self.journal.remove(entry.job)
+        self._forget(known)  # a part of a job's instances (an earlier prolog stopped midway): start again
         if place is None:
             report = NodeReport("requeue", reason=f"released without a placement, on {self.node}")
             return PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"], report, report.reason)
