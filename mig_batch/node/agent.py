@@ -125,13 +125,13 @@ class NodeAgent:
     # --- job start --------------------------------------------------------------------------
     def prolog(self, job_id: str) -> PrologResult:
         """Make the job's instance and leave its environment for the job; never raises. Only the GPU work
-        holds the node's lock: reading the decision and reporting are batch-system calls."""
+        holds the node's lock: reading the decision, writing the job's file and reporting need not."""
         job = None
         try:
             job = self.channel.job(job_id)
             with self.lock:
                 result = self._provision(job_id, job)
-                self._bind(job_id, result.exports)
+            self._bind(job_id, result.exports)
         except Exception as exc:  # never fail the hook: that would drain the node
             result = PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"],
                                   NodeReport("requeue", reason=f"{type(exc).__name__}: {exc}"),
@@ -148,9 +148,10 @@ class NodeAgent:
         """Leave the job its environment. When that fails, the job's instances are destroyed and the error
         raised: a job without its CUDA_VISIBLE_DEVICES would run on whatever device CUDA finds first."""
         try:
-            self._write_job_file(job_id, exports)
+            self._write_job_file(job_id, exports)  # file work: outside the lock the GPU work needs
         except OSError:
-            self._forget(self._entries(job_id))
+            with self.lock:
+                self._forget(self._entries(job_id))
             raise
 
     def _forget(self, entries: list[Entry]) -> None:
