@@ -290,7 +290,8 @@ class MigTestbed:
 
     Each slurmd and its agent run in their own mount namespace: their own ``/var/lib/mig-batch``
     (emulated GPUs, journal) and ``/run/mig-batch`` (agent socket, job files), backed by
-    ``nodes/<node>/``; the controller's directory (``controller/``: its config and store) is covered
+    ``nodes/<node>/``, where the run directory and the emulated GPUs' state are in memory (tmpfs, as a
+    real node's ``/run`` and a GPU driver's state are; the journal is on disk); the controller's directory (``controller/``: its config and store) is covered
     by an empty file system there, so no node can reach the store. The controller runs on the host.
 
     Every process that opens NVML loads the emulated library by name and serves the node's GPUs at
@@ -391,6 +392,25 @@ class MigTestbed:
             **({"atomize": dict(self.atomize)} if self.atomize else {}),
         }))  # fmt: skip
 
+    def memory_dirs(self, node: str) -> tuple[Path, Path]:
+        """The node's directories kept in memory (tmpfs), as on a real node: its ``/run`` (agent socket, job
+        files) and its emulated GPUs' state, which a real GPU keeps in its driver, not in files on a disk."""
+        return self.node_dir(node) / "run", self.gpu_dir(node)
+
+    def _mount_memory_dirs(self) -> None:
+        for node in self.nodes:
+            for path in self.memory_dirs(node):
+                path.mkdir(parents=True, exist_ok=True)
+                if not os.path.ismount(path):
+                    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m,mode=0755", "mig-batch-node", str(path)],
+                                   check=True, capture_output=True)  # fmt: skip
+
+    def _unmount_memory_dirs(self) -> None:
+        for node in self.nodes:
+            for path in self.memory_dirs(node):
+                if os.path.ismount(path):
+                    subprocess.run(["umount", "--lazy", str(path)], check=False, capture_output=True)
+
     def node_prefix(self, node: str) -> list[str]:
         """``unshare`` into a new mount namespace with the node's own paths and no controller directory."""
         mounts = []
@@ -398,7 +418,7 @@ class MigTestbed:
             backing = self.node_dir(node) / sub
             backing.mkdir(parents=True, exist_ok=True)
             Path(path).mkdir(parents=True, exist_ok=True)  # the mount point (empty on the host)
-            mounts.append(f"mount --bind {backing} {path}")
+            mounts.append(f"mount --rbind {backing} {path}")  # with the in-memory directories mounted inside
         mounts.append(f"mount -t tmpfs -o size=64k,mode=0700 mig-batch-hidden {self.controller_dir}")
         script = "set -e; " + "; ".join(mounts) + '; exec "$@"'
         return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh"]
@@ -409,6 +429,7 @@ class MigTestbed:
 
         self.root.mkdir(parents=True, exist_ok=True)
         self.write_config()
+        self._mount_memory_dirs()
         self.make_gpus()
         etc = self.root / "etc"
         models = [get_model(m) for m in sorted({m for ms in self.nodes.values() for m in ms})]
@@ -520,6 +541,7 @@ class MigTestbed:
             self.stop_agent(node)
         if self.cluster is not None:
             self.cluster.stop()
+        self._unmount_memory_dirs()
 
     def __enter__(self) -> MigTestbed:
         return self.start()
