@@ -291,8 +291,9 @@ class MigTestbed:
     Each slurmd and its agent run in their own mount namespace: their own ``/var/lib/mig-batch``
     (emulated GPUs, journal) and ``/run/mig-batch`` (agent socket, job files), backed by
     ``nodes/<node>/``, where the run directory and the emulated GPUs' state are in memory (tmpfs, as a
-    real node's ``/run`` and a GPU driver's state are; the journal is on disk); the controller's directory (``controller/``: its config and store) is covered
-    by an empty file system there, so no node can reach the store. The controller runs on the host.
+    real node's ``/run`` and a GPU driver's state are; the journal is on disk); the controller's
+    directory (``controller/``: its config and store) is covered by an empty file system there, so no
+    node can reach the store. The controller runs on the host.
 
     Every process that opens NVML loads the emulated library by name and serves the node's GPUs at
     :data:`NODE_GPU_DIR` (the same path in every node's namespace): the agent and the hooks run
