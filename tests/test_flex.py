@@ -299,24 +299,33 @@ def test_the_reconcile_destroys_every_rank_of_a_job_that_is_gone(site, gpus):
 # --- the TaskProlog and job_submit.lua's table ----------------------------------------------------------
 
 
-def test_the_taskprolog_gives_each_task_its_own_rank(tmp_path):
+@pytest.mark.parametrize("kind", ["python", "direct"])
+def test_the_taskprolog_gives_each_task_its_own_rank(tmp_path, kind):
+    """The shell TaskProlog and the compiled one (installed direct) alike."""
     install(tmp_path / "etc", sys.executable, "/etc/c.yaml", str(tmp_path / "jobs"), "/run/s", [get_model("A100-80GB")],
-            {"n1": ["A100-80GB"]})  # fmt: skip
+            {"n1": ["A100-80GB"]}, hook_client_kind=kind)  # fmt: skip
+    assert (tmp_path / "etc" / "mig-batch-taskprolog").is_symlink() == (kind == "direct")
     (tmp_path / "jobs").mkdir()
     (tmp_path / "jobs" / "5").write_text("export CUDA_VISIBLE_DEVICES=MIG-a\nexport MIG_BATCH_INSTANCES=MIG-a,MIG-b\n"
                                          "#rank 0 export CUDA_VISIBLE_DEVICES=MIG-a\n"
                                          "#rank 1 export CUDA_VISIBLE_DEVICES=MIG-b\n")  # fmt: skip
 
+    def printed(**env) -> str:
+        return subprocess.run([str(tmp_path / "etc" / "mig-batch-taskprolog")], env={"SLURM_JOB_ID": "5", **env},
+                              capture_output=True, text=True, check=True).stdout  # fmt: skip
+
     def task(**env):
-        proc = subprocess.run([str(tmp_path / "etc" / "mig-batch-taskprolog")], env={"SLURM_JOB_ID": "5", **env},
-                              capture_output=True, text=True, check=True)  # fmt: skip
-        exports = dict(line.split(" ", 1)[1].split("=", 1) for line in proc.stdout.splitlines())
-        return exports["CUDA_VISIBLE_DEVICES"], proc.stdout
+        out = printed(**env)
+        exports = dict(line.split(" ", 1)[1].split("=", 1) for line in out.splitlines())
+        return exports["CUDA_VISIBLE_DEVICES"], out
 
     assert task(SLURM_LOCALID="1")[0] == "MIG-b"
     assert task(SLURM_LOCALID="0")[0] == "MIG-a" and task()[0] == "MIG-a"
     assert "#rank" not in task(SLURM_LOCALID="1")[1] and "MIG_BATCH_INSTANCES=MIG-a,MIG-b" in task()[1]
     assert task(SLURM_LOCALID="1; rm -rf /")[0] == "MIG-a"
+    assert printed(SLURM_JOB_ID="6") == "" and printed(SLURM_JOB_ID="../jobs/5") == ""  # no file; not a job id
+    (tmp_path / "jobs" / "5").write_text("export A=1\n#rank 0 export B=2")  # no newline at its end
+    assert printed() == "export A=1\nexport B=2\n"
     lua = (tmp_path / "etc" / "job_submit.lua").read_text()
     line = next(x for x in lua.splitlines() if 'name = "1g.10gb"' in x)
     assert f"per_gpu = {max_per_gpu(tables_for('A100-80GB'), '1g.10gb')}" in line

@@ -298,7 +298,7 @@ def test_a_c_client_that_cannot_run_on_the_node_hands_over_to_the_python_one(tmp
     dest = tmp_path / "etc"
     _, which = install(dest, str(python), "/etc/c.yaml", str(tmp_path / "jobs"), str(tmp_path / "no-agent.sock"),
                        [get_model("A100-80GB")], hook_client_kind="c")  # fmt: skip
-    assert "(C;" in which
+    assert "(C, run by shell shims" in which
 
     def prolog() -> str:
         calls.unlink(missing_ok=True)
@@ -309,6 +309,34 @@ def test_a_c_client_that_cannot_run_on_the_node_hands_over_to_the_python_one(tmp
     (dest / "mig-batch-hook").write_bytes(b"\x7fELF garbage")  # not a binary this node can run
     assert prolog() == f"-I -S {hook_client.__file__} prolog 5 {tmp_path / 'no-agent.sock'} {python} -m " \
                        "mig_batch.slurm.hooks prolog\n"  # fmt: skip
+
+
+def test_the_compiled_client_installed_as_the_hooks_takes_the_slow_path_with_the_sites_config(tmp_path):
+    """Installed direct, the compiled client is the Prolog and Epilog (by name, no shell): with no agent it runs
+    the slow path with the compiled-in Python and config. Installing shims over it later replaces the links,
+    never writing through them into the binary."""
+    from mig_batch.mig.models import get_model
+    from mig_batch.slurm.install import install
+
+    calls, python = tmp_path / "calls", tmp_path / "python"
+    python.write_text(f'#!/bin/sh\necho "$MIG_BATCH_CONFIG $@" >> {calls}\n')
+    python.chmod(0o755)
+    dest = tmp_path / "etc"
+    _, which = install(dest, str(python), "/etc/c d.yaml", str(tmp_path / "jobs"), str(tmp_path / "no-agent.sock"),
+                       [get_model("A100-80GB")], hook_client_kind="direct")  # fmt: skip
+    assert "installed as the Prolog, Epilog and TaskProlog" in which
+    assert (dest / "mig-batch-prolog").resolve() == (dest / "mig-batch-hook").resolve()
+    for op in ("prolog", "epilog"):
+        calls.unlink(missing_ok=True)
+        subprocess.run([str(dest / f"mig-batch-{op}")], env={"SLURM_JOB_ID": "5"}, check=True, timeout=30)
+        assert calls.read_text() == f"/etc/c d.yaml -m mig_batch.slurm.hooks {op}\n"
+    calls.unlink()
+    subprocess.run([str(dest / "mig-batch-prolog")], env={"SLURM_JOB_ID": "5; rm"}, check=True, timeout=30)
+    assert not calls.exists()  # not a job id: nothing asked, nothing run, still exit 0
+    binary = (dest / "mig-batch-hook").read_bytes()
+    install(dest, str(python), "/etc/c d.yaml", str(tmp_path / "jobs"), str(tmp_path / "no-agent.sock"),
+            [get_model("A100-80GB")], hook_client_kind="python")  # fmt: skip
+    assert not (dest / "mig-batch-prolog").is_symlink() and (dest / "mig-batch-hook").read_bytes() == binary
 
 
 def test_the_sweep_logs_a_failing_pass_and_keeps_sweeping(site, batch, gpus, tmp_path, monkeypatch, caplog):

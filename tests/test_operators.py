@@ -263,7 +263,7 @@ def test_doctor_flags_a_prolog_that_is_not_executable_or_not_ours(installed, tmp
     assert check.ok
 
 
-@pytest.mark.parametrize("kind", ["c", "python"])
+@pytest.mark.parametrize("kind", ["direct", "c", "python"])
 def test_doctor_names_a_hook_client_or_python_that_moved(site, tmp_path, kind):
     """A shim runs the hook client (the compiled one, or a Python and hook_client.py) and the slow path's
     Python: each that no longer exists is named."""
@@ -287,6 +287,15 @@ def test_doctor_names_a_hook_client_or_python_that_moved(site, tmp_path, kind):
         binary.unlink()
         [check] = [c for c in check_hooks(show_config(slurm_dir)) if c.name == "Prolog"]
         assert not check.ok and f"runs {binary}, which does not exist" in check.detail
+    if kind == "direct":  # the compiled client is the hook: it must run here, or every job start fails
+        python.symlink_to(sys.executable)
+        binary = slurm_dir / "mig-batch-hook"
+        binary.write_text("#!/bin/sh\necho 'GLIBC_2.34 not found' >&2\nexit 1\n")  # built for another node
+        [check] = [c for c in check_hooks(show_config(slurm_dir)) if c.name == "Prolog"]
+        assert not check.ok and f"{binary} cannot run here or has no paths compiled in (exit 1)" in check.detail
+        binary.unlink()
+        [check] = [c for c in check_hooks(show_config(slurm_dir)) if c.name == "Prolog"]
+        assert not check.ok and f"{slurm_dir / 'mig-batch-prolog'} does not exist" in check.detail
 
 
 def test_doctor_on_a_node_without_agent_or_slurm_fails_with_fixes(site, gpus, capsys, tmp_path):

@@ -15,6 +15,7 @@ from mig_batch.cli.output import Table, console, emit
 from mig_batch.config import ConfigError, SiteConfig, load_config
 from mig_batch.entry import DEBUG_HELP, LOG_LEVELS, log_level, run_guarded
 from mig_batch.mig.models import all_models, get_model
+from mig_batch.slurm.install import HOOK_KINDS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,9 +29,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     i.add_argument("dest", type=Path, help="directory (e.g. /etc/slurm)")
     i.add_argument("--config", required=True, help="the site config the shims will use")
     i.add_argument("--python", default=sys.executable, help="the Python that has mig_batch (default: this one)")
-    i.add_argument("--hook-client", choices=("auto", "c", "python"), default="auto",
-                   help="the client the Prolog and Epilog run: c (compiled here from plugins/slurm/mig-batch-hook.c; "
-                        "~1 ms a start), python (standard library, ~10 ms), auto (c when a C compiler is found)")
+    i.add_argument("--hook-client", choices=HOOK_KINDS, default="auto",
+                   help="direct: the hook client compiled here (plugins/slurm/mig-batch-hook.c) is the Prolog, Epilog "
+                        "and TaskProlog themselves (no shell per job); c: shell shims run it, and the Python client "
+                        "where it cannot run (for a DEST shared by nodes that differ); python: shims run the "
+                        "standard-library client (~10 ms a start); auto (default): direct when a C compiler is found "
+                        "and DEST is on this host's own disk, c on a network file system, else python")
     i.set_defaults(handler=cmd_install)
     htc = sub.add_parser("htcondor",
                          help="HTCondor integration: write the schedd and execute-node policy, the job wrapper")

@@ -21,6 +21,7 @@ from rich.text import Text
 
 from mig_batch.cli.output import Table, console, emit
 from mig_batch.config import SiteConfig, config_path, load_config
+from mig_batch.slurm.install import HOOK_BINARY
 
 ROLES = ("controller", "node")
 SHIM_MARK = "(filled in by `mig-batch slurm install`)"  # in every hook shim we install
@@ -220,6 +221,9 @@ def check_hooks(show_config: str) -> list[Check]:
                 problems.append(f"{path} does not exist" if not path.exists() else f"{path} is not a file")
             elif not os.access(path, os.X_OK):
                 problems.append(f"{path} is not executable (chmod 755 it)")
+            elif path.resolve().name == HOOK_BINARY:  # installed direct: the compiled client is the hook
+                ours = path
+                problems += check_direct_hook(path.resolve())
             elif SHIM_MARK in _head(path):
                 ours = path
                 problems += [f"{path} runs {p}, which does not exist" for p in shim_targets(path) if not p.exists()]
@@ -253,8 +257,6 @@ def shim_targets(shim: Path) -> list[Path]:
 def check_hook_binary(shim: Path) -> str:
     """Why the compiled hook client a shim runs cannot run on this node ("" when it can or there is none):
     its usage line exits 0 wherever it runs."""
-    from mig_batch.slurm.install import HOOK_BINARY
-
     binary = next((p for p in shim_targets(shim) if p.name == HOOK_BINARY), None)
     if binary is None or not binary.exists():
         return ""
@@ -266,6 +268,21 @@ def check_hook_binary(shim: Path) -> str:
         return f"{binary} cannot run here (exit {proc.returncode}: {proc.stderr.strip()[-200:]}); the shim falls " \
                "back to the Python client (slower): run `mig-batch slurm install` on a host like this node"  # fmt: skip
     return ""
+
+
+def check_direct_hook(binary: Path) -> list[str]:
+    """What is wrong with a compiled client installed as the hooks: it must run here (else every job start
+    fails, and Slurm drains the node) and the slow path's Python compiled into it must exist."""
+    fix = "run `mig-batch slurm install` on this node (--hook-client c where the directory is shared)"
+    try:
+        proc = subprocess.run([str(binary), "settings"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [f"{binary} cannot run here ({exc}): every job start fails; {fix}"]
+    settings = dict(line.partition("=")[::2] for line in proc.stdout.splitlines())
+    if proc.returncode != 0 or "python" not in settings:
+        return [f"{binary} cannot run here or has no paths compiled in (exit {proc.returncode}); {fix}"]
+    python = Path(settings["python"])
+    return [] if python.exists() else [f"{binary} runs {python}, which does not exist"]
 
 
 def check_job_submit(show_config: str) -> Check:

@@ -1,13 +1,15 @@
-"""What a site installs for Slurm: job_submit.lua with the profile table, and the hook shims filled in
-(the Prolog and Epilog ask the node agent through the hook client: compiled from C when the host has a
-C compiler, else the standard-library Python one)."""
+"""What a site installs for Slurm: job_submit.lua with the profile table, and the Prolog, Epilog and
+TaskProlog. They ask the node agent through the hook client, compiled from C when the host has a C
+compiler: installed as the hooks themselves (``direct``: no shell starts per job), or run by shell shims
+that fall back to the standard-library Python client where it cannot run (``c``, for a directory shared
+between nodes that may differ); without a compiler, the shims run the Python client (``python``)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from mig_batch.mig.models import GpuModel, get_model
@@ -15,29 +17,68 @@ from mig_batch.node import hook_client
 from mig_batch.resources import resource_path
 
 SHIMS = ("mig-batch-prolog", "mig-batch-epilog", "mig-batch-taskprolog", "mig-batch-subjob")
+DIRECT_HOOKS = SHIMS[:3]  # what the compiled client can be itself (by the name it is run as)
 HOOK_BINARY = "mig-batch-hook"
+HOOK_KINDS = ("auto", "direct", "c", "python")
+# file systems a hook directory may be shared on between nodes of other kinds (another CPU architecture)
+SHARED_FILE_SYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "lustre", "gpfs", "beegfs", "ceph", "glusterfs", "afs", "9p",
+                       "virtiofs", "fuse")  # fmt: skip
 
 
-def build_hook_client(dest: Path, compiler: str | None = None) -> tuple[Path | None, str]:
-    """Compile the C hook client into ``dest``: (its path, "") or (None, why not). Every job runs it twice,
-    and its start (~1 ms) is a tenth of the Python client's."""
+def c_string(text: str) -> str:
+    """``text`` as a C string literal (a compiler ``-D`` value: paths compiled into the hook client)."""
+    body = "".join(c if c.isascii() and c.isprintable() and c not in '"\\?' else f"\\{b:03o}"
+                   for c in text for b in c.encode())  # fmt: skip
+    return f'"{body}"'
+
+
+def build_hook_client(dest: Path, compiler: str | None = None,
+                      paths: Mapping[str, str] | None = None) -> tuple[Path | None, str]:  # fmt: skip
+    """Compile the C hook client into ``dest``: (its path, "") or (None, why not). ``paths`` (socket, config,
+    python, job_dir) are compiled in: the binary can then be the hooks themselves. Linked statically where
+    the C library allows (it starts faster and needs no shared library on the node)."""
     cc = compiler or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         return None, "no C compiler (cc) on this host"
     source, binary = resource_path("plugins", "slurm", f"{HOOK_BINARY}.c"), dest / HOOK_BINARY
     building = dest / f".{HOOK_BINARY}.new"  # a Prolog starting meanwhile runs the old binary, whole
-    try:
-        proc = subprocess.run([cc, "-O2", "-std=gnu11", "-o", str(building), str(source)], capture_output=True,
-                              text=True, timeout=120)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as exc:
+    defines = [f"-DHOOK_{key.upper()}={c_string(value)}" for key, value in (paths or {}).items()]
+    proc = None
+    for link in (["-static"], []):
+        try:
+            proc = subprocess.run([cc, "-O2", "-std=gnu11", *link, *defines, "-o", str(building), str(source)],
+                                  capture_output=True, text=True, timeout=120)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            building.unlink(missing_ok=True)
+            return None, f"{cc} failed: {exc}"
+        if proc.returncode == 0:
+            break
+    if proc is None or proc.returncode != 0:
         building.unlink(missing_ok=True)
-        return None, f"{cc} failed: {exc}"
-    if proc.returncode != 0:
-        building.unlink(missing_ok=True)
-        return None, f"{cc} failed: {proc.stderr.strip()[-500:]}"
+        return None, f"{cc} failed: {proc.stderr.strip()[-500:] if proc else ''}"
     building.chmod(0o755)
     os.replace(building, binary)
     return binary, ""
+
+
+def file_system_type(path: Path) -> str:
+    """The type of the file system ``path`` is on (``/proc/self/mountinfo``; "" when unknown)."""
+    target, best, kind = str(Path(path).resolve()), "", ""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields, _, rest = line.partition(" - ")
+                mount = fields.split()[4].replace("\\040", " ")
+                if (target == mount or target.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
+                    best, kind = mount, rest.split()[0]
+    except (OSError, IndexError):
+        return ""
+    return kind
+
+
+def shared_file_system(path: Path) -> bool:
+    kind = file_system_type(path)
+    return kind in SHARED_FILE_SYSTEMS or kind.startswith("fuse.")
 
 
 def profile_table(models: Iterable[GpuModel], nodes: Mapping[str, Sequence[str]] | None = None,
@@ -98,29 +139,43 @@ def slice_accounting_conf(nodes: Mapping[str, Sequence[str]], gres: str) -> tupl
 def install(dest: Path, python: str, config: str, job_dir: str, agent_socket: str, models: Iterable[GpuModel],
             nodes: Mapping[str, Sequence[str]] | None = None, slice_gres: str = "",
             leaf_requests: bool = False, hook_client_kind: str = "auto") -> tuple[list[Path], str]:  # fmt: skip
-    """Write the shims and job_submit.lua into ``dest``: (the files written, which hook client the shims run
-    and why). ``hook_client_kind``: ``c`` (compile it or fail), ``python``, or ``auto`` (C when it compiles)."""
+    """Write the hooks and job_submit.lua into ``dest``: (the files written, which hook client the hooks are or
+    run, and why). ``hook_client_kind``: ``direct`` (the compiled client is the hooks), ``c`` (shell shims
+    run it), ``python`` (shims run the Python client), or ``auto``: ``direct`` when it compiles and ``dest``
+    is on this host's own disk, ``c`` when it is on a file system other nodes may share, else ``python``."""
+    if hook_client_kind not in HOOK_KINDS:
+        raise ValueError(f"unknown hook client {hook_client_kind!r}; accepted: {', '.join(HOOK_KINDS)}")
     dest.mkdir(parents=True, exist_ok=True)
     written = []
-    binary, why = (None, "asked for the Python client") if hook_client_kind == "python" else build_hook_client(dest)
-    if binary is None and hook_client_kind == "c":
+    paths = {"socket": agent_socket, "config": config, "python": python, "job_dir": job_dir}
+    binary, why = (None, "asked for the Python client") if hook_client_kind == "python" else \
+        build_hook_client(dest, paths=paths)  # fmt: skip
+    if binary is None and hook_client_kind in ("c", "direct"):
         raise ValueError(f"cannot build the C hook client: {why}; give --hook-client python or install a C compiler")
+    shared = shared_file_system(dest)
+    direct = binary is not None and (hook_client_kind == "direct" or (hook_client_kind == "auto" and not shared))
     python_hook = f"{python} -I -S {Path(hook_client.__file__).resolve()}"
-    if binary is not None:
-        written.append(binary)
-        hook, which = str(binary), f"hook client: {binary} (C; the Python one where it cannot run)"
+    if direct:
+        hook, which = str(binary), f"hook client: {binary} (C), installed as the Prolog, Epilog and TaskProlog"
+    elif binary is not None:
+        hook = str(binary)
+        which = f"hook client: {binary} (C, run by shell shims: the Python one where it cannot run" + \
+                (f"; {dest} is on {file_system_type(dest)}, which other nodes may share)" if shared else ")")
     else:
         hook = python_hook
         which = f"hook client: the Python one ({why}); each Prolog and Epilog starts an interpreter (~10 ms)"
+    written += [binary] if binary is not None else []
     values = {"@PYTHON@": python, "@CONFIG@": config, "@JOB_DIR@": job_dir, "@SOCKET@": agent_socket,
               "@HOOK@": hook, "@PY_HOOK@": python_hook}  # fmt: skip
     for name in SHIMS:
-        text = resource_path("wrappers", f"{name}.in").read_text()
-        for key, value in values.items():
-            text = text.replace(key, value)
         path = dest / name
-        path.write_text(text)
-        path.chmod(0o755)
+        if direct and name in DIRECT_HOOKS:
+            _replace_with(path, lambda tmp: tmp.symlink_to(HOOK_BINARY))  # by name: the binary sees which hook
+        else:
+            text = resource_path("wrappers", f"{name}.in").read_text()
+            for key, value in values.items():
+                text = text.replace(key, value)
+            _replace_with(path, lambda tmp, text=text: (tmp.write_text(text), tmp.chmod(0o755)))
         written.append(path)
     path = dest / "job_submit.lua"
     path.write_text(job_submit_lua(models, nodes, leaf_requests))
@@ -131,3 +186,12 @@ def install(dest: Path, python: str, config: str, job_dir: str, agent_socket: st
             (dest / name).write_text(text)
             written.append(dest / name)
     return written, which
+
+
+def _replace_with(path: Path, make: Callable[[Path], object]) -> None:
+    """Make ``path`` anew beside it and move it in place: a hook starting meanwhile runs the old one or the new
+    one, whole, and a link there (an earlier direct install) is replaced, not written through."""
+    tmp = path.with_name(f".{path.name}.new")
+    tmp.unlink(missing_ok=True)
+    make(tmp)
+    os.replace(tmp, path)

@@ -314,7 +314,7 @@ class MigTestbed:
     mig_off: dict[str, list[int]] = field(default_factory=dict)  # GPUs emulated with MIG mode off, per node
     node_pythonpath: str = ""  # put first on the node processes' path (e.g. another nvidia-ml-py version)
     atomize: dict[str, object] = field(default_factory=dict)  # mig-batchd's atomize settings (e.g. live_defrag)
-    hook_client: str = "auto"  # the Prolog/Epilog client: c, python, auto (c where a compiler is found)
+    hook_client: str = "auto"  # direct, c, python or auto (direct here: see mig_batch.slurm.install)
     cluster: LocalCluster | None = None
     controller: subprocess.Popen | None = None
     agents: dict[str, subprocess.Popen] = field(default_factory=dict)

@@ -5,6 +5,10 @@
  *
  *     mig-batch-hook prolog|epilog JOB_ID SOCKET SLOW_PATH_COMMAND...
  *
+ * Built with its paths compiled in (HOOK_SOCKET, HOOK_CONFIG, HOOK_PYTHON, HOOK_JOB_DIR), it is also the
+ * Prolog, Epilog and TaskProlog themselves, by name (see installed_hook); `mig-batch-hook settings` prints
+ * those paths.
+ *
  * Asks the node agent over its root-owned Unix socket with one JSON line and logs the answer line to
  * syslog with the job id. When the agent does not answer, it runs SLOW_PATH_COMMAND (the same work
  * in-process, through the package) and says so. Always exits 0: a failing hook drains the node.
@@ -172,30 +176,128 @@ static void slow_path(const char *job, char **argv)
 		syslog(LOG_ERR, "job %s: slow path failed: killed by signal %d", job, WTERMSIG(status));
 }
 
-int main(int argc, char **argv)
+/* Ask the agent; log its answer, or run the slow path (when given) if it does not answer. */
+static void hook(const char *op, const char *job, const char *path, char **slow)
 {
 	static char answer[ANSWER_MAX];
 	char ident[32];
 
-	if (argc < 4 || (strcmp(argv[1], "prolog") != 0 && strcmp(argv[1], "epilog") != 0)) {
-		fputs("usage: mig-batch-hook prolog|epilog JOB_ID SOCKET SLOW_PATH_COMMAND...\n", stderr);
-		return 0;
-	}
-	const char *op = argv[1], *job = argv[2], *path = argv[3];
 	snprintf(ident, sizeof(ident), "mig-batch-%s", op);
 	openlog(ident, LOG_PID, LOG_DAEMON);
 	signal(SIGPIPE, SIG_IGN);
 	if (!safe_job_id(job)) {
 		syslog(LOG_WARNING, "job id '%.64s' is not a Slurm job id; nothing asked", job);
-		return 0;
+		return;
 	}
 	if (ask(path, op, job, answer, sizeof(answer)) == 0) {
 		int trouble = !strstr(answer, "\"ok\": true") || strstr(answer, "node=requeue:");
 		syslog(trouble ? LOG_WARNING : LOG_INFO, "job %s: %s", job, answer);
-		return 0;
+		return;
 	}
 	syslog(LOG_WARNING, "job %s: node agent unreachable at %s (%s); slow path", job, path, answer);
-	if (argc > 4)
-		slow_path(job, argv + 4);
+	if (slow && slow[0])
+		slow_path(job, slow);
+}
+
+#if defined(HOOK_SOCKET) && defined(HOOK_CONFIG) && defined(HOOK_PYTHON) && defined(HOOK_JOB_DIR)
+/*
+ * Installed as the hooks themselves (`mig-batch slurm install --hook-client direct`, which compiles these
+ * paths in): Slurm runs mig-batch-prolog, mig-batch-epilog or mig-batch-taskprolog with no arguments, and
+ * the name says which. No shell starts: each job saves three.
+ */
+
+/* The Prolog or Epilog. The work runs in a child: however it ends (a crash included), this process exits 0,
+ * since a failing Prolog drains the node; a child that did not end normally hands over to the slow path. */
+static int installed_hook(const char *op)
+{
+	const char *job = getenv("SLURM_JOB_ID");
+	char *slow[] = {HOOK_PYTHON, "-m", "mig_batch.slurm.hooks", (char *)op, NULL};
+	int status = 0;
+
+	job = job ? job : "";
+	setenv("PATH", "/usr/sbin:/usr/bin:/sbin:/bin", 1);
+	setenv("MIG_BATCH_CONFIG", HOOK_CONFIG, 1);
+	pid_t child = fork();
+	if (child == 0) {
+		hook(op, job, HOOK_SOCKET, slow);
+		_exit(0);
+	}
+	if (child < 0) { /* no process to spare: the work here */
+		hook(op, job, HOOK_SOCKET, slow);
+		return 0;
+	}
+	while (waitpid(child, &status, 0) < 0 && errno == EINTR)
+		;
+	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+		char ident[32];
+		snprintf(ident, sizeof(ident), "mig-batch-%s", op);
+		openlog(ident, LOG_PID, LOG_DAEMON);
+		syslog(LOG_ERR, "job %s: the hook client ended abnormally (wait status %d); slow path", job, status);
+		if (safe_job_id(job))
+			slow_path(job, slow);
+	}
+	return 0;
+}
+
+/* The TaskProlog: the job's file's common lines, then those of this task's rank (`#rank R export ...`, R
+ * from SLURM_LOCALID, 0 without it), as the shell TaskProlog prints them. */
+static int task_prolog(void)
+{
+	const char *job = getenv("SLURM_JOB_ID"), *rank = getenv("SLURM_LOCALID");
+	char path[4096], prefix[64];
+	char *line = NULL;
+	size_t cap = 0;
+	ssize_t len;
+	int pass, has_rank = 1;
+
+	if (!job || !safe_job_id(job))
+		return 0;
+	rank = rank && *rank ? rank : "0";
+	for (const char *c = rank; *c; c++)
+		has_rank = has_rank && *c >= '0' && *c <= '9';
+	has_rank = has_rank && strlen(rank) < 20;
+	snprintf(prefix, sizeof(prefix), "#rank %s ", has_rank ? rank : "");
+	snprintf(path, sizeof(path), "%s/%s", HOOK_JOB_DIR, job);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 0;
+	for (pass = 0; pass < 1 + has_rank; pass++) {
+		rewind(f);
+		while ((len = getline(&line, &cap, f)) > 0) {
+			if (line[len - 1] == '\n')
+				line[--len] = '\0';
+			if (pass == 0 && strncmp(line, "#rank ", 6) != 0)
+				printf("%s\n", line);
+			else if (pass == 1 && strncmp(line, prefix, strlen(prefix)) == 0)
+				printf("%s\n", line + strlen(prefix));
+		}
+	}
+	free(line);
+	fclose(f);
+	return 0;
+}
+#endif
+
+int main(int argc, char **argv)
+{
+#if defined(HOOK_SOCKET) && defined(HOOK_CONFIG) && defined(HOOK_PYTHON) && defined(HOOK_JOB_DIR)
+	const char *name = strrchr(argv[0], '/') ? strrchr(argv[0], '/') + 1 : argv[0];
+	if (argc == 1 && strcmp(name, "mig-batch-prolog") == 0)
+		return installed_hook("prolog");
+	if (argc == 1 && strcmp(name, "mig-batch-epilog") == 0)
+		return installed_hook("epilog");
+	if (argc == 1 && strcmp(name, "mig-batch-taskprolog") == 0)
+		return task_prolog();
+	if (argc == 2 && strcmp(argv[1], "settings") == 0) { /* for `mig-batch doctor` and the curious */
+		printf("socket=%s\nconfig=%s\npython=%s\njob_dir=%s\n", HOOK_SOCKET, HOOK_CONFIG, HOOK_PYTHON,
+		       HOOK_JOB_DIR);
+		return 0;
+	}
+#endif
+	if (argc < 4 || (strcmp(argv[1], "prolog") != 0 && strcmp(argv[1], "epilog") != 0)) {
+		fputs("usage: mig-batch-hook prolog|epilog JOB_ID SOCKET SLOW_PATH_COMMAND...\n", stderr);
+		return 0;
+	}
+	hook(argv[1], argv[2], argv[3], argv + 4);
 	return 0;
 }
