@@ -333,10 +333,29 @@ def test_the_compiled_client_installed_as_the_hooks_takes_the_slow_path_with_the
     calls.unlink()
     subprocess.run([str(dest / "mig-batch-prolog")], env={"SLURM_JOB_ID": "5; rm"}, check=True, timeout=30)
     assert not calls.exists()  # not a job id: nothing asked, nothing run, still exit 0
+    import socket  # an agent on the socket compiled in answers: no slow path
+
+    asked = []
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(tmp_path / "no-agent.sock"))
+        listener.listen(1)
+
+        def answer():
+            conn, _ = listener.accept()
+            asked.append(conn.recv(4096))
+            conn.sendall(b'{"ok": true, "detail": "destroyed"}\n')
+            conn.close()
+
+        threading.Thread(target=answer, daemon=True).start()
+        subprocess.run([str(dest / "mig-batch-epilog")], env={"SLURM_JOB_ID": "7"}, check=True, timeout=30)
+    assert asked == [b'{"op": "epilog", "job": "7"}\n'] and not calls.exists()
     binary = (dest / "mig-batch-hook").read_bytes()
-    install(dest, str(python), "/etc/c d.yaml", str(tmp_path / "jobs"), str(tmp_path / "no-agent.sock"),
-            [get_model("A100-80GB")], hook_client_kind="python")  # fmt: skip
-    assert not (dest / "mig-batch-prolog").is_symlink() and (dest / "mig-batch-hook").read_bytes() == binary
+    for kind, runs in (("c", "mig-batch-hook prolog"), ("python", "hook_client.py prolog")):
+        install(dest, str(python), "/etc/c d.yaml", str(tmp_path / "jobs"), str(tmp_path / "no-agent.sock"),
+                [get_model("A100-80GB")], hook_client_kind=kind)  # fmt: skip
+        prolog = dest / "mig-batch-prolog"
+        assert not prolog.is_symlink() and runs in prolog.read_text(), kind
+    assert (dest / "mig-batch-hook").read_bytes() == binary  # the shims replaced the links, not written through
 
 
 def test_the_sweep_logs_a_failing_pass_and_keeps_sweeping(site, batch, gpus, tmp_path, monkeypatch, caplog):

@@ -4,6 +4,7 @@ Over the fake batch system and emulated GPUs; Slurm's ``scontrol`` is a script p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -289,13 +290,21 @@ def test_doctor_names_a_hook_client_or_python_that_moved(site, tmp_path, kind):
         assert not check.ok and f"runs {binary}, which does not exist" in check.detail
     if kind == "direct":  # the compiled client is the hook: it must run here, or every job start fails
         python.symlink_to(sys.executable)
-        binary = slurm_dir / "mig-batch-hook"
-        binary.write_text("#!/bin/sh\necho 'GLIBC_2.34 not found' >&2\nexit 1\n")  # built for another node
+        prolog, binary = slurm_dir / "mig-batch-prolog", slurm_dir / "mig-batch-hook"
+        [check] = [c for c in check_hooks(show_config(slurm_dir), site) if c.name == "Prolog"]
+        assert check.ok, check.detail  # the site's socket and job_dir are the ones compiled in
+        moved = dataclasses.replace(site, agent_socket=tmp_path / "elsewhere.sock")
+        [check] = [c for c in check_hooks(show_config(slurm_dir), moved) if c.name == "Prolog"]
+        assert not check.ok and f"has socket={site.agent_socket} compiled in" in check.detail
+        misnamed = show_config(slurm_dir, str(slurm_dir / "mig-batch-epilog"))  # Prolog= the epilog
+        [check] = [c for c in check_hooks(misnamed) if c.name == "Prolog"]
+        assert not check.ok and "runs as the hook its name holds (epilog), not as the prolog" in check.detail
+        binary.write_bytes(b"\x7fELF" + bytes(60))  # built for another kind of node
         [check] = [c for c in check_hooks(show_config(slurm_dir)) if c.name == "Prolog"]
-        assert not check.ok and f"{binary} cannot run here or has no paths compiled in (exit 1)" in check.detail
+        assert not check.ok and f"{prolog} cannot run here" in check.detail and "every job start fails" in check.detail
         binary.unlink()
         [check] = [c for c in check_hooks(show_config(slurm_dir)) if c.name == "Prolog"]
-        assert not check.ok and f"{slurm_dir / 'mig-batch-prolog'} does not exist" in check.detail
+        assert not check.ok and f"{prolog} does not exist" in check.detail
 
 
 def test_doctor_on_a_node_without_agent_or_slurm_fails_with_fixes(site, gpus, capsys, tmp_path):

@@ -82,15 +82,19 @@ def test_installed_wheel_works_outside_the_checkout(wheel: Path, tmp_path: Path)
     assert written == ["job_submit.lua", "mig-batch-epilog", *compiled, "mig-batch-prolog", "mig-batch-subjob",
                        "mig-batch-taskprolog"]  # fmt: skip
     hooks = [away / "slurm" / f"mig-batch-{name}" for name in ("prolog", "epilog", "taskprolog")]
-    if compiled:  # on this host's own disk: the compiled client is the hooks, its paths compiled in
+    from mig_batch.slurm.install import shared_file_system
+
+    if compiled and not shared_file_system(away):  # on this host's own disk: the compiled client is the hooks
         assert all(hook.resolve().name == "mig-batch-hook" for hook in hooks)
         settings = _run(away / "slurm" / "mig-batch-hook", "settings", cwd=away, env=env)
         python = next(line for line in settings.splitlines() if line.startswith("python="))
         assert str(env_dir) in python, "the slow path should run the installed package"
-        return
-    prolog = hooks[0].read_text()
-    assert not re.search(r"@[A-Z_]+@", prolog), "a placeholder was left unfilled"
-    assert str(env_dir) in prolog, "the Prolog shim's slow path should run the installed package"
+        hooks = []
+    for shim in [*hooks, away / "slurm" / "mig-batch-subjob"]:
+        text = shim.read_text()
+        assert not re.search(r"@[A-Z_]+@", text), f"a placeholder was left unfilled in {shim.name}"
+    if hooks:
+        assert str(env_dir) in hooks[0].read_text(), "the Prolog shim's slow path should run the installed package"
 
 
 @pytest.mark.skipif(not os.environ.get("MIG_BATCH_EXPECT_INSTALLED"), reason="set by CI's run against the wheel")

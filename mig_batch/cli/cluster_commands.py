@@ -19,15 +19,15 @@ from mig_batch.slurm.install import HOOK_KINDS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    slurm = sub.add_parser("slurm", help="Slurm integration: generate job_submit.lua, install the hook shims")
+    slurm = sub.add_parser("slurm", help="Slurm integration: generate job_submit.lua, install the hooks")
     kinds = slurm.add_subparsers(dest="slurm_command", metavar="SUBCOMMAND", required=True)
     g = kinds.add_parser("gen-lua", help="print job_submit.lua with the profile table of the site's GPU models")
     g.add_argument("--config", help="site config (default: MIG_BATCH_CONFIG or /etc/mig-batch/mig-batch.yaml)")
     g.add_argument("--all-models", action="store_true", help="every model of etc/gpus, not only the inventory's")
     g.set_defaults(handler=cmd_gen_lua)
-    i = kinds.add_parser("install", help="write job_submit.lua and the Prolog/Epilog/TaskProlog shims into DEST")
+    i = kinds.add_parser("install", help="write job_submit.lua and the Prolog/Epilog/TaskProlog into DEST")
     i.add_argument("dest", type=Path, help="directory (e.g. /etc/slurm)")
-    i.add_argument("--config", required=True, help="the site config the shims will use")
+    i.add_argument("--config", required=True, help="the site config the hooks will use")
     i.add_argument("--python", default=sys.executable, help="the Python that has mig_batch (default: this one)")
     i.add_argument("--hook-client", choices=HOOK_KINDS, default="auto",
                    help="direct: the hook client compiled here (plugins/slurm/mig-batch-hook.c) is the Prolog, Epilog "

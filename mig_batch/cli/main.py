@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("sim_commands", "run simulation experiments"),
     "plan": ("plan_commands", "plan a queue of moldable tasks on one MIG GPU"),
     "bench": ("bench_commands", "benchmarks that print numbers"),
-    "slurm": ("cluster_commands", "Slurm integration: generate job_submit.lua, install the hook shims"),
+    "slurm": ("cluster_commands", "Slurm integration: generate job_submit.lua, install the hooks"),
     "htcondor": ("cluster_commands", "HTCondor integration: write the schedd and execute-node policy, the job wrapper"),
     "status": ("cluster_commands", "every GPU's MIG slices and the jobs on them"),
     "node": ("node_commands", "this node's GPUs as the driver sees them"),

@@ -21,7 +21,6 @@ from rich.text import Text
 
 from mig_batch.cli.output import Table, console, emit
 from mig_batch.config import SiteConfig, config_path, load_config
-from mig_batch.slurm.install import HOOK_BINARY
 
 ROLES = ("controller", "node")
 SHIM_MARK = "(filled in by `mig-batch slurm install`)"  # in every hook shim we install
@@ -160,7 +159,7 @@ def doctor(config_file: str | None, role: str | None, node: str) -> list[Check]:
         fix = f"add {node} under nodes: in {path}, or give --node with this node's Slurm NodeName"
         checks.append(Check("inventory", False, f"node {node} is not in the inventory", fix))
     if show_config is not None:
-        checks += check_hooks(show_config)
+        checks += check_hooks(show_config, config)
     checks.append(check_agent(config.agent_socket))
     checks += check_gpus(config, node)
     return checks
@@ -202,9 +201,10 @@ def config_values(show_config: str) -> dict[str, str]:
     return out
 
 
-def check_hooks(show_config: str) -> list[Check]:
-    """slurm.conf's Prolog, Epilog and TaskProlog: set, existing, executable, and our shims (which also
-    name a Python and a hook client that must exist)."""
+def check_hooks(show_config: str, config: SiteConfig | None = None) -> list[Check]:
+    """slurm.conf's Prolog, Epilog and TaskProlog: set, existing, executable, and ours: the compiled hook
+    client itself (which must run here, be that hook by its name and have ``config``'s paths) or our shims
+    (which also name a Python and a hook client that must exist)."""
     values = config_values(show_config)
     checks = []
     for key, shim in HOOKS.items():
@@ -221,9 +221,9 @@ def check_hooks(show_config: str) -> list[Check]:
                 problems.append(f"{path} does not exist" if not path.exists() else f"{path} is not a file")
             elif not os.access(path, os.X_OK):
                 problems.append(f"{path} is not executable (chmod 755 it)")
-            elif path.resolve().name == HOOK_BINARY:  # installed direct: the compiled client is the hook
+            elif _is_executable_file(path):  # installed direct: the compiled client is the hook
                 ours = path
-                problems += check_direct_hook(path.resolve())
+                problems += check_direct_hook(path, key.lower(), config)
             elif SHIM_MARK in _head(path):
                 ours = path
                 problems += [f"{path} runs {p}, which does not exist" for p in shim_targets(path) if not p.exists()]
@@ -245,6 +245,15 @@ def _head(path: Path, size: int = 4096) -> str:
         return ""
 
 
+def _is_executable_file(path: Path) -> bool:
+    """An ELF binary (not a script)."""
+    try:
+        with path.open("rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
 def shim_targets(shim: Path) -> list[Path]:
     """The hook clients (the C one, a Python and hook_client.py) and the slow path's Python a Prolog/Epilog
     shim runs (a moved venv breaks every job start)."""
@@ -257,6 +266,8 @@ def shim_targets(shim: Path) -> list[Path]:
 def check_hook_binary(shim: Path) -> str:
     """Why the compiled hook client a shim runs cannot run on this node ("" when it can or there is none):
     its usage line exits 0 wherever it runs."""
+    from mig_batch.slurm.install import HOOK_BINARY
+
     binary = next((p for p in shim_targets(shim) if p.name == HOOK_BINARY), None)
     if binary is None or not binary.exists():
         return ""
@@ -270,19 +281,29 @@ def check_hook_binary(shim: Path) -> str:
     return ""
 
 
-def check_direct_hook(binary: Path) -> list[str]:
-    """What is wrong with a compiled client installed as the hooks: it must run here (else every job start
-    fails, and Slurm drains the node) and the slow path's Python compiled into it must exist."""
+def check_direct_hook(hook: Path, which: str, config: SiteConfig | None = None) -> list[str]:
+    """What is wrong with the compiled client installed as hook ``which`` (prolog, epilog, taskprolog): it
+    must run here (else every job start fails, and Slurm drains the node), be that hook by its name, and
+    have the site's paths compiled in, the slow path's Python existing."""
+    from mig_batch.slurm.install import hook_named
+
     fix = "run `mig-batch slurm install` on this node (--hook-client c where the directory is shared)"
+    if hook_named(hook.name) != which:
+        return [f"{hook} is the compiled hook client, which runs as the hook its name holds "
+                f"({hook_named(hook.name) or 'none'}), not as the {which}; name it mig-batch-{which}"]  # fmt: skip
     try:
-        proc = subprocess.run([str(binary), "settings"], capture_output=True, text=True, timeout=10)
+        proc = subprocess.run([str(hook), "settings"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return [f"{binary} cannot run here ({exc}): every job start fails; {fix}"]
+        return [f"{hook} cannot run here ({exc}): every job start fails; {fix}"]
     settings = dict(line.partition("=")[::2] for line in proc.stdout.splitlines())
     if proc.returncode != 0 or "python" not in settings:
-        return [f"{binary} cannot run here or has no paths compiled in (exit {proc.returncode}); {fix}"]
-    python = Path(settings["python"])
-    return [] if python.exists() else [f"{binary} runs {python}, which does not exist"]
+        return [f"{hook} cannot run here or has no paths compiled in (exit {proc.returncode}); {fix}"]
+    problems = [] if Path(settings["python"]).exists() else [f"{hook} runs {settings['python']}, which does not exist"]
+    if config is not None:
+        wanted = {"socket": str(config.agent_socket), "job_dir": str(config.job_dir)}
+        problems += [f"{hook} has {key}={settings.get(key)} compiled in, the site config {value}; {fix}"
+                     for key, value in wanted.items() if settings.get(key) != value]  # fmt: skip
+    return problems
 
 
 def check_job_submit(show_config: str) -> Check:

@@ -1,7 +1,8 @@
 """Slurm's side of the node agent: the agent service for a Slurm node, and the hooks' slow path.
 
-The Prolog and Epilog shims run the standard-library hook client, which asks the node's agent
-(``mig-batch-agent``, a root service holding the GPUs open). When the agent is down, the client runs
+The Prolog and Epilog (the compiled hook client, or shims that run it or the standard-library Python
+one) ask the node's agent (``mig-batch-agent``, a root service holding the GPUs open). When the agent is
+down, the client runs
 ``python -m mig_batch.slurm.hooks prolog|epilog``: the same :class:`~mig_batch.node.agent.NodeAgent`
 work in this process. Here only Slurm's environment is mapped onto the agent's request; the decision
 and the report travel through the job's AdminComment (operator-only), never through a shared file.

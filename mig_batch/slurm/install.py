@@ -7,6 +7,7 @@ between nodes that may differ); without a compiler, the shims run the Python cli
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -21,14 +22,23 @@ DIRECT_HOOKS = SHIMS[:3]  # what the compiled client can be itself (by the name 
 HOOK_BINARY = "mig-batch-hook"
 HOOK_KINDS = ("auto", "direct", "c", "python")
 # file systems a hook directory may be shared on between nodes of other kinds (another CPU architecture)
-SHARED_FILE_SYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "lustre", "gpfs", "beegfs", "ceph", "glusterfs", "afs", "9p",
-                       "virtiofs", "fuse")  # fmt: skip
+SHARED_FILE_SYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "glusterfs",
+                       "wekafs", "panfs", "gfs2", "ocfs2", "pvfs2", "orangefs", "cvfs", "afs", "9p", "virtiofs",
+                       "fuse")  # fmt: skip
+
+
+def hook_named(name: str) -> str | None:
+    """Which hook the compiled client is when run as ``name`` with no arguments ("taskprolog", "prolog",
+    "epilog"; None: none), as its ``hook_of`` decides: the word in the name, never Slurm's other hooks."""
+    name = name.lower()
+    if any(word in name for word in ("slurmctld", "taskepilog", "srun")):
+        return None
+    return next((hook for hook in ("taskprolog", "epilog", "prolog") if hook in name), None)
 
 
 def c_string(text: str) -> str:
     """``text`` as a C string literal (a compiler ``-D`` value: paths compiled into the hook client)."""
-    body = "".join(c if c.isascii() and c.isprintable() and c not in '"\\?' else f"\\{b:03o}"
-                   for c in text for b in c.encode())  # fmt: skip
+    body = "".join(chr(b) if 0x20 <= b < 0x7F and chr(b) not in '"\\?' else f"\\{b:03o}" for b in os.fsencode(text))
     return f'"{body}"'
 
 
@@ -61,19 +71,24 @@ def build_hook_client(dest: Path, compiler: str | None = None,
     return binary, ""
 
 
-def file_system_type(path: Path) -> str:
-    """The type of the file system ``path`` is on (``/proc/self/mountinfo``; "" when unknown)."""
+_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")  # how mountinfo writes a blank, tab, newline or backslash
+
+
+def file_system_type(path: Path, mountinfo: str = "/proc/self/mountinfo") -> str:
+    """The type of the file system ``path`` is on: the mount with the longest mount point that holds it, the
+    last one mounted there ("" when unknown)."""
     target, best, kind = str(Path(path).resolve()), "", ""
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+        with open(mountinfo, encoding="utf-8", errors="surrogateescape") as f:
             for line in f:
                 fields, _, rest = line.partition(" - ")
-                mount = fields.split()[4].replace("\\040", " ")
+                mount = _OCTAL_ESCAPE.sub(lambda m: chr(int(m[1], 8)), fields.split()[4])
                 if (target == mount or target.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
                     best, kind = mount, rest.split()[0]
     except (OSError, IndexError):
         return ""
     return kind
+
 
 
 def shared_file_system(path: Path) -> bool:

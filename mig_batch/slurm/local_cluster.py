@@ -285,7 +285,7 @@ NODE_GPU_DIR = f"{NODE_PATHS[0]}/nvml-emu"  # each node's emulated GPUs, as the 
 
 @dataclass
 class MigTestbed:
-    """A cluster in a box: the local cluster with mig_batch installed (job_submit.lua, hook shims, a
+    """A cluster in a box: the local cluster with mig_batch installed (job_submit.lua, the hooks, a
     node agent per node) and mig-batchd, on GPUs of the emulated libnvidia-ml with ``gpu_backend: nvml``.
 
     Each slurmd and its agent run in their own mount namespace: their own ``/var/lib/mig-batch``
@@ -425,6 +425,14 @@ class MigTestbed:
         return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh"]
 
     def start(self) -> MigTestbed:
+        """Start it all; a start that fails stops what it started (and unmounts) before raising."""
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> MigTestbed:
         from mig_batch.mig.models import get_model
         from mig_batch.slurm.install import install, node_slices, slice_accounting_conf
 

@@ -6,8 +6,8 @@
  *     mig-batch-hook prolog|epilog JOB_ID SOCKET SLOW_PATH_COMMAND...
  *
  * Built with its paths compiled in (HOOK_SOCKET, HOOK_CONFIG, HOOK_PYTHON, HOOK_JOB_DIR), it is also the
- * Prolog, Epilog and TaskProlog themselves, by name (see installed_hook); `mig-batch-hook settings` prints
- * those paths.
+ * Prolog, Epilog and TaskProlog themselves: run with no arguments, the word in its name says which
+ * (see hook_of); `mig-batch-hook settings` prints those paths.
  *
  * Asks the node agent over its root-owned Unix socket with one JSON line and logs the answer line to
  * syslog with the job id. When the agent does not answer, it runs SLOW_PATH_COMMAND (the same work
@@ -278,16 +278,40 @@ static int task_prolog(void)
 }
 #endif
 
+/* Which hook a name is ("taskprolog", "prolog", "epilog"; NULL for none): the name holds the word, so a
+ * link such as prolog.d/50-mig-prolog works too. Slurm's other hooks are never taken for ours. */
+static const char *hook_of(const char *given)
+{
+	char name[256];
+	size_t i;
+	for (i = 0; given[i] && i < sizeof(name) - 1; i++)
+		name[i] = (given[i] >= 'A' && given[i] <= 'Z') ? given[i] - 'A' + 'a' : given[i];
+	name[i] = '\0';
+	if (strstr(name, "slurmctld") || strstr(name, "taskepilog") || strstr(name, "srun"))
+		return NULL;
+	if (strstr(name, "taskprolog"))
+		return "taskprolog";
+	if (strstr(name, "epilog"))
+		return "epilog";
+	if (strstr(name, "prolog"))
+		return "prolog";
+	return NULL;
+}
+
 int main(int argc, char **argv)
 {
 #if defined(HOOK_SOCKET) && defined(HOOK_CONFIG) && defined(HOOK_PYTHON) && defined(HOOK_JOB_DIR)
 	const char *name = strrchr(argv[0], '/') ? strrchr(argv[0], '/') + 1 : argv[0];
-	if (argc == 1 && strcmp(name, "mig-batch-prolog") == 0)
-		return installed_hook("prolog");
-	if (argc == 1 && strcmp(name, "mig-batch-epilog") == 0)
-		return installed_hook("epilog");
-	if (argc == 1 && strcmp(name, "mig-batch-taskprolog") == 0)
+	const char *which = hook_of(name);
+	if (argc == 1 && which && strcmp(which, "taskprolog") == 0)
 		return task_prolog();
+	if (argc == 1 && which)
+		return installed_hook(which);
+	if (argc == 1) { /* run as a hook under a name that says not which: nothing is done, so say so */
+		openlog("mig-batch-hook", LOG_PID, LOG_DAEMON);
+		syslog(LOG_ERR, "run as '%.200s' with no arguments: as a Slurm hook, its name must hold prolog, epilog "
+		       "or taskprolog (the hook it is); nothing done", name);
+	}
 	if (argc == 2 && strcmp(argv[1], "settings") == 0) { /* for `mig-batch doctor` and the curious */
 		printf("socket=%s\nconfig=%s\npython=%s\njob_dir=%s\n", HOOK_SOCKET, HOOK_CONFIG, HOOK_PYTHON,
 		       HOOK_JOB_DIR);
