@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mig_batch.gpu import nvml_emu
-from mig_batch.gpu.base import InsufficientResources, NotSupported
+from mig_batch.gpu.base import InsufficientResources, InUse, NotSupported
 from mig_batch.gpu.nvml import NvmlNode
 from mig_batch.mig.models import get_model
 
@@ -312,3 +312,48 @@ def test_a_node_of_the_benchmarks_size_is_served_and_a_larger_one_refused(nvml_e
     assert nv.nvmlDeviceGetName(nv.nvmlDeviceGetHandleByIndex(nvml_emu.MAX_GPUS - 1)).startswith("NVIDIA A100")
     with pytest.raises(ValueError, match="at most"):
         nvml_emu.make_node(tmp_path / "big", "big", ["A100-80GB"] * (nvml_emu.MAX_GPUS + 1))
+
+
+@root_only
+def test_destroy_removes_every_compute_instance_and_a_failed_profile_read_is_not_remembered(nvml_emu_node,
+                                                                                          monkeypatch):  # fmt: skip
+    """The backend remembers which compute profiles a GPU instance profile offers (read once): a 7g made
+    elsewhere with two 3-slice compute instances is destroyed whole; a read that failed for another reason
+    than "not offered" is read again next time, not remembered short."""
+    backend, _ = nvml_emu_node(["A100-40GB"])
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    seven = nv.nvmlDeviceGetGpuInstanceProfileInfo(h, nv.NVML_GPU_INSTANCE_PROFILE_7_SLICE).id
+    real = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo
+    failed = []
+
+    def flaky(gi, profile, engine):  # the driver answers UNKNOWN once, for the 3-slice profile
+        if profile == nv.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE and not failed:
+            failed.append(profile)
+            raise nv.NVMLError(nv.NVML_ERROR_UNKNOWN)
+        return real(gi, profile, engine)
+
+    for attempt in range(2):
+        gi = nv.nvmlDeviceCreateGpuInstance(h, seven)
+        three = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, nv.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE, 0).id
+        for _ in range(2):
+            nv.nvmlGpuInstanceCreateComputeInstance(gi, three)
+        gi_id = nv.nvmlGpuInstanceGetInfo(gi).id
+        with monkeypatch.context() as m:
+            m.setattr(nv, "nvmlGpuInstanceGetComputeInstanceProfileInfo", flaky)
+            if attempt == 0:  # the 3-slice ones were not seen: the GPU instance is still in use
+                with pytest.raises(InUse):
+                    backend.destroy(0, gi_id)
+                for ci in _compute_instances(gi, three):
+                    nv.nvmlComputeInstanceDestroy(ci)
+                nv.nvmlGpuInstanceDestroy(gi)
+                continue
+            backend.destroy(0, gi_id)  # read again (not remembered short): both 3-slice ones found
+        assert backend.instances(0) == []
+    assert failed
+
+
+def _compute_instances(gi, profile_id):
+    array = (nv.c_nvmlComputeInstance_t * 8)()
+    count = ctypes.c_uint(0)
+    nv.nvmlGpuInstanceGetComputeInstances(gi, profile_id, array, ctypes.byref(count))
+    return [array[k] for k in range(count.value)]

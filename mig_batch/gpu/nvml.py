@@ -66,15 +66,21 @@ class NvmlNode(GpuBackend):
         # too): read once, not at every create, destroy and listing
         self._models: dict[int, GpuModel] = {}
         self._offered: dict[int, dict[str, GpuInstanceProfile]] = {}
+        # compute instance profile ids a GPU instance profile offers, per GPU: (gpu, GI profile id) -> ids
+        self._ci_profiles: dict[tuple[int, int], tuple[int, ...]] = {}
         self._mig_modes: dict[int, int] = {}  # as gpus() saw them last
+        self._handles: dict[int, object] = {}
 
     def close(self) -> None:
+        self._handles.clear()
         with _errors():
             _nvml().nvmlShutdown()
 
     def _handle(self, gpu: int):
-        with _errors():
-            return _nvml().nvmlDeviceGetHandleByIndex(gpu)
+        if gpu not in self._handles:  # a handle holds from nvmlInit to nvmlShutdown
+            with _errors():
+                self._handles[gpu] = _nvml().nvmlDeviceGetHandleByIndex(gpu)
+        return self._handles[gpu]
 
     def _model(self, gpu: int) -> GpuModel:
         if gpu in self._models:
@@ -123,6 +129,7 @@ class NvmlNode(GpuBackend):
                 if self._mig_modes.setdefault(i, current) != current:  # ids hold for one MIG mode's lifetime
                     self._mig_modes[i] = current
                     self._offered.pop(i, None)
+                    self._ci_profiles = {key: ids for key, ids in self._ci_profiles.items() if key[0] != i}
                 uuid = nv.nvmlDeviceGetUUID(handle)
                 try:
                     model = self._model(i).name
@@ -156,9 +163,39 @@ class NvmlNode(GpuBackend):
         with _errors():
             return list(_placements(handle, profile_id))
 
-    def _mig_device(self, handle, gi_id: int):
-        """The MIG device handle of a GPU instance (None without a compute instance)."""
-        return self._mig_devices(handle).get(gi_id)
+    @staticmethod
+    def _mig_device(handle, gi_id: int):
+        """The MIG device handle of a GPU instance (None without a compute instance): the scan stops at it."""
+        nv = _nvml()
+        for k in range(nv.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            try:
+                mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, k)
+            except nv.NVMLError:
+                continue
+            if nv.nvmlDeviceGetGpuInstanceId(mig) == gi_id:
+                return mig
+        return None
+
+    def _compute_profiles(self, gpu: int, gi) -> tuple[int, ...]:
+        """The compute instance profile ids a GPU instance's profile offers (read once per GPU and profile)."""
+        nv = _nvml()
+        key = (gpu, nv.nvmlGpuInstanceGetInfo(gi).profileId)
+        if key in self._ci_profiles:
+            return self._ci_profiles[key]
+        ids, settled = [], True
+        for slices in (1, 2, 3, 4, 6, 7, 8):
+            enum = getattr(nv, f"NVML_COMPUTE_INSTANCE_PROFILE_{slices}_SLICE", None)
+            if enum is None:
+                continue
+            try:
+                ids.append(nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                    gi, enum, nv.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED).id)  # fmt: skip
+            except nv.NVMLError as exc:  # not offered by this profile; anything else: ask again next time
+                settled = settled and getattr(exc, "value", None) in (nv.NVML_ERROR_NOT_SUPPORTED,
+                                                                      nv.NVML_ERROR_INVALID_ARGUMENT)
+        if settled:
+            self._ci_profiles[key] = tuple(ids)
+        return tuple(ids)
 
     @staticmethod
     def _mig_devices(handle) -> dict[int, object]:
@@ -218,16 +255,7 @@ class NvmlNode(GpuBackend):
         handle = self._handle(gpu)
         with _errors():
             gi = nv.nvmlDeviceGetGpuInstanceById(handle, gi_id)
-            for slices in (1, 2, 3, 4, 6, 7, 8):
-                enum = getattr(nv, f"NVML_COMPUTE_INSTANCE_PROFILE_{slices}_SLICE", None)
-                if enum is None:
-                    continue
-                try:
-                    profile_id = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                        gi, enum, nv.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
-                    ).id
-                except nv.NVMLError:
-                    continue
+            for profile_id in self._compute_profiles(gpu, gi):
                 array = (nv.c_nvmlComputeInstance_t * 8)()
                 count = ctypes.c_uint(0)
                 nv.nvmlGpuInstanceGetComputeInstances(gi, profile_id, array, ctypes.byref(count))
