@@ -286,15 +286,21 @@ def test_the_hook_client_takes_a_long_answer_whole_and_the_slow_path_only_withou
         assert slow.exists() == expect_slow, behaviour
 
 
+def logging_python(tmp_path, what: str):
+    """A fake Python that appends ``what`` (shell words) to a file: (the file, the fake)."""
+    calls, python = tmp_path / "calls", tmp_path / "python"
+    python.write_text(f"#!/bin/sh\necho {what} >> {calls}\n")
+    python.chmod(0o755)
+    return calls, python
+
+
 def test_a_c_client_that_cannot_run_on_the_node_hands_over_to_the_python_one(tmp_path):
     """The Prolog shim with the compiled client: it runs it; when it cannot run (here: a binary of another
     kind), the shim runs the Python client with the same arguments. A fake Python logs how it was called."""
     from mig_batch.mig.models import get_model
     from mig_batch.slurm.install import install
 
-    calls, python = tmp_path / "calls", tmp_path / "python"
-    python.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
-    python.chmod(0o755)
+    calls, python = logging_python(tmp_path, '"$@"')
     dest = tmp_path / "etc"
     _, which = install(dest, str(python), "/etc/c.yaml", str(tmp_path / "jobs"), str(tmp_path / "no-agent.sock"),
                        [get_model("A100-80GB")], hook_client_kind="c")  # fmt: skip
@@ -318,9 +324,7 @@ def test_the_compiled_client_installed_as_the_hooks_takes_the_slow_path_with_the
     from mig_batch.mig.models import get_model
     from mig_batch.slurm.install import install
 
-    calls, python = tmp_path / "calls", tmp_path / "python"
-    python.write_text(f'#!/bin/sh\necho "$MIG_BATCH_CONFIG $@" >> {calls}\n')
-    python.chmod(0o755)
+    calls, python = logging_python(tmp_path, '"$MIG_BATCH_CONFIG $@"')
     dest = tmp_path / "etc"
     _, which = install(dest, str(python), "/etc/c d.yaml", str(tmp_path / "jobs"), str(tmp_path / "no-agent.sock"),
                        [get_model("A100-80GB")], hook_client_kind="direct")  # fmt: skip
