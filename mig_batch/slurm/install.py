@@ -90,8 +90,8 @@ def file_system_type(path: Path, mountinfo: str = "/proc/self/mountinfo") -> str
     return kind
 
 
-
 def shared_file_system(path: Path) -> bool:
+    """Whether ``path`` is on a file system that other nodes may share (a network or FUSE one)."""
     kind = file_system_type(path)
     return kind in SHARED_FILE_SYSTEMS or kind.startswith("fuse.")
 
@@ -172,6 +172,8 @@ def install(dest: Path, python: str, config: str, job_dir: str, agent_socket: st
     python_hook = f"{python} -I -S {Path(hook_client.__file__).resolve()}"
     if direct:
         hook, which = str(binary), f"hook client: {binary} (C), installed as the Prolog, Epilog and TaskProlog"
+        if shared:  # asked for: every node that runs these hooks must be able to run this binary
+            which += f"; {dest} is on {file_system_type(dest)}: on a node that cannot run it every job start fails"
     elif binary is not None:
         hook = str(binary)
         which = f"hook client: {binary} (C, run by shell shims: the Python one where it cannot run" + \

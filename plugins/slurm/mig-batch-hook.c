@@ -276,7 +276,6 @@ static int task_prolog(void)
 	fclose(f);
 	return 0;
 }
-#endif
 
 /* Which hook a name is ("taskprolog", "prolog", "epilog"; NULL for none): the name holds the word, so a
  * link such as prolog.d/50-mig-prolog works too. Slurm's other hooks are never taken for ours. */
@@ -297,6 +296,7 @@ static const char *hook_of(const char *given)
 		return "prolog";
 	return NULL;
 }
+#endif
 
 int main(int argc, char **argv)
 {
@@ -307,7 +307,7 @@ int main(int argc, char **argv)
 		return task_prolog();
 	if (argc == 1 && which)
 		return installed_hook(which);
-	if (argc == 1) { /* run as a hook under a name that says not which: nothing is done, so say so */
+	if (argc == 1 && strcmp(name, "mig-batch-hook") != 0) { /* a hook under a name that says not which */
 		openlog("mig-batch-hook", LOG_PID, LOG_DAEMON);
 		syslog(LOG_ERR, "run as '%.200s' with no arguments: as a Slurm hook, its name must hold prolog, epilog "
 		       "or taskprolog (the hook it is); nothing done", name);
