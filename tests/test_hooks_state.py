@@ -72,6 +72,21 @@ def test_prolog_creates_the_decided_instance_reports_it_and_epilog_destroys_it_o
     assert Journal(site.node_dir / "journal").entries() == []
 
 
+def test_an_epilog_destroys_the_strays_on_its_jobs_gpu_and_leaves_other_gpus_to_the_reconcile(site, batch, gpus):
+    a = agent(site, batch, gpus)
+    kept, done = decide(batch, 1, "1g.5gb", 0), decide(batch, 1, "1g.5gb", 1)
+    a.prolog(kept)
+    a.prolog(done)
+    assert a.epilog(done) == "destroyed 1g.5gb@1 on GPU 1"  # no stray: the instance ids were enough
+    stray, elsewhere = gpus.create(1, "1g.5gb", 6), gpus.create(0, "1g.5gb", 6)  # made behind the agent's back
+    done = decide(batch, 1, "2g.10gb", 2)
+    a.prolog(done)
+    detail = a.epilog(done)
+    assert detail == "destroyed 2g.10gb@2 on GPU 1; destroyed 1 stray instance(s): 1g.5gb@6 on GPU 1", detail
+    assert [i.uuid for i in gpus.instances(1)] == [Journal(site.node_dir / "journal").get(kept).uuid]
+    assert gpus.instances(0) == [elsewhere] and stray.uuid not in {i.uuid for i in gpus.instances(1)}
+
+
 def test_stale_decision_falls_back_to_mfi_on_the_node_and_says_so(site, batch, gpus):
     node = gpus
     node.create(1, "1g.5gb", 2)  # someone else holds part of the decided spot

@@ -138,23 +138,35 @@ class NvmlNode(GpuBackend):
                 out.append(GpuInfo(i, model, current == nv.NVML_DEVICE_MIG_ENABLE, _text(uuid)))
         return out
 
+    def _gpu_instances(self, gpu: int) -> Iterator[tuple[str, object]]:
+        """(profile name, GPU instance handle) of every GPU instance on ``gpu``."""
+        nv = _nvml()
+        handle = self._handle(gpu)
+        for name, profile in self._profiles(gpu).items():
+            array = (nv.c_nvmlGpuInstance_t * max(profile.instance_count, 1))()
+            count = ctypes.c_uint(0)
+            nv.nvmlDeviceGetGpuInstances(handle, profile.id, array, ctypes.byref(count))
+            for k in range(count.value):
+                yield name, array[k]
+
+    def instance_ids(self, gpu: int) -> list[int]:
+        nv = _nvml()
+        with _errors():
+            return [nv.nvmlGpuInstanceGetInfo(gi).id for _, gi in self._gpu_instances(gpu)]
+
     def instances(self, gpu: int) -> list[MigInstance]:
         nv = _nvml()
         handle = self._handle(gpu)
         out = []
         with _errors():
             migs = None
-            for name, profile in self._profiles(gpu).items():
-                array = (nv.c_nvmlGpuInstance_t * max(profile.instance_count, 1))()
-                count = ctypes.c_uint(0)
-                nv.nvmlDeviceGetGpuInstances(handle, profile.id, array, ctypes.byref(count))
-                for k in range(count.value):
-                    info = nv.nvmlGpuInstanceGetInfo(array[k])
-                    migs = self._mig_devices(handle) if migs is None else migs
-                    mig = migs.get(info.id)
-                    ci_id = nv.nvmlDeviceGetComputeInstanceId(mig) if mig is not None else 0
-                    uuid = _text(nv.nvmlDeviceGetUUID(mig)) if mig is not None else ""
-                    out.append(MigInstance(gpu, info.id, ci_id, name, info.placement.start, info.placement.size, uuid))
+            for name, gi in self._gpu_instances(gpu):
+                info = nv.nvmlGpuInstanceGetInfo(gi)
+                migs = self._mig_devices(handle) if migs is None else migs
+                mig = migs.get(info.id)
+                ci_id = nv.nvmlDeviceGetComputeInstanceId(mig) if mig is not None else 0
+                uuid = _text(nv.nvmlDeviceGetUUID(mig)) if mig is not None else ""
+                out.append(MigInstance(gpu, info.id, ci_id, name, info.placement.start, info.placement.size, uuid))
         return sorted(out, key=lambda i: i.start)
 
     def possible_starts(self, gpu: int, profile_id: int) -> list[tuple[int, int]]:

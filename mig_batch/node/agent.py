@@ -372,9 +372,14 @@ class NodeAgent:
         return gpu in self.mig_off
 
     def _local_strays(self, gpu: int) -> list[str]:
-        """Instances on ``gpu`` that no journal entry names: no job owns them (a crashed create)."""
-        owned = {e.uuid for e in self.journal.entries()}
-        return [self._destroy_stray(i) for i in self.backend.instances(gpu) if i.uuid not in owned]
+        """Instances on ``gpu`` that no journal entry names: no job owns them (a crashed create). Each one's
+        UUID is read only when an instance id on the GPU is not journaled there (an id made again after its
+        journaled instance was destroyed behind our back is left to the reconcile, which compares UUIDs)."""
+        owned = self.journal.entries()
+        if set(self.backend.instance_ids(gpu)) <= {e.gi_id for e in owned if e.gpu == gpu}:
+            return []
+        uuids = {e.uuid for e in owned}
+        return [self._destroy_stray(i) for i in self.backend.instances(gpu) if i.uuid not in uuids]
 
     def _destroy_stray(self, inst) -> str:
         try:
