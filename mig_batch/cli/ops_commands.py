@@ -221,7 +221,7 @@ def check_hooks(show_config: str, config: SiteConfig | None = None) -> list[Chec
                 problems.append(f"{path} does not exist" if not path.exists() else f"{path} is not a file")
             elif not os.access(path, os.X_OK):
                 problems.append(f"{path} is not executable (chmod 755 it)")
-            elif _is_executable_file(path):  # installed direct: the compiled client is the hook
+            elif _is_elf_binary(path):  # installed direct: the compiled client is the hook
                 ours = path
                 problems += check_direct_hook(path, key.lower(), config)
             elif SHIM_MARK in _head(path):
@@ -245,7 +245,7 @@ def _head(path: Path, size: int = 4096) -> str:
         return ""
 
 
-def _is_executable_file(path: Path) -> bool:
+def _is_elf_binary(path: Path) -> bool:
     """An ELF binary (not a script)."""
     try:
         with path.open("rb") as f:
