@@ -82,9 +82,9 @@ def test_installed_wheel_works_outside_the_checkout(wheel: Path, tmp_path: Path)
     assert written == ["job_submit.lua", "mig-batch-epilog", *compiled, "mig-batch-prolog", "mig-batch-subjob",
                        "mig-batch-taskprolog"]  # fmt: skip
     hooks = [away / "slurm" / f"mig-batch-{name}" for name in ("prolog", "epilog", "taskprolog")]
-    from mig_batch.slurm.install import shared_file_system
+    from mig_batch.slurm.install import file_system_type, shared_file_system
 
-    if compiled and not shared_file_system(away):  # on this host's own disk: the compiled client is the hooks
+    if compiled and not shared_file_system(file_system_type(away)):  # own disk: the compiled client is the hooks
         assert all(hook.resolve().name == "mig-batch-hook" for hook in hooks)
         settings = _run(away / "slurm" / "mig-batch-hook", "settings", cwd=away, env=env)
         python = next(line for line in settings.splitlines() if line.startswith("python="))

@@ -49,7 +49,6 @@ def test_the_file_system_is_that_of_the_longest_and_last_mount_holding_the_path(
 @pytest.mark.parametrize("shared", [False, True])
 def test_auto_installs_the_client_as_the_hooks_on_a_local_disk_and_shims_on_a_shared_one(tmp_path, monkeypatch,
                                                                                          shared):  # fmt: skip
-    monkeypatch.setattr(installing, "shared_file_system", lambda path: shared)
     monkeypatch.setattr(installing, "file_system_type", lambda path: "nfs4" if shared else "ext4")
     dest = tmp_path / "etc"
     _, which = installing.install(dest, sys.executable, "/etc/c.yaml", "/run/jobs", "/run/s",

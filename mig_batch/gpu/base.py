@@ -78,9 +78,10 @@ class GpuBackend(ABC):
         answer it without each instance's UUID."""
         return [inst.gi_id for inst in self.instances(gpu)]
 
-    def find(self, uuid: str) -> MigInstance | None:
-        for gpu in self.gpus():
-            for inst in self.instances(gpu.index):
+    def find(self, uuid: str, gpu: int | None = None) -> MigInstance | None:
+        """The instance with ``uuid``: on ``gpu`` when known (a journal entry says where), else on any."""
+        for index in [gpu] if gpu is not None else [g.index for g in self.gpus()]:
+            for inst in self.instances(index):
                 if inst.uuid == uuid:
                     return inst
         return None

@@ -157,7 +157,7 @@ class NodeAgent:
     def _forget(self, entries: list[Entry]) -> None:
         """Destroy these journaled instances (those still there) and drop their entries."""
         for entry in entries:
-            found = self.backend.find(entry.uuid)
+            found = self.backend.find(entry.uuid, entry.gpu)
             if found is not None:
                 self._destroy_all([found])
             self.journal.remove(entry.job)
@@ -168,7 +168,7 @@ class NodeAgent:
         place = parse_place(job.admin_tag)
         known = self._entries(job_id)
         wanted = len(place.ranks()) if place is not None else 1
-        if known and len(known) == wanted and all(self.backend.find(e.uuid) is not None for e in known):
+        if known and len(known) == wanted and all(self.backend.find(e.uuid, e.gpu) is not None for e in known):
             return PrologResult(self._exports(known, place), None)  # this prolog ran before
         self._forget(known)  # a part of a job's instances (an earlier prolog stopped midway): start again
         if place is None:
@@ -403,7 +403,7 @@ class NodeAgent:
                 if job_of(entry.job) in live:  # a multi-instance job's rank r is job#r
                     continue
                 with_job = f"job {entry.job}'s "
-                found = self.backend.find(entry.uuid)
+                found = self.backend.find(entry.uuid, entry.gpu)
                 if found is not None:
                     strays.append(with_job + self._destroy_stray(found))
                 self.journal.remove(entry.job)

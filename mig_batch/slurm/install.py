@@ -90,9 +90,9 @@ def file_system_type(path: Path, mountinfo: str = "/proc/self/mountinfo") -> str
     return kind
 
 
-def shared_file_system(path: Path) -> bool:
-    """Whether ``path`` is on a file system that other nodes may share (a network or FUSE one)."""
-    kind = file_system_type(path)
+def shared_file_system(kind: str) -> bool:
+    """Whether a file system of this type (:func:`file_system_type`) may be shared with other nodes (a
+    network or FUSE one)."""
     return kind in SHARED_FILE_SYSTEMS or kind.startswith("fuse.")
 
 
@@ -167,17 +167,18 @@ def install(dest: Path, python: str, config: str, job_dir: str, agent_socket: st
         build_hook_client(dest, paths=paths)  # fmt: skip
     if binary is None and hook_client_kind in ("c", "direct"):
         raise ValueError(f"cannot build the C hook client: {why}; give --hook-client python or install a C compiler")
-    shared = shared_file_system(dest)
+    fs = file_system_type(dest)
+    shared = shared_file_system(fs)
     direct = binary is not None and (hook_client_kind == "direct" or (hook_client_kind == "auto" and not shared))
     python_hook = f"{python} -I -S {Path(hook_client.__file__).resolve()}"
     if direct:
         hook, which = str(binary), f"hook client: {binary} (C), installed as the Prolog, Epilog and TaskProlog"
         if shared:  # asked for: every node that runs these hooks must be able to run this binary
-            which += f"; {dest} is on {file_system_type(dest)}: on a node that cannot run it every job start fails"
+            which += f"; {dest} is on {fs}: on a node that cannot run it every job start fails"
     elif binary is not None:
         hook = str(binary)
         which = f"hook client: {binary} (C, run by shell shims: the Python one where it cannot run" + \
-                (f"; {dest} is on {file_system_type(dest)}, which other nodes may share)" if shared else ")")
+                (f"; {dest} is on {fs}, which other nodes may share)" if shared else ")")
     else:
         hook = python_hook
         which = f"hook client: the Python one ({why}); each Prolog and Epilog starts an interpreter (~10 ms)"

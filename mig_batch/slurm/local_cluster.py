@@ -281,6 +281,7 @@ def _free_ports(count: int) -> list[int]:
 
 NODE_PATHS = ("/var/lib/mig-batch", "/run/mig-batch")  # what each node owns, in its own mount namespace
 NODE_GPU_DIR = f"{NODE_PATHS[0]}/nvml-emu"  # each node's emulated GPUs, as the node sees them
+MEMORY_FS = "mig-batch-node"  # the source name of the tmpfs mounts that keep a node's directories in memory
 
 
 @dataclass
@@ -403,14 +404,18 @@ class MigTestbed:
             for path in self.memory_dirs(node):
                 path.mkdir(parents=True, exist_ok=True)
                 if not os.path.ismount(path):
-                    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m,mode=0755", "mig-batch-node", str(path)],
+                    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m,mode=0755", MEMORY_FS, str(path)],
                                    check=True, capture_output=True)  # fmt: skip
 
     def _unmount_memory_dirs(self) -> None:
-        for node in self.nodes:
-            for path in self.memory_dirs(node):
-                if os.path.ismount(path):
-                    subprocess.run(["umount", "--lazy", str(path)], check=False, capture_output=True)
+        _unmount([path for node in self.nodes for path in self.memory_dirs(node) if os.path.ismount(path)])
+
+    @staticmethod
+    def reap_stale_mounts() -> None:
+        """Unmount every testbed's in-memory node directories (for the end of a test run that was killed:
+        a testbed stopped in time unmounts its own)."""
+        with open("/proc/mounts") as mounts:
+            _unmount([line.split()[1] for line in mounts if line.split()[0] == MEMORY_FS])
 
     def node_prefix(self, node: str) -> list[str]:
         """``unshare`` into a new mount namespace with the node's own paths and no controller directory."""
@@ -557,3 +562,8 @@ class MigTestbed:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _unmount(paths: list) -> None:
+    for path in paths:
+        subprocess.run(["umount", "--lazy", str(path)], check=False, capture_output=True)
