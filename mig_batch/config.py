@@ -79,6 +79,7 @@ class SiteConfig:
     reconcile_interval_s: float = 60.0  # on each GPU node: how often the agent reconciles with the batch system
     nodes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     slurm_bin: str = ""
+    slurm_library: str = ""  # the helper `mig-batch slurm install` builds: per-job Slurm calls without a process
     batch_system: str = ""  # slurm | htcondor; "": the one found (migsub, mig-batchd)
     htcondor_config: str = ""  # HTCondor: the client config (CONDOR_CONFIG) of mig-batchd and the node agent
     htcondor_agent_file: str = "/run/mig-batch/htcondor-agent.ad"  # HTCondor: the file the startd cron publishes
@@ -139,6 +140,7 @@ def load_config(explicit: str | os.PathLike | None = None) -> SiteConfig:
         reconcile_interval_s=_seconds(raw, "reconcile_interval_s", SiteConfig.reconcile_interval_s, path),
         nodes=nodes,
         slurm_bin=str(raw.get("slurm_bin") or ""),
+        slurm_library=str(raw.get("slurm_library") or ""),
         batch_system=_batch_system(raw, path),
         htcondor_config=str(raw.get("htcondor_config") or ""),
         htcondor_agent_file=str(raw.get("htcondor_agent_file") or SiteConfig.htcondor_agent_file),

@@ -62,7 +62,8 @@ def test_slurm_jobs_on_the_lowest_nvidia_ml_py_skip_a_gpu_with_mig_mode_off(tmp_
         pytest.skip(str(LocalCluster.available()))
     lowest = _installed(VERSIONS[0])
     with MigTestbed(tmp_path / "bed", nodes={"n1": ["A100-80GB", "A100-80GB"]}, mig_off={"n1": [1]},
-                    node_pythonpath=str(lowest), hook_client="c") as bed:  # the shell shims' way (others: direct)
+                    node_pythonpath=str(lowest), hook_client="c",  # the shell shims' way (others: direct)
+                    slurm_api=False) as bed:  # and Slurm's commands for the per-job calls (others: libslurm)
         (bed.root / "out").mkdir()
         seen = bed.in_node("n1", str(bed.node_python), "-c",
                            "import importlib.metadata as m, pynvml; print(m.version('nvidia-ml-py'), pynvml.__file__)")

@@ -113,7 +113,7 @@ def cmd_install(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     written, which = install(args.dest, args.python, str(Path(args.config).resolve()), str(config.job_dir),
                              str(config.agent_socket), _models(config, False), config.nodes, config.slice_gres,
-                             config.flex.leaf_requests, args.hook_client)  # fmt: skip
+                             config.flex.leaf_requests, args.hook_client, config.slurm_bin)  # fmt: skip
     for path in written:
         console.print(f"wrote {path}", highlight=False)
     console.print(which, highlight=False)
@@ -260,7 +260,9 @@ def _daemon(argv: list[str]) -> int:
 
         batch = HTCondorBatch(config.htcondor_config or None, agent_file=config.htcondor_agent_file)
     else:
-        batch = SlurmCli(config.slurm_bin, slice_gres=config.slice_gres)
+        from mig_batch.slurm.native import open_api
+
+        batch = SlurmCli(config.slurm_bin, slice_gres=config.slice_gres, api=open_api(config.slurm_library))
     controller = Controller(config, Store(config.state), batch)
     if args.once:
         try:

@@ -2,8 +2,10 @@
 sbatch, scancel): thin, no decisions.
 
 pyslurm has no release for Slurm 22.05, so the CLI is the adapter. Every call has a timeout and
-raises :class:`SlurmError` (a ``BatchError``) with the command and Slurm's message. Pins go to one
-``scontrol`` process per pass (its commands on stdin), not one process per job.
+raises :class:`SlurmError` (a ``BatchError``) with the command and Slurm's message. The calls made once
+per job (the agent's read of its decision, pins, releases, reports) go through libslurm when the site built
+the helper library (:mod:`mig_batch.slurm.native`): one RPC each, no process. Without it, pins go to one
+``scontrol`` process per chunk (its commands on stdin), not one process per job.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from mig_batch.batch.system import BatchError, BatchJob, JobState, NodeStatus, Pin
+from mig_batch.slurm.native import SlurmApi, SlurmApiError
 from mig_batch.slurm.session import ScontrolSession, SessionBroken, SessionError
 
 # REVOKED: a federated job's record on a cluster where a sibling runs instead; it never runs here
@@ -37,6 +41,37 @@ PIN_CHUNK = 16  # pins per scontrol process: released as soon as their chunk is 
 
 class SlurmError(BatchError):
     pass
+
+
+@dataclass(frozen=True)
+class JobUpdate:
+    """One update of a job (``scontrol update``); None leaves a field as it is."""
+
+    job_id: str
+    nodes: str | None = None
+    admin_comment: str | None = None
+    time_limit_min: int | None = None
+    start_now: bool = False
+    tres_per_node: str | None = None
+
+    def args(self) -> list[str]:
+        """As scontrol's words."""
+        args = [f"jobid={self.job_id}"]
+        for key, value in (("nodelist", self.nodes), ("admincomment", self.admin_comment),
+                           ("timelimit", self.time_limit_min), ("starttime", "now" if self.start_now else None),
+                           ("tresPerNode", self.tres_per_node)):  # fmt: skip
+            if value is not None:
+                args.append(f"{key}={value}")
+        return args
+
+    def send(self, api: SlurmApi, release: bool = False) -> None:
+        api.update_job(self.job_id, self.nodes, self.admin_comment, self.time_limit_min, self.start_now,
+                       self.tres_per_node, release)  # fmt: skip
+
+    @property
+    def releasable_at_once(self) -> bool:
+        """Whether a release may ride in the same RPC: slurmctld applies the TRES and the start time after it."""
+        return self.tres_per_node is None and not self.start_now
 
 
 def job_state(state: str, priority: int) -> JobState:
@@ -160,9 +195,11 @@ class SlurmCli:
     """:class:`~mig_batch.batch.system.BatchSystem` over Slurm's command-line tools."""
 
     def __init__(self, bin_dir: str = "", env: dict[str, str] | None = None, timeout: float = 30,
-                 slice_gres: str = "", session: bool = False):  # fmt: skip
-        """``session``: updates go through one long-lived scontrol (for a long-lived caller: the node agent)."""
-        self.bin_dir, self.env, self.timeout = bin_dir, env, timeout
+                 slice_gres: str = "", session: bool = False, api: SlurmApi | None = None):  # fmt: skip
+        """``session``: updates go through one long-lived scontrol (for a long-lived caller: the node agent).
+        ``api``: the per-job reads and updates through libslurm instead (its RPCs time out after slurm.conf's
+        MessageTimeout)."""
+        self.bin_dir, self.env, self.timeout, self.api = bin_dir, env, timeout, api
         self.slice_gres = slice_gres  # the GRES a pin sets to the job's MIG slices ("": none)
         self._session = ScontrolSession(self._exe("scontrol"), env, timeout) if session else None
         # a node's Prologs report at once in a burst: one scontrol process for all of them (~3 ms of CPU each)
@@ -205,33 +242,64 @@ class SlurmCli:
         if not pins:
             return {}
         tres = self._tres_per_node([p.job_id for p in pins if p.slices]) if self.slice_gres else {}
+        updates = [self._pin_update(p, tres) for p in pins]
         failed: dict[str, str] = {}
-        for i in range(0, len(pins), PIN_CHUNK):
-            failed.update(self._pin_chunk(pins[i : i + PIN_CHUNK], tres))
+        if self.api is not None:  # each pin and its release in one RPC where Slurm applies the pin first
+            updates = self._through_api(updates, failed, self._send_pin)
+        for i in range(0, len(updates), PIN_CHUNK):
+            failed.update(self._pin_chunk(updates[i : i + PIN_CHUNK]))
         return failed
 
-    def _pin_chunk(self, pins: Sequence[Pin], tres: dict[str, str]) -> dict[str, str]:
-        updates = []
-        for p in pins:
-            args = [f"jobid={p.job_id}", f"nodelist={p.node}", f"admincomment={p.admin_tag}"]
-            if p.time_limit_min is not None:
-                args += [f"timelimit={p.time_limit_min}", "starttime=now"]
-            if p.job_id in tres:  # Slurm counts the slices: sacct, fair-share and QOS/association limits see them
-                args.append(f"tresPerNode={with_slices(tres[p.job_id], self.slice_gres, p.slices)}")
-            updates.append((p.job_id, args))
+    def _pin_update(self, pin: Pin, tres: dict[str, str]) -> JobUpdate:
+        timed = pin.time_limit_min is not None
+        # Slurm counts the slices: sacct, fair-share and QOS/association limits see them
+        slices = with_slices(tres[pin.job_id], self.slice_gres, pin.slices) if pin.job_id in tres else None
+        return JobUpdate(pin.job_id, pin.node, pin.admin_tag, pin.time_limit_min, timed, slices)
+
+    def _send_pin(self, update: JobUpdate) -> None:
+        """The pin, then its release: in the same RPC where Slurm applies the pin's fields first (a refused
+        pin is never released), else in a second."""
+        assert self.api is not None
+        update.send(self.api, release=update.releasable_at_once)
+        if not update.releasable_at_once:
+            JobUpdate(update.job_id).send(self.api, release=True)
+
+    def _through_api(self, updates: Sequence[JobUpdate], failed: dict[str, str],
+                     send: Callable[[JobUpdate], None]) -> list[JobUpdate]:  # fmt: skip
+        """``send`` each update through libslurm; Slurm's refusals into ``failed``. Returns those Slurm did
+        not answer (no connection, authentication): for Slurm's commands, which read slurm.conf again.
+        Sending one again is safe: a pin or tag set twice is the same, a second release is ignored."""
+        unanswered = []
+        for update in updates:
+            try:
+                send(update)
+            except SlurmApiError as exc:
+                if not exc.answered:
+                    log.info("libslurm: %s; through Slurm's commands instead", exc)
+                    unanswered.append(update)
+                else:
+                    failed[update.job_id] = str(exc)
+        return unanswered
+
+    def _pin_chunk(self, updates: Sequence[JobUpdate]) -> dict[str, str]:
         failed = self._update_jobs(updates)
-        pinned = [p.job_id for p in pins if p.job_id not in failed]
+        pinned = [u.job_id for u in updates if u.job_id not in failed]
         try:
             self.release(pinned)
         except SlurmError as exc:
             failed.update({job: str(exc) for job in pinned})
         return failed
 
-    def _update_jobs(self, updates: Sequence[tuple[str, list[str]]]) -> dict[str, str]:
-        """``scontrol update`` for several jobs: the jobs whose update failed, with Slurm's message. Through
-        the session when there is one, else several through one scontrol process (its stdin); one alone, or
-        one with a value scontrol would not keep verbatim on stdin, through its own."""
+    def _update_jobs(self, job_updates: Sequence[JobUpdate]) -> dict[str, str]:
+        """Updates of several jobs: the jobs whose update failed, with Slurm's message. Through libslurm when
+        there is the helper; else through the session when there is one, else several through one scontrol
+        process (its stdin); one alone, or one with a value scontrol would not keep verbatim on stdin,
+        through its own."""
         failed: dict[str, str] = {}
+        if self.api is not None:
+            api = self.api
+            job_updates = self._through_api(job_updates, failed, lambda update: update.send(api))
+        updates = [(u.job_id, u.args()) for u in job_updates]
         batched, alone = [], []
         for update in updates:
             (batched if all(map(stdin_safe, update[1])) else alone).append(update)
@@ -313,7 +381,15 @@ class SlurmCli:
         return {j: found.get(j, "") for j in jobs}
 
     def release(self, jobs: Sequence[str]) -> None:
-        """Release held jobs, one scontrol call for many."""
+        """Release held jobs: one scontrol call for many, or an RPC each through libslurm."""
+        if self.api is not None:
+            failed: dict[str, str] = {}
+            api = self.api
+            unanswered = self._through_api([JobUpdate(j) for j in jobs], failed,
+                                           lambda update: update.send(api, release=True))  # fmt: skip
+            jobs = [u.job_id for u in unanswered]
+            if failed:
+                raise SlurmError("release failed: " + "; ".join(failed.values()))
         for i in range(0, len(jobs), 200):
             self._run("scontrol", "release", ",".join(jobs[i : i + 200]))
 
@@ -332,7 +408,7 @@ class SlurmCli:
         self._job_tags.submit((job, admin_tag))
 
     def _set_job_tags(self, tags: list[tuple[str, str]]) -> dict[int, Exception]:
-        failed = self._update_jobs([(job, [f"jobid={job}", f"admincomment={tag}"]) for job, tag in tags])
+        failed = self._update_jobs([JobUpdate(job, admin_comment=tag) for job, tag in tags])
         return {i: SlurmError(failed[job]) for i, (job, _) in enumerate(tags) if job in failed}
 
     def set_node_tag(self, node: str, agent_tag: str) -> None:
@@ -346,6 +422,16 @@ class SlurmCli:
 
     def job(self, job: str) -> BatchJob | None:
         """One job (the node agent's read of its decision), None when Slurm no longer knows it."""
+        if self.api is not None and job.isdigit():
+            try:
+                lines = self.api.job_lines(int(job))
+            except SlurmApiError as exc:
+                if exc.answered:
+                    raise SlurmError(str(exc)) from None
+                log.info("libslurm: %s; through squeue instead", exc)
+            else:
+                found = [j for j in map(parse_job_line, filter(str.strip, lines.splitlines())) if j.job_id == job]
+                return found[0] if found else None
         try:
             found = [j for j in self._squeue("-j", job) if j.job_id == job]
         except SlurmError as exc:

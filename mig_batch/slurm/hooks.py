@@ -21,12 +21,15 @@ from mig_batch.config import SiteConfig, load_config, open_backend
 from mig_batch.node.agent import NodeAgent
 from mig_batch.node.journal import Journal
 from mig_batch.slurm.commands import SlurmCli
+from mig_batch.slurm.native import open_api
 
 
 def make_agent(config: SiteConfig, node: str, long_lived: bool = False) -> NodeAgent:
-    """The node's agent; ``long_lived`` (the service) keeps one scontrol open for its reports."""
+    """The node's agent; ``long_lived`` (the service) keeps one scontrol open for its reports and makes its
+    per-job Slurm calls through libslurm where the site built the helper (the slow path runs commands)."""
+    api = open_api(config.slurm_library) if long_lived else None
     return NodeAgent(node, open_backend(config, node), Journal(config.node_dir / "journal"),
-                     SlurmCli(config.slurm_bin, session=long_lived), config.job_dir, config.policy,
+                     SlurmCli(config.slurm_bin, session=long_lived, api=api), config.job_dir, config.policy,
                      config.atomize.checkpoint_margin_s)  # fmt: skip
 
 

@@ -20,6 +20,7 @@ from mig_batch.resources import resource_path
 SHIMS = ("mig-batch-prolog", "mig-batch-epilog", "mig-batch-taskprolog", "mig-batch-subjob")
 DIRECT_HOOKS = SHIMS[:3]  # what the compiled client can be itself (by the name it is run as)
 HOOK_BINARY = "mig-batch-hook"
+SLURM_LIBRARY = "libmig-batch-slurm.so"
 HOOK_KINDS = ("auto", "direct", "c", "python")
 # file systems a hook directory may be shared on between nodes of other kinds (another CPU architecture)
 SHARED_FILE_SYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "glusterfs",
@@ -69,6 +70,35 @@ def build_hook_client(dest: Path, compiler: str | None = None,
     building.chmod(0o755)
     os.replace(building, binary)
     return binary, ""
+
+
+def build_slurm_library(dest: Path, compiler: str | None = None, slurm_bin: str = "") -> tuple[Path | None, str]:
+    """Compile the Slurm API helper (:mod:`mig_batch.slurm.native`) into ``dest`` against this host's slurm.h
+    and libslurm: (its path, "") or (None, why not). ``slurm_bin``: where Slurm's commands are, when Slurm
+    is installed under its own prefix (its include/ and lib/ are searched first)."""
+    cc = compiler or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None, "no C compiler (cc) on this host"
+    flags = []
+    if slurm_bin:
+        prefix = Path(slurm_bin).parent
+        flags = [f"-I{prefix / 'include'}", f"-L{prefix / 'lib'}", f"-Wl,-rpath,{prefix / 'lib'}"]
+    source, library = resource_path("plugins", "slurm", "mig-batch-slurm.c"), dest / SLURM_LIBRARY
+    building = dest / f".{SLURM_LIBRARY}.new"  # a process loading it meanwhile gets the old one, whole
+    try:
+        proc = subprocess.run([cc, "-O2", "-std=gnu11", "-shared", "-fPIC", *flags, "-o", str(building), str(source),
+                               "-lslurm"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        building.unlink(missing_ok=True)
+        return None, f"{cc} failed: {exc}"
+    if proc.returncode != 0:
+        building.unlink(missing_ok=True)
+        if "slurm/slurm.h" in proc.stderr:
+            return None, "no slurm/slurm.h: install Slurm's headers (Debian: libslurm-dev, RHEL: slurm-devel)"
+        return None, f"{cc} failed: {proc.stderr.strip()[-500:]}"
+    building.chmod(0o755)
+    os.replace(building, library)
+    return library, ""
 
 
 _OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")  # how mountinfo writes a blank, tab, newline or backslash
@@ -153,11 +183,13 @@ def slice_accounting_conf(nodes: Mapping[str, Sequence[str]], gres: str) -> tupl
 
 def install(dest: Path, python: str, config: str, job_dir: str, agent_socket: str, models: Iterable[GpuModel],
             nodes: Mapping[str, Sequence[str]] | None = None, slice_gres: str = "",
-            leaf_requests: bool = False, hook_client_kind: str = "auto") -> tuple[list[Path], str]:  # fmt: skip
-    """Write the hooks and job_submit.lua into ``dest``: (the files written, which hook client the hooks are or
-    run, and why). ``hook_client_kind``: ``direct`` (the compiled client is the hooks), ``c`` (shell shims
-    run it), ``python`` (shims run the Python client), or ``auto``: ``direct`` when it compiles and ``dest``
-    is on this host's own disk, ``c`` when it is on a file system other nodes may share, else ``python``."""
+            leaf_requests: bool = False, hook_client_kind: str = "auto",
+            slurm_bin: str = "") -> tuple[list[Path], str]:  # fmt: skip
+    """Write the hooks, job_submit.lua and the Slurm API helper into ``dest``: (the files written, which hook
+    client the hooks are or run and why, and whether the helper was built). ``hook_client_kind``: ``direct``
+    (the compiled client is the hooks), ``c`` (shell shims run it), ``python`` (shims run the Python
+    client), or ``auto``: ``direct`` when it compiles and ``dest`` is on this host's own disk, ``c`` when it
+    is on a file system other nodes may share, else ``python``."""
     if hook_client_kind not in HOOK_KINDS:
         raise ValueError(f"unknown hook client {hook_client_kind!r}; accepted: {', '.join(HOOK_KINDS)}")
     dest.mkdir(parents=True, exist_ok=True)
@@ -198,6 +230,13 @@ def install(dest: Path, python: str, config: str, job_dir: str, agent_socket: st
     path = dest / "job_submit.lua"
     path.write_text(job_submit_lua(models, nodes, leaf_requests))
     written.append(path)
+    library, why_not = build_slurm_library(dest, slurm_bin=slurm_bin)
+    if library is not None:
+        written.append(library)
+        which += (f"\nSlurm API helper: {library}; set `slurm_library: {library}` in the site config (on every "
+                  "host that runs mig-batchd or the node agent) for per-job Slurm calls without a process")
+    else:
+        which += f"\nSlurm API helper not built ({why_not}); mig_batch uses Slurm's commands"
     if slice_gres and nodes:  # lines to merge by hand: they touch the site's own NodeName lines
         for name, text in zip(("slurm.conf.mig-batch", "gres.conf.mig-batch"),
                               slice_accounting_conf(nodes, slice_gres), strict=True):  # fmt: skip

@@ -316,6 +316,8 @@ class MigTestbed:
     node_pythonpath: str = ""  # put first on the node processes' path (e.g. another nvidia-ml-py version)
     atomize: dict[str, object] = field(default_factory=dict)  # mig-batchd's atomize settings (e.g. live_defrag)
     hook_client: str = "auto"  # direct, c, python or auto (direct here: see mig_batch.slurm.install)
+    slurm_api: bool = True  # the per-job Slurm calls through the helper library where it builds; False: commands
+    slurm_library: str = ""  # the helper library the configs name ("": none)
     cluster: LocalCluster | None = None
     controller: subprocess.Popen | None = None
     agents: dict[str, subprocess.Popen] = field(default_factory=dict)
@@ -378,7 +380,8 @@ class MigTestbed:
     def write_config(self, policy: str | None = None) -> None:
         import yaml
 
-        common = {"policy": policy or self.policy, "nodes": self.nodes, "slice_gres": self.slice_gres}
+        common = {"policy": policy or self.policy, "nodes": self.nodes, "slice_gres": self.slice_gres,
+                  "slurm_library": self.slurm_library}  # fmt: skip
         self.config_path.parent.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(yaml.safe_dump({
             **common,
@@ -439,7 +442,7 @@ class MigTestbed:
 
     def _start(self) -> MigTestbed:
         from mig_batch.mig.models import get_model
-        from mig_batch.slurm.install import install, node_slices, slice_accounting_conf
+        from mig_batch.slurm.install import SLURM_LIBRARY, install, node_slices, slice_accounting_conf
 
         self.root.mkdir(parents=True, exist_ok=True)
         self.write_config()
@@ -447,8 +450,12 @@ class MigTestbed:
         self.make_gpus()
         etc = self.root / "etc"
         models = [get_model(m) for m in sorted({m for ms in self.nodes.values() for m in ms})]
-        install(etc, str(self.node_python), str(self.config_path), f"{NODE_PATHS[1]}/jobs",
-                f"{NODE_PATHS[1]}/agent.sock", models, self.nodes, hook_client_kind=self.hook_client)  # fmt: skip
+        written, _ = install(etc, str(self.node_python), str(self.config_path), f"{NODE_PATHS[1]}/jobs",
+                             f"{NODE_PATHS[1]}/agent.sock", models, self.nodes, hook_client_kind=self.hook_client)
+        library = etc / SLURM_LIBRARY
+        if self.slurm_api and library in written:
+            self.slurm_library = str(library)
+            self.write_config()
         gres_types, gres, accounting = "mig", {}, ""
         if self.slice_gres:  # the generated gres.conf as a site would append it; counts on the node lines
             (etc / "gres.conf").write_text(slice_accounting_conf(self.nodes, self.slice_gres)[1])

@@ -1,0 +1,136 @@
+/*
+ * The Slurm calls mig_batch makes once per job, over libslurm: one RPC each, no process.
+ *   - mb_job_lines: a job's records as the line `squeue -h -O FIELDS` prints (mig_batch/slurm/commands.py),
+ *     for the node agent's read of its decision;
+ *   - mb_update_job: a pin (nodes, AdminComment, time limit, TRES) and its release in one update, or the
+ *     node's report.
+ * Built by `mig-batch slurm install` against the site's own slurm.h and loaded with ctypes
+ * (mig_batch/slurm/native.py); without it mig_batch runs Slurm's commands instead.
+ */
+#define _GNU_SOURCE
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <slurm/slurm.h>
+#include <slurm/slurm_errno.h>
+
+/* exported by libslurm; slurm.h of 22.05 does not declare them */
+extern char *slurm_job_state_string(uint32_t inx);
+extern char *slurm_job_reason_string(enum job_state_reason inx);
+
+long mb_built_version(void) { return SLURM_VERSION_NUMBER; }
+void mb_init(const char *conf) { slurm_init(conf && *conf ? conf : NULL); }
+void mb_free(char *text) { free(text); }
+const char *mb_strerror(int code) { return slurm_strerror(code); }
+
+static void put_time(FILE *f, time_t t)
+{
+	if (t)
+		fprintf(f, "%" PRId64 "|", (int64_t) t);
+	else
+		fputs("N/A|", f);
+}
+
+/* squeue's [days-][hh:]mm:ss (its _print_secs) */
+static void put_minutes(FILE *f, uint32_t minutes)
+{
+	long secs = (long) minutes * 60;
+
+	if (secs > 365L * 24 * 3600)
+		fputs("INVALID|", f);
+	else if (secs >= 86400)
+		fprintf(f, "%ld-%2.2ld:%2.2ld:00|", secs / 86400, secs / 3600 % 24, secs / 60 % 60);
+	else if (secs >= 3600)
+		fprintf(f, "%ld:%2.2ld:00|", secs / 3600, secs / 60 % 60);
+	else
+		fprintf(f, "%ld:00|", secs / 60);
+}
+
+static void put_text(FILE *f, const char *text) { fprintf(f, "%s|", text ? text : "(null)"); }
+
+/* One record as squeue prints it with SLURM_TIME_FORMAT=%s (src/squeue/print.c of 22.05). */
+static void put_job(FILE *f, const slurm_job_info_t *job)
+{
+	fprintf(f, "%u|", job->job_id);  /* -O JobID: the record's own id, an array task's too */
+	put_text(f, slurm_job_state_string(job->job_state));
+	fprintf(f, "%u|%u|", job->priority, job->user_id);
+	put_text(f, job->nodes ? job->nodes : "");
+	put_time(f, job->submit_time);
+	put_time(f, job->start_time);
+	if (job->time_limit == INFINITE && job->end_time > time(NULL))
+		fputs("NONE|", f);
+	else
+		put_time(f, job->end_time);
+	if (job->time_limit == INFINITE)
+		fputs("UNLIMITED|", f);
+	else if (job->time_limit == NO_VAL)
+		fputs("NOT_SET|", f);
+	else
+		put_minutes(f, job->time_limit);
+	fprintf(f, "%u|", job->exit_code);
+	put_text(f, job->state_desc ? job->state_desc : slurm_job_reason_string(job->state_reason));
+	fprintf(f, "%u|", job->num_cpus);
+	put_text(f, job->admin_comment);
+	fputc('\n', f);
+}
+
+/* Every record of job `job_id` (an array's tasks, too) into *out (free with mb_free): 0 or Slurm's error. */
+int mb_job_lines(uint32_t job_id, char **out)
+{
+	job_info_msg_t *msg = NULL;
+	size_t size = 0;
+	FILE *f;
+
+	*out = NULL;
+	/* SHOW_LOCAL: no federation read first, as `squeue --local` */
+	if (slurm_load_job(&msg, job_id, SHOW_ALL | SHOW_LOCAL) != SLURM_SUCCESS)
+		return slurm_get_errno() ? slurm_get_errno() : SLURM_ERROR;
+	f = open_memstream(out, &size);
+	if (f == NULL) {
+		slurm_free_job_info_msg(msg);
+		return ENOMEM;
+	}
+	for (uint32_t i = 0; i < msg->record_count; i++)
+		put_job(f, &msg->job_array[i]);
+	slurm_free_job_info_msg(msg);
+	return fclose(f) == 0 ? 0 : ENOMEM;
+}
+
+/*
+ * Update one job: NULL text and NO_VAL time_limit leave a field as it is; start_now sets its begin time to
+ * now; release resets a held job's priority (scontrol release). slurmctld applies the nodes, AdminComment
+ * and time limit before the release within the one RPC and stops at the first refused field, so a pin of
+ * those it refuses is never released; TRES and the begin time come after the release: give those without
+ * release and release with a second call. 0 or Slurm's error.
+ */
+int mb_update_job(const char *job_id, const char *nodes, const char *admin_comment, uint32_t time_limit,
+		  int start_now, const char *tres_per_node, int release)
+{
+	job_desc_msg_t desc;
+	job_array_resp_msg_t *resp = NULL;
+	int rc;
+
+	slurm_init_job_desc_msg(&desc);
+	desc.job_id_str = (char *) job_id;
+	desc.req_nodes = (char *) nodes;
+	desc.admin_comment = (char *) admin_comment;
+	desc.tres_per_node = (char *) tres_per_node;
+	if (time_limit != NO_VAL)
+		desc.time_limit = time_limit;
+	if (start_now)
+		desc.begin_time = time(NULL);
+	if (release)
+		desc.priority = INFINITE;
+	if (slurm_update_job2(&desc, &resp) != SLURM_SUCCESS)
+		return slurm_get_errno() ? slurm_get_errno() : SLURM_ERROR;
+	rc = 0;
+	for (uint32_t i = 0; resp && i < resp->job_array_count; i++)
+		if (resp->error_code[i] != SLURM_SUCCESS)
+			rc = resp->error_code[i];
+	if (resp)
+		slurm_free_job_array_resp(resp);
+	return rc;
+}
