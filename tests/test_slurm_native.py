@@ -149,3 +149,16 @@ def test_a_slurm_conf_libslurm_cannot_read_is_a_warning_not_the_end_of_the_proce
                           timeout=60)  # fmt: skip
     assert proc.returncode == 0 and "api: None" in proc.stdout, proc.stderr
     assert "broken-slurm.conf" in proc.stderr and "using Slurm's commands" in proc.stderr
+
+
+def test_doctor_checks_the_library_the_config_names(cluster, library, tmp_path, monkeypatch):
+    from mig_batch.cli.ops_commands import check_slurm_library
+    from mig_batch.config import SiteConfig
+
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    unset = check_slurm_library(SiteConfig())
+    assert unset.ok and "not set" in unset.detail
+    missing = check_slurm_library(SiteConfig(slurm_library=str(tmp_path / "gone.so")))
+    assert not missing.ok and "gone.so" in missing.detail and "mig-batch slurm install" in missing.fix
+    good = check_slurm_library(SiteConfig(slurm_library=str(library)))
+    assert good.ok and "reaches slurmctld" in good.detail and "built for Slurm " in good.detail

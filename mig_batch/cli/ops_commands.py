@@ -150,6 +150,8 @@ def doctor(config_file: str | None, role: str | None, node: str) -> list[Check]:
                             "list each GPU node and its GPU models under nodes: in the site config"))  # fmt: skip
     show_config, slurm = slurm_config(config)
     checks.append(slurm)
+    if show_config is not None:
+        checks.append(check_slurm_library(config))
     if role == "controller":
         checks.append(check_store(config.state))
         if show_config is not None:
@@ -189,6 +191,30 @@ def slurm_config(config: SiteConfig) -> tuple[str | None, Check]:
         return None, Check("slurm", False, f"{scontrol} show config: {why}",
                            "check that slurmctld is up and reachable from here (scontrol ping)")  # fmt: skip
     return proc.stdout, Check("slurm", True, f"slurmctld answers ({scontrol})")
+
+
+def check_slurm_library(config: SiteConfig) -> Check:
+    """The config's ``slurm_library``: loads here, reads Slurm's configuration, and reaches slurmctld."""
+    from mig_batch.slurm.native import SlurmApi, SlurmApiError, probe
+
+    name, path = "slurm_library", config.slurm_library
+    if not path:
+        return Check(name, True, "not set: each job's Slurm calls start a process (set it to the library "
+                     "`mig-batch slurm install` builds)")  # fmt: skip
+    fix = ("run `mig-batch slurm install` again on a host like this one (with Slurm's headers: libslurm-dev or "
+           "slurm-devel) and point slurm_library at the library it writes, or remove slurm_library from "
+           f"{config.path}; meanwhile mig_batch uses Slurm's commands")  # fmt: skip
+    conf = os.environ.get("SLURM_CONF", "")
+    try:
+        probe(path, conf)
+        api = SlurmApi.load(path, conf)
+        api.job_lines(1)  # any id: an answer about it shows slurmctld is reached through libslurm
+    except OSError as exc:
+        return Check(name, False, f"{path} cannot be used: {exc}", fix)
+    except SlurmApiError as exc:
+        if not exc.answered:
+            return Check(name, False, f"{path} loads but does not reach slurmctld: {exc}", fix)
+    return Check(name, True, f"{path} (built for Slurm {api.built_for}) reaches slurmctld")
 
 
 def config_values(show_config: str) -> dict[str, str]:

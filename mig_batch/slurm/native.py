@@ -112,7 +112,7 @@ def open_api(path: str, env: dict[str, str] | None = None) -> SlurmApi | None:
         return None
     conf = (env or os.environ).get("SLURM_CONF", "")
     try:
-        _probe(path, conf)
+        probe(path, conf)
         return SlurmApi.load(path, conf)
     except OSError as exc:
         log.warning("slurm_library %s cannot be loaded (%s); using Slurm's commands. Build it again with "
@@ -120,7 +120,7 @@ def open_api(path: str, env: dict[str, str] | None = None) -> SlurmApi | None:
         return None
 
 
-def _probe(path: str, conf: str) -> None:
+def probe(path: str, conf: str) -> None:
     """Load the library and read Slurm's configuration in a child first: libslurm ends the process it runs in
     when it cannot read that configuration."""
     if path in _loaded:
