@@ -162,3 +162,31 @@ def test_doctor_checks_the_library_the_config_names(cluster, library, tmp_path, 
     assert not missing.ok and "gone.so" in missing.detail and "mig-batch slurm install" in missing.fix
     good = check_slurm_library(SiteConfig(slurm_library=str(library)))
     assert good.ok and "reaches slurmctld" in good.detail and "built for Slurm " in good.detail
+
+
+def test_every_job_reads_the_same_and_a_change_is_seen_at_once(cluster, clis, tmp_path):
+    commands, api = clis
+    job = submit(cluster, tmp_path, "-H")
+
+    def by_id(jobs):
+        return {j.job_id: j for j in jobs}
+
+    for _ in range(5):  # the scheduler may change a job between the two reads: try again
+        if by_id(api.jobs()) == by_id(commands.jobs()):
+            break
+        time.sleep(0.5)
+    else:
+        assert by_id(api.jobs()) == by_id(commands.jobs())
+    cluster.run("scontrol", "update", f"jobid={job}", "admincomment=changed")  # likely within the same second
+    assert by_id(api.jobs())[job].admin_tag == "changed"
+    new = submit(cluster, tmp_path, "-H")
+    assert new in by_id(api.jobs())
+    raw = api.api
+    for _ in range(10):  # a read with nothing changed since the last one: no records sent, none parsed
+        _, stamp = raw.all_job_lines(0)
+        time.sleep(1.1)
+        if raw.all_job_lines(stamp) == (None, stamp):
+            break
+    else:
+        pytest.fail("slurmctld never answered 'no change'")
+    assert {j.job_id for j in api.jobs()} >= {job, new}  # and the list kept stays whole

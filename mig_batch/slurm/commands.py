@@ -200,6 +200,8 @@ class SlurmCli:
         ``api``: the per-job reads and updates through libslurm instead (its RPCs time out after slurm.conf's
         MessageTimeout)."""
         self.bin_dir, self.env, self.timeout, self.api = bin_dir, env, timeout, api
+        self._jobs_seen: list[BatchJob] = []  # the last full read through libslurm, and slurmctld's stamp of it
+        self._jobs_stamp = 0
         self.slice_gres = slice_gres  # the GRES a pin sets to the job's MIG slices ("": none)
         self._session = ScontrolSession(self._exe("scontrol"), env, timeout) if session else None
         # a node's Prologs report at once in a burst: one scontrol process for all of them (~3 ms of CPU each)
@@ -228,6 +230,19 @@ class SlurmCli:
         return [parse_job_line(line) for line in out.splitlines() if line.strip()]
 
     def jobs(self) -> list[BatchJob]:
+        """Every job; through libslurm, read and parsed again only when one changed since the last call."""
+        if self.api is not None:
+            try:
+                lines, stamp = self.api.all_job_lines(self._jobs_stamp)
+            except SlurmApiError as exc:
+                if exc.answered:
+                    raise SlurmError(str(exc)) from None
+                log.info("libslurm: %s; through squeue instead", exc)
+            else:
+                if lines is not None:
+                    self._jobs_seen = [parse_job_line(line) for line in lines.splitlines() if line.strip()]
+                    self._jobs_stamp = stamp
+                return list(self._jobs_seen)
         return self._squeue()
 
     def nodes(self) -> list[NodeStatus]:

@@ -14,6 +14,7 @@ import time
 NO_VAL = 0xFFFFFFFE
 PROBE_TIMEOUT_S = 30.0
 INVALID_JOB_ID = 2017  # ESLURM_INVALID_JOB_ID: Slurm no longer (or never) knew the job
+NO_CHANGE_IN_DATA = 1900  # SLURM_NO_CHANGE_IN_DATA: nothing changed since the stamp given
 _loaded: dict[str, SlurmApi] = {}
 _lock = threading.Lock()
 log = logging.getLogger("mig-batch")
@@ -51,6 +52,8 @@ class SlurmApi:
             ("mb_free", None, [ctypes.c_void_p]),
             ("mb_strerror", ctypes.c_char_p, [ctypes.c_int]),
             ("mb_job_lines", ctypes.c_int, [ctypes.c_uint32, ctypes.POINTER(ctypes.c_void_p)]),
+            ("mb_all_job_lines", ctypes.c_int, [ctypes.c_int64, ctypes.POINTER(ctypes.c_int64),
+                                                ctypes.POINTER(ctypes.c_void_p)]),
             ("mb_update_job", ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint32,
                                              ctypes.c_int, ctypes.c_char_p, ctypes.c_int]),
         ):  # fmt: skip
@@ -71,21 +74,40 @@ class SlurmApi:
             return _loaded[path]
 
     def _error(self, code: int, what: str) -> SlurmApiError:
-        return SlurmApiError(code, f"{self._lib.mb_strerror(code).decode(errors='replace')} for job {what}")
+        """As scontrol words it: "<Slurm's message> for job <id>"."""
+        return SlurmApiError(code, f"{self._lib.mb_strerror(code).decode(errors='replace')} {what}")
 
     def job_lines(self, job_id: int) -> str:
         """The job's records as squeue's lines (``FIELDS`` of commands.py); "" when Slurm does not know it."""
         buffer = ctypes.c_void_p()
         code = self._lib.mb_job_lines(job_id, ctypes.byref(buffer))
+        text = self._take(buffer)
+        if code == INVALID_JOB_ID:
+            return ""
+        if code:
+            raise self._error(code, f"for job {job_id}")
+        return text
+
+    def all_job_lines(self, since: int = 0) -> tuple[str | None, int]:
+        """(every job's records as squeue's lines, slurmctld's stamp of them); (None, ``since``) when no job
+        changed since that earlier stamp (0: read them anyway)."""
+        buffer, stamp = ctypes.c_void_p(), ctypes.c_int64(since)
+        code = self._lib.mb_all_job_lines(since, ctypes.byref(stamp), ctypes.byref(buffer))
+        text = self._take(buffer)
+        if code == NO_CHANGE_IN_DATA:
+            return None, since
+        if code:
+            raise self._error(code, "reading the jobs")
+        return text, stamp.value
+
+    def _take(self, buffer: ctypes.c_void_p) -> str:
+        """The C string the library allocated, freed."""
+        if not buffer.value:
+            return ""
         try:
-            if code == INVALID_JOB_ID:
-                return ""
-            if code:
-                raise self._error(code, str(job_id))
-            return ctypes.string_at(buffer).decode(errors="surrogateescape") if buffer.value else ""
+            return ctypes.string_at(buffer).decode(errors="surrogateescape")
         finally:
-            if buffer.value:
-                self._lib.mb_free(buffer)
+            self._lib.mb_free(buffer)
 
     def update_job(self, job_id: str, nodes: str | None = None, admin_comment: str | None = None,
                    time_limit_min: int | None = None, start_now: bool = False, tres_per_node: str | None = None,
@@ -96,7 +118,7 @@ class SlurmApi:
                                        NO_VAL if time_limit_min is None else time_limit_min, int(start_now),
                                        _c(tres_per_node), int(release))  # fmt: skip
         if code:
-            raise self._error(code, job_id)
+            raise self._error(code, f"for job {job_id}")
 
 
 def _c(text: str | None) -> bytes | None:

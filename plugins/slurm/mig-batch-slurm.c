@@ -1,13 +1,15 @@
 /*
- * The Slurm calls mig_batch makes once per job, over libslurm: one RPC each, no process.
+ * The Slurm calls mig_batch makes once per job or pass, over libslurm: one RPC each, no process.
  *   - mb_job_lines: a job's records as the line `squeue -h -O FIELDS` prints (mig_batch/slurm/commands.py),
- *     for the node agent's read of its decision;
+ *     for the node agent's read of its decision; mb_all_job_lines: every job's, for mig-batchd's poll,
+ *     only when one changed;
  *   - mb_update_job: a pin (nodes, AdminComment, time limit, TRES) and its release in one update, or the
  *     node's report.
  * Built by `mig-batch slurm install` against the site's own slurm.h and loaded with ctypes
  * (mig_batch/slurm/native.py); without it mig_batch runs Slurm's commands instead.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,18 +79,11 @@ static void put_job(FILE *f, const slurm_job_info_t *job)
 	fputc('\n', f);
 }
 
-/* Every record of job `job_id` (an array's tasks, too) into *out (free with mb_free): 0 or Slurm's error. */
-int mb_job_lines(uint32_t job_id, char **out)
+static int put_jobs(job_info_msg_t *msg, char **out)
 {
-	job_info_msg_t *msg = NULL;
 	size_t size = 0;
-	FILE *f;
+	FILE *f = open_memstream(out, &size);
 
-	*out = NULL;
-	/* SHOW_LOCAL: no federation read first, as `squeue --local` */
-	if (slurm_load_job(&msg, job_id, SHOW_ALL | SHOW_LOCAL) != SLURM_SUCCESS)
-		return slurm_get_errno() ? slurm_get_errno() : SLURM_ERROR;
-	f = open_memstream(out, &size);
 	if (f == NULL) {
 		slurm_free_job_info_msg(msg);
 		return ENOMEM;
@@ -97,6 +92,33 @@ int mb_job_lines(uint32_t job_id, char **out)
 		put_job(f, &msg->job_array[i]);
 	slurm_free_job_info_msg(msg);
 	return fclose(f) == 0 ? 0 : ENOMEM;
+}
+
+static int slurm_error(void) { return slurm_get_errno() ? slurm_get_errno() : SLURM_ERROR; }
+
+/* Every record of job `job_id` (an array's tasks, too) into *out (free with mb_free): 0 or Slurm's error.
+   The flags of `squeue --local -j ID`: SHOW_LOCAL skips the federation read. */
+int mb_job_lines(uint32_t job_id, char **out)
+{
+	job_info_msg_t *msg = NULL;
+
+	*out = NULL;
+	if (slurm_load_job(&msg, job_id, SHOW_ALL | SHOW_LOCAL) != SLURM_SUCCESS)
+		return slurm_error();
+	return put_jobs(msg, out);
+}
+
+/* Every job's records into *out, as `squeue --local -t all` lists them, when any changed since `since`
+   (slurmctld's stamp of an earlier answer, in *stamp; 0: always): else SLURM_NO_CHANGE_IN_DATA. */
+int mb_all_job_lines(int64_t since, int64_t *stamp, char **out)
+{
+	job_info_msg_t *msg = NULL;
+
+	*out = NULL;
+	if (slurm_load_jobs((time_t) since, &msg, SHOW_LOCAL) != SLURM_SUCCESS)
+		return slurm_error();
+	*stamp = (int64_t) msg->last_update;
+	return put_jobs(msg, out);
 }
 
 /*
@@ -125,7 +147,7 @@ int mb_update_job(const char *job_id, const char *nodes, const char *admin_comme
 	if (release)
 		desc.priority = INFINITE;
 	if (slurm_update_job2(&desc, &resp) != SLURM_SUCCESS)
-		return slurm_get_errno() ? slurm_get_errno() : SLURM_ERROR;
+		return slurm_error();
 	rc = 0;
 	for (uint32_t i = 0; resp && i < resp->job_array_count; i++)
 		if (resp->error_code[i] != SLURM_SUCCESS)
