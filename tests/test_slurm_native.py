@@ -190,3 +190,18 @@ def test_every_job_reads_the_same_and_a_change_is_seen_at_once(cluster, clis, tm
     else:
         pytest.fail("slurmctld never answered 'no change'")
     assert {j.job_id for j in api.jobs()} >= {job, new}  # and the list kept stays whole
+
+
+def test_a_library_built_by_another_mig_batch_is_refused_by_name(tmp_path, caplog):
+    import shutil
+
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    source = tmp_path / "old.c"
+    source.write_text("int mb_abi_version(void) { return 0; }\nint mb_job_lines(void) { return 0; }\n")
+    old = tmp_path / "libold.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(old), str(source)], check=True)
+    with caplog.at_level(logging.WARNING, logger="mig-batch"):
+        assert open_api(str(old)) is None
+    assert "built by another mig_batch" in caplog.text and "mig-batch slurm install" in caplog.text

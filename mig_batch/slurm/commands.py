@@ -37,6 +37,7 @@ _STDIN_SAFE = re.compile(r"[!#-&(-~]{0,999}")  # printable ASCII but blanks and 
 # federation read slurmctld would otherwise answer first.
 SQUEUE_ARGS = ("--local", "-h", "-t", "all")
 PIN_CHUNK = 16  # pins per scontrol process: released as soon as their chunk is pinned
+API_PAUSE_S = 60.0  # after libslurm could not reach slurmctld: Slurm's commands only, for this long
 
 
 class SlurmError(BatchError):
@@ -202,10 +203,20 @@ class SlurmCli:
         self.bin_dir, self.env, self.timeout, self.api = bin_dir, env, timeout, api
         self._jobs_seen: list[BatchJob] = []  # the last full read through libslurm, and slurmctld's stamp of it
         self._jobs_stamp = 0
+        self._api_paused_until = 0.0
         self.slice_gres = slice_gres  # the GRES a pin sets to the job's MIG slices ("": none)
         self._session = ScontrolSession(self._exe("scontrol"), env, timeout) if session else None
         # a node's Prologs report at once in a burst: one scontrol process for all of them (~3 ms of CPU each)
         self._job_tags = GroupCommit(self._set_job_tags)
+
+    def _live_api(self) -> SlurmApi | None:
+        """The helper library, unless it could not reach slurmctld within the last ``API_PAUSE_S``: a call that
+        waits out Slurm's MessageTimeout once should not make every other call of the pass wait too."""
+        return self.api if self.api is not None and time.monotonic() >= self._api_paused_until else None
+
+    def _pause_api(self, exc: SlurmApiError) -> None:
+        log.warning("libslurm: %s; Slurm's commands for the next %.0f s", exc, API_PAUSE_S)
+        self._api_paused_until = time.monotonic() + API_PAUSE_S
 
     def _exe(self, command: str) -> str:
         return str(Path(self.bin_dir) / command) if self.bin_dir else command
@@ -231,13 +242,13 @@ class SlurmCli:
 
     def jobs(self) -> list[BatchJob]:
         """Every job; through libslurm, read and parsed again only when one changed since the last call."""
-        if self.api is not None:
+        if (api := self._live_api()) is not None:
             try:
-                lines, stamp = self.api.all_job_lines(self._jobs_stamp)
+                lines, stamp = api.all_job_lines(self._jobs_stamp)
             except SlurmApiError as exc:
                 if exc.answered:
                     raise SlurmError(str(exc)) from None
-                log.info("libslurm: %s; through squeue instead", exc)
+                self._pause_api(exc)
             else:
                 if lines is not None:
                     self._jobs_seen = [parse_job_line(line) for line in lines.splitlines() if line.strip()]
@@ -251,16 +262,17 @@ class SlurmCli:
         return list({n.node: n for n in map(parse_node_line, filter(str.strip, out.splitlines()))}.values())
 
     def pin_and_release(self, pins: Sequence[Pin]) -> dict[str, str]:
-        """Pin and release in chunks: each chunk is one ``scontrol`` process with its pins on stdin, then one
-        release of those it pinned, so that a job is released as soon as its chunk is pinned and the first
-        jobs of a long pass start while the rest are pinned."""
+        """Pin and release; the jobs that failed, with Slurm's message. Through libslurm, a job at a time (see
+        :meth:`_pins_through_api`); through the commands, in chunks: each chunk is one ``scontrol`` process
+        with its pins on stdin, then one release of those it pinned, so that a job is released as soon as
+        its chunk is pinned and the first jobs of a long pass start while the rest are pinned."""
         if not pins:
             return {}
         tres = self._tres_per_node([p.job_id for p in pins if p.slices]) if self.slice_gres else {}
         updates = [self._pin_update(p, tres) for p in pins]
         failed: dict[str, str] = {}
-        if self.api is not None:  # each pin and its release in one RPC where Slurm applies the pin first
-            updates = self._through_api(updates, failed, self._send_pin)
+        if (api := self._live_api()) is not None:
+            updates = self._pins_through_api(api, updates, failed)
         for i in range(0, len(updates), PIN_CHUNK):
             failed.update(self._pin_chunk(updates[i : i + PIN_CHUNK]))
         return failed
@@ -271,30 +283,60 @@ class SlurmCli:
         slices = with_slices(tres[pin.job_id], self.slice_gres, pin.slices) if pin.job_id in tres else None
         return JobUpdate(pin.job_id, pin.node, pin.admin_tag, pin.time_limit_min, timed, slices)
 
-    def _send_pin(self, update: JobUpdate) -> None:
-        """The pin, then its release: in the same RPC where Slurm applies the pin's fields first (a refused
-        pin is never released), else in a second."""
-        assert self.api is not None
-        update.send(self.api, release=update.releasable_at_once)
-        if not update.releasable_at_once:
-            JobUpdate(update.job_id).send(self.api, release=True)
-
-    def _through_api(self, updates: Sequence[JobUpdate], failed: dict[str, str],
-                     send: Callable[[JobUpdate], None]) -> list[JobUpdate]:  # fmt: skip
-        """``send`` each update through libslurm; Slurm's refusals into ``failed``. Returns those Slurm did
-        not answer (no connection, authentication): for Slurm's commands, which read slurm.conf again.
-        Sending one again is safe: a pin or tag set twice is the same, a second release is ignored."""
-        unanswered = []
-        for update in updates:
+    def _pins_through_api(self, api: SlurmApi, updates: Sequence[JobUpdate],
+                          failed: dict[str, str]) -> list[JobUpdate]:  # fmt: skip
+        """Each pin and its release through libslurm; refusals into ``failed``. A pin Slurm did not answer is
+        failed too and not sent again (it may have been applied and the job started: the next pass decides
+        again what is still held); the pins after it are returned, for Slurm's commands."""
+        for i, update in enumerate(updates):
             try:
-                send(update)
+                self._send_pin(api, update)
+            except SlurmApiError as exc:
+                failed[update.job_id] = str(exc)
+                if not exc.answered:
+                    self._pause_api(exc)
+                    return list(updates[i + 1 :])
+        return []
+
+    def _send_pin(self, api: SlurmApi, update: JobUpdate) -> None:
+        """The pin, then its release: in the same RPC where Slurm applies the pin's fields first, else in a
+        second. Slurm checks a job's limits after its release: a job refused there, released with the pin
+        applied, is pinned (the pin is not an error)."""
+        try:
+            update.send(api, release=update.releasable_at_once)
+        except SlurmApiError as exc:
+            if not (exc.answered and update.releasable_at_once and self._released_as_pinned(api, update)):
+                raise
+            log.info("job %s: released as pinned although Slurm said %s", update.job_id, exc)
+            return
+        if not update.releasable_at_once:
+            JobUpdate(update.job_id).send(api, release=True)
+
+    @staticmethod
+    def _released_as_pinned(api: SlurmApi, update: JobUpdate) -> bool:
+        if not update.job_id.isdigit():
+            return False
+        try:
+            lines = api.job_lines(int(update.job_id))
+        except SlurmApiError:
+            return False
+        found = [j for j in map(parse_job_line, filter(str.strip, lines.splitlines())) if j.job_id == update.job_id]
+        return bool(found) and found[0].state != JobState.HELD and found[0].admin_tag == update.admin_comment
+
+    def _through_api(self, api: SlurmApi, updates: Sequence[JobUpdate], failed: dict[str, str],
+                     release: bool = False) -> list[JobUpdate]:  # fmt: skip
+        """Each update through libslurm; Slurm's refusals into ``failed``. Returns those from the first one
+        Slurm did not answer on, for Slurm's commands (which read slurm.conf again): sending a tag or a
+        release again is safe (the same text; a second release is ignored)."""
+        for i, update in enumerate(updates):
+            try:
+                update.send(api, release=release)
             except SlurmApiError as exc:
                 if not exc.answered:
-                    log.info("libslurm: %s; through Slurm's commands instead", exc)
-                    unanswered.append(update)
-                else:
-                    failed[update.job_id] = str(exc)
-        return unanswered
+                    self._pause_api(exc)
+                    return list(updates[i:])
+                failed[update.job_id] = str(exc)
+        return []
 
     def _pin_chunk(self, updates: Sequence[JobUpdate]) -> dict[str, str]:
         failed = self._update_jobs(updates)
@@ -311,9 +353,8 @@ class SlurmCli:
         process (its stdin); one alone, or one with a value scontrol would not keep verbatim on stdin,
         through its own."""
         failed: dict[str, str] = {}
-        if self.api is not None:
-            api = self.api
-            job_updates = self._through_api(job_updates, failed, lambda update: update.send(api))
+        if (api := self._live_api()) is not None:
+            job_updates = self._through_api(api, job_updates, failed)
         updates = [(u.job_id, u.args()) for u in job_updates]
         batched, alone = [], []
         for update in updates:
@@ -397,16 +438,13 @@ class SlurmCli:
 
     def release(self, jobs: Sequence[str]) -> None:
         """Release held jobs: one scontrol call for many, or an RPC each through libslurm."""
-        if self.api is not None:
-            failed: dict[str, str] = {}
-            api = self.api
-            unanswered = self._through_api([JobUpdate(j) for j in jobs], failed,
-                                           lambda update: update.send(api, release=True))  # fmt: skip
-            jobs = [u.job_id for u in unanswered]
-            if failed:
-                raise SlurmError("release failed: " + "; ".join(failed.values()))
+        failed: dict[str, str] = {}
+        if (api := self._live_api()) is not None:
+            jobs = [u.job_id for u in self._through_api(api, [JobUpdate(j) for j in jobs], failed, release=True)]
         for i in range(0, len(jobs), 200):
             self._run("scontrol", "release", ",".join(jobs[i : i + 200]))
+        if failed:
+            raise SlurmError("release failed: " + "; ".join(failed.values()))
 
     def requeue_hold(self, job: str, reason: str = "") -> None:
         self._run("scontrol", "requeuehold", job)
@@ -437,13 +475,13 @@ class SlurmCli:
 
     def job(self, job: str) -> BatchJob | None:
         """One job (the node agent's read of its decision), None when Slurm no longer knows it."""
-        if self.api is not None and job.isdigit():
+        if job.isdigit() and (api := self._live_api()) is not None:
             try:
-                lines = self.api.job_lines(int(job))
+                lines = api.job_lines(int(job))
             except SlurmApiError as exc:
                 if exc.answered:
                     raise SlurmError(str(exc)) from None
-                log.info("libslurm: %s; through squeue instead", exc)
+                self._pause_api(exc)
             else:
                 found = [j for j in map(parse_job_line, filter(str.strip, lines.splitlines())) if j.job_id == job]
                 return found[0] if found else None

@@ -12,6 +12,7 @@ import threading
 import time
 
 NO_VAL = 0xFFFFFFFE
+ABI_VERSION = 1  # mb_abi_version() of plugins/slurm/mig-batch-slurm.c this module calls
 PROBE_TIMEOUT_S = 30.0
 INVALID_JOB_ID = 2017  # ESLURM_INVALID_JOB_ID: Slurm no longer (or never) knew the job
 NO_CHANGE_IN_DATA = 1900  # SLURM_NO_CHANGE_IN_DATA: nothing changed since the stamp given
@@ -29,9 +30,9 @@ class SlurmApiError(Exception):
 
     @property
     def answered(self) -> bool:
-        """Whether slurmctld answered about the job (ESLURM_*), not a failure to reach it or to authenticate
-        (socket and protocol errors, ESLURM_AUTH_*)."""
-        return 2000 <= self.code < 6000
+        """Whether slurmctld answered about the job (ESLURM_*), not a failure to reach it, to hear its answer
+        in time or to authenticate (socket and protocol errors, 5000-5005 among them; ESLURM_AUTH_*)."""
+        return 2000 <= self.code < 5000
 
 
 def version_text(number: int) -> str:
@@ -43,24 +44,9 @@ class SlurmApi:
     ``SLURM_CONF``, else Slurm's default)."""
 
     def __init__(self, path: str, conf: str = ""):
-        # global: the plugins libslurm loads (auth, hash) look its symbols up there. OSError: missing, or built
-        # against a libslurm this host no longer has
-        lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-        for name, restype, argtypes in (
-            ("mb_built_version", ctypes.c_long, []),
-            ("mb_init", None, [ctypes.c_char_p]),
-            ("mb_free", None, [ctypes.c_void_p]),
-            ("mb_strerror", ctypes.c_char_p, [ctypes.c_int]),
-            ("mb_job_lines", ctypes.c_int, [ctypes.c_uint32, ctypes.POINTER(ctypes.c_void_p)]),
-            ("mb_all_job_lines", ctypes.c_int, [ctypes.c_int64, ctypes.POINTER(ctypes.c_int64),
-                                                ctypes.POINTER(ctypes.c_void_p)]),
-            ("mb_update_job", ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint32,
-                                             ctypes.c_int, ctypes.c_char_p, ctypes.c_int]),
-        ):  # fmt: skip
-            function = getattr(lib, name)
-            function.restype, function.argtypes = restype, argtypes
+        lib = _bind(path)
         # it links libslurm by its ABI version (libslurm.so.N): a Slurm whose structures differ has another N,
-        # and loading fails above
+        # and loading fails in _bind
         lib.mb_init(conf.encode() if conf else None)
         self.path, self._lib = path, lib
         self.built_for = version_text(lib.mb_built_version())  # the Slurm release whose slurm.h it was built with
@@ -147,7 +133,7 @@ def probe(path: str, conf: str) -> None:
     when it cannot read that configuration."""
     if path in _loaded:
         return
-    ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)  # a missing or foreign file: its own reason, here
+    _bind(path)  # a missing, foreign or outdated file: its own reason, here
     child = os.fork()
     if child == 0:
         code = 1
@@ -166,3 +152,32 @@ def probe(path: str, conf: str) -> None:
         time.sleep(0.01)
     if status[1] != 0:
         raise OSError(f"libslurm could not start with {where} (exit status {os.waitstatus_to_exitcode(status[1])})")
+
+
+def _bind(path: str) -> ctypes.CDLL:
+    """The library with its functions' types; ``OSError`` when it is missing, built against a libslurm this
+    host no longer has, or built by another mig_batch (another interface)."""
+    # global: the plugins libslurm loads (auth, hash) look its symbols up there
+    lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    try:
+        lib.mb_abi_version.restype = ctypes.c_int
+        abi = lib.mb_abi_version()
+    except AttributeError:
+        abi = 0
+    if abi != ABI_VERSION:
+        raise OSError(f"{path} was built by another mig_batch (interface {abi}, this one needs {ABI_VERSION}): "
+                      "run `mig-batch slurm install` again")  # fmt: skip
+    for name, restype, argtypes in (
+        ("mb_built_version", ctypes.c_long, []),
+        ("mb_init", None, [ctypes.c_char_p]),
+        ("mb_free", None, [ctypes.c_void_p]),
+        ("mb_strerror", ctypes.c_char_p, [ctypes.c_int]),
+        ("mb_job_lines", ctypes.c_int, [ctypes.c_uint32, ctypes.POINTER(ctypes.c_void_p)]),
+        ("mb_all_job_lines", ctypes.c_int, [ctypes.c_int64, ctypes.POINTER(ctypes.c_int64),
+                                            ctypes.POINTER(ctypes.c_void_p)]),
+        ("mb_update_job", ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint32,
+                                         ctypes.c_int, ctypes.c_char_p, ctypes.c_int]),
+    ):  # fmt: skip
+        function = getattr(lib, name)
+        function.restype, function.argtypes = restype, argtypes
+    return lib

@@ -23,17 +23,24 @@
 extern char *slurm_job_state_string(uint32_t inx);
 extern char *slurm_job_reason_string(enum job_state_reason inx);
 
+/* the interface below; mig_batch/slurm/native.py refuses a library of another */
+int mb_abi_version(void) { return 1; }
 long mb_built_version(void) { return SLURM_VERSION_NUMBER; }
 void mb_init(const char *conf) { slurm_init(conf && *conf ? conf : NULL); }
 void mb_free(char *text) { free(text); }
 const char *mb_strerror(int code) { return slurm_strerror(code); }
 
+/* squeue's _print_time with SLURM_TIME_FORMAT=%s (slurm_make_time_str) */
 static void put_time(FILE *f, time_t t)
 {
-	if (t)
-		fprintf(f, "%" PRId64 "|", (int64_t) t);
-	else
+	if (t == 0)
 		fputs("N/A|", f);
+	else if (t == (time_t) INFINITE)
+		fputs("Unknown|", f);
+	else if (t == (time_t) NO_VAL)
+		fputs("None|", f);
+	else
+		fprintf(f, "%" PRId64 "|", (int64_t) t);
 }
 
 /* squeue's [days-][hh:]mm:ss (its _print_secs) */
@@ -58,7 +65,7 @@ static void put_job(FILE *f, const slurm_job_info_t *job)
 {
 	fprintf(f, "%u|", job->job_id);  /* -O JobID: the record's own id, an array task's too */
 	put_text(f, slurm_job_state_string(job->job_state));
-	fprintf(f, "%u|%u|", job->priority, job->user_id);
+	fprintf(f, "%u|%d|", job->priority, (int) job->user_id);
 	put_text(f, job->nodes ? job->nodes : "");
 	put_time(f, job->submit_time);
 	put_time(f, job->start_time);
@@ -72,7 +79,7 @@ static void put_job(FILE *f, const slurm_job_info_t *job)
 		fputs("NOT_SET|", f);
 	else
 		put_minutes(f, job->time_limit);
-	fprintf(f, "%u|", job->exit_code);
+	fprintf(f, "%d|", (int) job->exit_code);
 	put_text(f, job->state_desc ? job->state_desc : slurm_job_reason_string(job->state_reason));
 	fprintf(f, "%u|", job->num_cpus);
 	put_text(f, job->admin_comment);
@@ -124,9 +131,10 @@ int mb_all_job_lines(int64_t since, int64_t *stamp, char **out)
 /*
  * Update one job: NULL text and NO_VAL time_limit leave a field as it is; start_now sets its begin time to
  * now; release resets a held job's priority (scontrol release). slurmctld applies the nodes, AdminComment
- * and time limit before the release within the one RPC and stops at the first refused field, so a pin of
- * those it refuses is never released; TRES and the begin time come after the release: give those without
- * release and release with a second call. 0 or Slurm's error.
+ * and time limit before the release within the one RPC and stops at the first field it refuses, so a job
+ * whose nodes it refuses is not released; the TRES and the begin time come after the release (give those
+ * without release, then release with a second call), and so do its limit checks (QOS thresholds, partition
+ * access): refused there, the job is released with the fields before applied. 0 or Slurm's error.
  */
 int mb_update_job(const char *job_id, const char *nodes, const char *admin_comment, uint32_t time_limit,
 		  int start_now, const char *tres_per_node, int release)
