@@ -154,6 +154,8 @@ def test_impossible_request_is_rejected_at_submission_naming_the_largest(bed):
     script = job_script(bed, "huge", "#MIG --gpu-mem 500G")
     proc = bed.migsub(str(script), check=False)
     assert proc.returncode != 0 and "the largest is 7g.80gb" in proc.stderr
+    proc = bed.cluster.run("sbatch", "--array=1-2", "--gres=mig:1g.10gb", "--wrap", "true", check=False)
+    assert proc.returncode != 0 and "cannot be a job array (--array 1-2)" in proc.stderr
 
 
 def test_forged_placement_in_user_fields_has_no_effect(bed):
