@@ -114,3 +114,17 @@ def test_release_sends_every_job_before_it_reports_a_refusal(tmp_path, scontrol)
 def test_the_poll_falls_back_to_squeue_when_slurm_does_not_answer(tmp_path, scontrol):
     cli = SlurmCli(bin_dir=str(tmp_path), api=FakeApi({("all", ""): UNREACHABLE}))
     assert cli.jobs() == [] and scontrol()[0].startswith("squeue --local")
+
+
+def test_a_poll_parses_only_lines_it_has_not_seen_and_keeps_only_this_polls_jobs():
+    api = FakeApi(records={"1": HELD.format(job=1, tag="a"), "2": HELD.format(job=2, tag="b")})
+    cli = SlurmCli(api=api)
+    first = {j.job_id: j for j in cli.jobs()}
+    api.records["2"] = RELEASED.format(job=2, tag="b")
+    api.records["3"] = HELD.format(job=3, tag="c")
+    del api.records["1"]
+    second = {j.job_id: j for j in cli.jobs()}
+    assert sorted(second) == ["2", "3"] and second["2"].state == JobState.PENDING and first["2"].state == JobState.HELD
+    api.records["4"] = HELD.format(job=4, tag="d")
+    third = {j.job_id: j for j in cli.jobs()}
+    assert third["3"] is second["3"] and sorted(cli._parsed) == sorted(r.strip() for r in api.records.values())

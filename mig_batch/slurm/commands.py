@@ -203,6 +203,7 @@ class SlurmCli:
         self.bin_dir, self.env, self.timeout, self.api = bin_dir, env, timeout, api
         self._jobs_seen: list[BatchJob] = []  # the last full read through libslurm, and slurmctld's stamp of it
         self._jobs_stamp = 0
+        self._parsed: dict[str, BatchJob] = {}  # the last poll's jobs by their line
         self._api_paused_until = 0.0
         self.slice_gres = slice_gres  # the GRES a pin sets to the job's MIG slices ("": none)
         self._session = ScontrolSession(self._exe("scontrol"), env, timeout) if session else None
@@ -251,10 +252,19 @@ class SlurmCli:
                 self._pause_api(exc)
             else:
                 if lines is not None:
-                    self._jobs_seen = [parse_job_line(line) for line in lines.splitlines() if line.strip()]
-                    self._jobs_stamp = stamp
+                    self._jobs_seen, self._jobs_stamp = self._parse_jobs(lines), stamp
                 return list(self._jobs_seen)
-        return self._squeue()
+        out = self._run("squeue", *SQUEUE_ARGS, "-O", FORMAT, time_format="%s")
+        return self._parse_jobs(out)
+
+    def _parse_jobs(self, lines: str) -> list[BatchJob]:
+        """Every job's line parsed, a line seen in the last poll not again (most are: a queue changes by a
+        few jobs a pass)."""
+        seen, self._parsed = self._parsed, {}
+        for line in lines.splitlines():
+            if line.strip():
+                self._parsed[line] = seen.get(line) or parse_job_line(line)
+        return list(self._parsed.values())
 
     def nodes(self) -> list[NodeStatus]:
         """Every node once (sinfo -N lists a node once per partition)."""
