@@ -79,8 +79,10 @@ def test_installed_wheel_works_outside_the_checkout(wheel: Path, tmp_path: Path)
     _run(bin_dir / "mig-batch", "slurm", "install", away / "slurm", "--config", config, cwd=away, env=env)
     written = sorted(p.name for p in (away / "slurm").iterdir())
     compiled = ["mig-batch-hook"] if shutil.which("cc") else []  # the C hook client, from the wheel's source
-    assert written == ["job_submit.lua", "mig-batch-epilog", *compiled, "mig-batch-prolog", "mig-batch-subjob",
-                       "mig-batch-taskprolog"]  # fmt: skip
+    # the Slurm API helper, from the wheel's source, where Slurm's headers are
+    helper = ["libmig-batch-slurm.so"] if compiled and Path("/usr/include/slurm/slurm.h").exists() else []
+    assert written == ["job_submit.lua", *helper, "mig-batch-epilog", *compiled, "mig-batch-prolog",
+                       "mig-batch-subjob", "mig-batch-taskprolog"]  # fmt: skip
     hooks = [away / "slurm" / f"mig-batch-{name}" for name in ("prolog", "epilog", "taskprolog")]
     from mig_batch.slurm.install import file_system_type, shared_file_system
 
