@@ -120,6 +120,11 @@ def parse_job_line(line: str) -> BatchJob:
     )
 
 
+def job_in(lines: str, job: str) -> BatchJob | None:
+    """The record of ``job`` among squeue's lines (an id can list an array's other records too)."""
+    return next((j for j in map(parse_job_line, filter(str.strip, lines.splitlines())) if j.job_id == job), None)
+
+
 NODE_FIELDS = ("NodeList", "StateComplete", "CPUsState", "Comment")  # the comment last: any character
 NODE_FORMAT = ",".join(f"{f}:|" for f in NODE_FIELDS)
 
@@ -201,9 +206,8 @@ class SlurmCli:
         ``api``: the per-job reads and updates through libslurm instead (its RPCs time out after slurm.conf's
         MessageTimeout)."""
         self.bin_dir, self.env, self.timeout, self.api = bin_dir, env, timeout, api
-        self._jobs_seen: list[BatchJob] = []  # the last full read through libslurm, and slurmctld's stamp of it
-        self._jobs_stamp = 0
         self._parsed: dict[str, BatchJob] = {}  # the last poll's jobs by their line
+        self._jobs_stamp = 0  # slurmctld's stamp of the last poll through libslurm
         self._api_paused_until = 0.0
         self.slice_gres = slice_gres  # the GRES a pin sets to the job's MIG slices ("": none)
         self._session = ScontrolSession(self._exe("scontrol"), env, timeout) if session else None
@@ -237,10 +241,6 @@ class SlurmCli:
             raise SlurmError(f"{command} {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
         return proc.stdout if check else proc.stderr
 
-    def _squeue(self, *args: str) -> list[BatchJob]:
-        out = self._run("squeue", *SQUEUE_ARGS, "-O", FORMAT, *args, time_format="%s")
-        return [parse_job_line(line) for line in out.splitlines() if line.strip()]
-
     def jobs(self) -> list[BatchJob]:
         """Every job; through libslurm, read and parsed again only when one changed since the last call."""
         if (api := self._live_api()) is not None:
@@ -251,9 +251,10 @@ class SlurmCli:
                     raise SlurmError(str(exc)) from None
                 self._pause_api(exc)
             else:
-                if lines is not None:
-                    self._jobs_seen, self._jobs_stamp = self._parse_jobs(lines), stamp
-                return list(self._jobs_seen)
+                if lines is None:  # no job changed since the last poll
+                    return list(self._parsed.values())
+                self._jobs_stamp = stamp
+                return self._parse_jobs(lines)
         out = self._run("squeue", *SQUEUE_ARGS, "-O", FORMAT, time_format="%s")
         return self._parse_jobs(out)
 
@@ -330,8 +331,8 @@ class SlurmCli:
             lines = api.job_lines(int(update.job_id))
         except SlurmApiError:
             return False
-        found = [j for j in map(parse_job_line, filter(str.strip, lines.splitlines())) if j.job_id == update.job_id]
-        return bool(found) and found[0].state != JobState.HELD and found[0].admin_tag == update.admin_comment
+        job = job_in(lines, update.job_id)
+        return job is not None and job.state != JobState.HELD and job.admin_tag == update.admin_comment
 
     def _through_api(self, api: SlurmApi, updates: Sequence[JobUpdate], failed: dict[str, str],
                      release: bool = False) -> list[JobUpdate]:  # fmt: skip
@@ -493,15 +494,13 @@ class SlurmCli:
                     raise SlurmError(str(exc)) from None
                 self._pause_api(exc)
             else:
-                found = [j for j in map(parse_job_line, filter(str.strip, lines.splitlines())) if j.job_id == job]
-                return found[0] if found else None
+                return job_in(lines, job)
         try:
-            found = [j for j in self._squeue("-j", job) if j.job_id == job]
+            return job_in(self._run("squeue", *SQUEUE_ARGS, "-O", FORMAT, "-j", job, time_format="%s"), job)
         except SlurmError as exc:
             if "Invalid job id" in str(exc):
                 return None
             raise
-        return found[0] if found else None
 
     def submit(self, argv: Sequence[str], script: str | None = None) -> str:
         """``sbatch --parsable`` with ``argv`` (the script on stdin when given); returns the job id."""
