@@ -104,6 +104,7 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("mig-batch", ["bench", "moldable", "--load", "1.5"], "--load"),
     ("mig-batch", ["bench", "controller", "--jobs", "0"], "--jobs"),
     ("mig-batch", ["bench", "controller", "--nodes", "100000"], "--nodes"),
+    ("mig-batch", ["bench", "controller", "--rounds", "0"], "--rounds"),
     ("mig-batch", ["bench", "startup", "--runs", "0"], "--runs"),
     # slurm, status, offers, events, doctor
     ("mig-batch", ["slurm", "gen-lua", "--config", "{t}/missing.yaml"], "cannot read"),

@@ -14,7 +14,7 @@ pytestmark = [
 
 def test_the_burst_completes_each_way_and_is_timed_and_costed():
     before = busy_cpu_s()
-    runs = bench_controller(jobs=24, gpus_per_node=4, nodes=2, modes=("noop", "mig"))
+    [runs] = bench_controller(jobs=24, gpus_per_node=4, nodes=2, modes=("noop", "mig"))
     assert busy_cpu_s() > before
     assert [r.mode for r in runs] == ["noop", "mig"]
     for r in runs:

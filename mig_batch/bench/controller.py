@@ -5,6 +5,10 @@ the first submission to the last job *completed*:
   noop      Slurm with Prolog and Epilog shell scripts that only exit 0 (what any site plugin pays)
   mig       MIG jobs through mig_batch: job_submit.lua, mig-batchd, the node agents, the hooks
 
+With ``rounds`` above one the three bursts run again, every other round in reverse order, so that a
+machine whose speed drifts during a run does not always favour the same way; the ratios are then
+reported per round and as their median.
+
 Each run starts a fresh cluster of the same shape (slurmd processes, CPUs, emulated GPUs) in a
 temporary directory that is removed afterwards. Reported: jobs per second each way and the ratios
 mig/bare and mig/noop, and the machine's CPU time per job during each burst (every process: Slurm,
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass
@@ -101,6 +106,31 @@ def bench_mode(mode: str, jobs: int, gpus_per_node: int, nodes: int, timeout_s: 
         shutil.rmtree(root, ignore_errors=True)
 
 
-def bench_controller(jobs: int = 1000, gpus_per_node: int = 48, nodes: int = 3,
-                     modes: tuple[str, ...] = MODES) -> list[BurstRun]:  # fmt: skip
-    return [bench_mode(mode, jobs, gpus_per_node, nodes) for mode in modes]
+def round_order(index: int, modes: tuple[str, ...] = MODES) -> tuple[str, ...]:
+    """The order of the bursts in round ``index``: reversed every other round."""
+    return modes if index % 2 == 0 else tuple(reversed(modes))
+
+
+def bench_controller(jobs: int = 1000, gpus_per_node: int = 48, nodes: int = 3, modes: tuple[str, ...] = MODES,
+                     rounds: int = 1) -> list[list[BurstRun]]:  # fmt: skip
+    """Each round's bursts, in ``modes`` order whatever order they ran in."""
+    out = []
+    for index in range(rounds):
+        ran = {mode: bench_mode(mode, jobs, gpus_per_node, nodes) for mode in round_order(index, modes)}
+        out.append([ran[mode] for mode in modes])
+    return out
+
+
+def ratios(runs: list[BurstRun]) -> dict[str, float]:
+    """``mig/bare`` and ``mig/noop`` in jobs per second, for the modes a round has."""
+    by_mode = {r.mode: r for r in runs}
+    mig = by_mode.get("mig")
+    if mig is None:
+        return {}
+    return {f"mig/{base}": mig.jobs_per_s / by_mode[base].jobs_per_s for base in ("bare", "noop")
+            if base in by_mode and by_mode[base].jobs_per_s}  # fmt: skip
+
+
+def median_ratios(rounds: list[list[BurstRun]]) -> dict[str, float]:
+    per_round = [ratios(runs) for runs in rounds]
+    return {key: statistics.median(r[key] for r in per_round) for key in per_round[0]} if per_round else {}

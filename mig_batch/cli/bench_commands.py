@@ -55,6 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--jobs", type=int, default=1000)
     c.add_argument("--nodes", type=int, default=3, help="slurmd processes")
     c.add_argument("--gpus-per-node", type=int, default=48, help="emulated A100-80GB per node")
+    c.add_argument("--rounds", type=int, default=1,
+                   help="run the three bursts this many times, every other round in reverse order; the ratios' "
+                        "median is printed too")  # fmt: skip
     c.add_argument("--json", action="store_true")
     c.set_defaults(handler=cmd_bench_controller)
     s = kinds.add_parser("startup", help="start-up time of mig-batch and migsub against python -c pass (ratios)")
@@ -198,26 +201,34 @@ def cmd_bench_startup(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_controller(args: argparse.Namespace) -> int:
-    from mig_batch.bench.controller import bench_controller
+    from mig_batch.bench.controller import bench_controller, median_ratios, ratios
     from mig_batch.slurm.local_cluster import LocalCluster
 
-    if not (1 <= args.jobs <= 100_000 and 1 <= args.nodes <= 64 and 1 <= args.gpus_per_node <= 1024):
-        raise ValueError("--jobs must be 1..100000, --nodes 1..64 and --gpus-per-node 1..1024 "
-                         f"(got {args.jobs}, {args.nodes}, {args.gpus_per_node})")  # fmt: skip
+    if not (1 <= args.jobs <= 100_000 and 1 <= args.nodes <= 64 and 1 <= args.gpus_per_node <= 1024
+            and 1 <= args.rounds <= 100):  # fmt: skip
+        raise ValueError("--jobs must be 1..100000, --nodes 1..64, --gpus-per-node 1..1024 and --rounds 1..100 "
+                         f"(got {args.jobs}, {args.nodes}, {args.gpus_per_node}, {args.rounds})")  # fmt: skip
     why = LocalCluster.available()
     if why:
         raise ValueError(f"bench controller needs a local Slurm: {why}")
-    runs = {r.mode: r for r in bench_controller(args.jobs, args.gpus_per_node, args.nodes)}
-    ratios = {f"mig/{base}": runs["mig"].jobs_per_s / runs[base].jobs_per_s for base in ("bare", "noop")
-              if runs[base].jobs_per_s}  # fmt: skip
+    rounds = bench_controller(args.jobs, args.gpus_per_node, args.nodes, rounds=args.rounds)
     if args.json:
-        print(json.dumps({"runs": [{**asdict(r), "jobs_per_s": r.jobs_per_s, "cpu_ms_per_job": r.cpu_ms_per_job}
-                                   for r in runs.values()],
-                          "ratios": ratios}, indent=1))  # fmt: skip
+        print(json.dumps({"rounds": [{"runs": [{**asdict(r), "jobs_per_s": r.jobs_per_s,
+                                                "cpu_ms_per_job": r.cpu_ms_per_job} for r in runs],
+                                      "ratios": ratios(runs)} for runs in rounds],
+                          "median_ratios": median_ratios(rounds)}, indent=1))  # fmt: skip
         return 0
-    for r in runs.values():
-        console.print(f"{r.mode:5} {r.completed}/{r.jobs} jobs completed in {r.total_s:.1f} s "
-                      f"({r.jobs_per_s:.1f} jobs/s; submitting took {r.submit_s:.1f} s; "
-                      f"{r.cpu_ms_per_job:.0f} ms of CPU per job)", highlight=False)  # fmt: skip
-    console.print("  ".join(f"{k} = {v:.2f}" for k, v in ratios.items()), highlight=False)
+    for index, runs in enumerate(rounds):
+        if len(rounds) > 1:
+            console.print(f"round {index + 1}", highlight=False)
+        for r in runs:
+            console.print(f"{r.mode:5} {r.completed}/{r.jobs} jobs completed in {r.total_s:.1f} s "
+                          f"({r.jobs_per_s:.1f} jobs/s; submitting took {r.submit_s:.1f} s; "
+                          f"{r.cpu_ms_per_job:.0f} ms of CPU per job)", highlight=False)  # fmt: skip
+        console.print("  ".join(f"{k} = {v:.2f}" for k, v in ratios(runs).items()), highlight=False)
+    if len(rounds) > 1:
+        console.print(
+            f"median of {len(rounds)} rounds: " + "  ".join(f"{k} = {v:.2f}" for k, v in median_ratios(rounds).items()),
+            highlight=False,
+        )
     return 0
