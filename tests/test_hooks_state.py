@@ -2,6 +2,7 @@
 libnvidia-ml, and the state store on a real SQLite file."""
 
 import os
+import socket
 import sqlite3
 import stat
 import subprocess
@@ -457,3 +458,36 @@ def test_the_journal_lists_what_another_writer_added_replaced_or_removed_since(t
     assert [(e.job, e.uuid) for e in agent_side.entries()] == [("7", "MIG-b"), ("8", "MIG-c")]
     hook_side.remove("7")
     assert [e.job for e in agent_side.entries()] == ["8"]
+
+
+def test_the_agent_answers_a_burst_wider_than_its_workers_and_drops_a_client_that_sends_nothing(
+    site, batch, gpus, tmp_path, monkeypatch
+):
+    """Connections wait for one of the fixed workers; clients that connect and stay silent hold a worker
+    only until the handler's timeout, so they cannot stall the job starts behind them for good."""
+    from mig_batch.node import service
+
+    monkeypatch.setattr(service._Handler, "timeout", 1.0)
+    sock = tmp_path / "agent.sock"
+    server = AgentServer(sock, agent(site, batch, gpus))
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    silent = []
+    for _ in range(server.workers):  # every worker is taken by a client that never sends
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(str(sock))
+        silent.append(s)
+    answers: list[tuple[bool, str]] = []
+    t0 = time.monotonic()
+    askers = [threading.Thread(target=lambda: answers.append(hook_client.ask(str(sock), "ping", "", 30)))
+              for _ in range(3 * server.workers)]  # fmt: skip
+    for t in askers:
+        t.start()
+    for t in askers:
+        t.join(30)
+    waited = time.monotonic() - t0
+    server.shutdown()
+    server.server_close()
+    for s in silent:
+        s.close()
+    assert len(answers) == 3 * server.workers and all(ok for ok, _ in answers), answers[:3]
+    assert 0.9 < waited < 10  # they waited for the silent ones' timeout, not for ever

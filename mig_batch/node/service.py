@@ -2,8 +2,9 @@
 
 One JSON line in, one JSON line out: ``{"op": "prolog"|"epilog"|"ping", "job": "<id>"}`` ->
 ``{"ok": true, "detail": "..."}``. Only root may ask (the peer's credentials are checked: the batch
-system's hooks run as root). Each connection gets a thread; the agent serializes the GPU work. A
-reconcile runs at start and every ``reconcile_interval_s`` (:func:`serve`, shared with HTCondor's agent).
+system's hooks run as root). A fixed set of worker threads answers (:class:`WorkerPool`); the agent
+serializes the GPU work. A reconcile runs at start and every
+``reconcile_interval_s`` (:func:`serve`, shared with HTCondor's agent).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import socket
 import socketserver
 import struct
@@ -30,6 +32,7 @@ def peer_uid(sock: socket.socket) -> int:
 
 class _Handler(socketserver.StreamRequestHandler):
     server: AgentServer
+    timeout = 30  # seconds a client may take to send its request: a stuck one must not hold a worker
 
     def handle(self) -> None:
         agent = self.server.agent
@@ -62,9 +65,45 @@ class _Handler(socketserver.StreamRequestHandler):
         self.wfile.write(json.dumps({"ok": ok, "detail": detail}).encode() + b"\n")
 
 
-class AgentServer(socketserver.ThreadingUnixStreamServer):
-    daemon_threads = True
+class WorkerPool:
+    """A socketserver mix-in: connections are queued to ``workers`` long-lived threads instead of one new
+    thread each. A burst of job starts opens dozens of connections at once; a new thread per connection
+    cost more CPU than the agent's own work on some of them, and the GPU work is serialized anyway. Each
+    worker still overlaps its batch-system calls with the others'. Only for a socket that only root may
+    open: a user holding connections open would stall the workers (HTCondor's wrapper socket is open to
+    job users and keeps a thread per connection)."""
 
+    workers = 8
+
+    def server_activate(self) -> None:
+        super().server_activate()  # type: ignore[misc]
+        self._waiting: queue.SimpleQueue = queue.SimpleQueue()
+        for k in range(self.workers):
+            threading.Thread(target=self._work, name=f"mig-batch-worker-{k}", daemon=True).start()
+
+    def process_request(self, request, client_address) -> None:
+        self._waiting.put((request, client_address))
+
+    def _work(self) -> None:
+        while True:
+            item = self._waiting.get()
+            if item is None:
+                return
+            request, client_address = item
+            try:
+                self.finish_request(request, client_address)  # type: ignore[attr-defined]
+            except Exception:
+                self.handle_error(request, client_address)  # type: ignore[attr-defined]
+            finally:
+                self.shutdown_request(request)  # type: ignore[attr-defined]
+
+    def server_close(self) -> None:
+        super().server_close()  # type: ignore[misc]
+        for _ in range(self.workers):
+            self._waiting.put(None)
+
+
+class AgentServer(WorkerPool, socketserver.UnixStreamServer):
     def __init__(self, path: Path, agent: NodeAgent):
         self.agent = agent
         path = Path(path)
