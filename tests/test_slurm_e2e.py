@@ -156,6 +156,13 @@ def test_impossible_request_is_rejected_at_submission_naming_the_largest(bed):
     assert proc.returncode != 0 and "the largest is 7g.80gb" in proc.stderr
     proc = bed.cluster.run("sbatch", "--array=1-2", "--gres=mig:1g.10gb", "--wrap", "true", check=False)
     assert proc.returncode != 0 and "cannot be a job array (--array 1-2)" in proc.stderr
+    for first, second in (("--gres=mig:1g.10gb", "-n1"), ("-n1", "--gres=mig:1g.10gb")):
+        het = bed.root / "het.sh"
+        het.write_text(f"#!/bin/sh\n#SBATCH {first}\n#SBATCH hetjob\n#SBATCH {second}\ntrue\n")
+        proc = bed.cluster.run("sbatch", str(het), check=False)
+        component = 0 if "mig" in first else 1
+        assert proc.returncode != 0, proc.stdout
+        assert f"cannot be a component of a heterogeneous job (component {component})" in proc.stderr, proc.stderr
 
 
 def test_forged_placement_in_user_fields_has_no_effect(bed):
