@@ -491,3 +491,34 @@ def test_the_agent_answers_a_burst_wider_than_its_workers_and_drops_a_client_tha
         s.close()
     assert len(answers) == 3 * server.workers and all(ok for ok, _ in answers), answers[:3]
     assert 0.9 < waited < 10  # they waited for the silent ones' timeout, not for ever
+
+
+def test_a_request_left_waiting_too_long_is_closed_unanswered_so_only_the_hooks_slow_path_does_it(
+    site, batch, gpus, tmp_path, monkeypatch
+):
+    from mig_batch.node import service
+
+    monkeypatch.setattr(service._Handler, "timeout", 1.5)
+    sock = tmp_path / "agent.sock"
+    server = AgentServer(sock, agent(site, batch, gpus))
+    server.queue_limit_s = 0.5
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    silent = []
+    for _ in range(server.workers):
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(str(sock))
+        silent.append(s)
+    time.sleep(0.2)  # every worker holds a silent client now
+    with pytest.raises(OSError):  # queued past the limit: closed without an answer, as the hook sees it
+        hook_client.ask(str(sock), "ping", "", 30)
+    ok, _ = hook_client.ask(str(sock), "ping", "", 30)  # the workers are free again
+    server.shutdown()
+    server.server_close()
+    for s in silent:
+        s.close()
+    assert ok
+
+
+def test_a_socket_that_cannot_be_bound_says_why(site, batch, gpus, tmp_path):
+    with pytest.raises(OSError, match="too long"):
+        AgentServer(tmp_path / ("x" * 120) / "agent.sock", agent(site, batch, gpus))

@@ -23,6 +23,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,13 +113,11 @@ def round_order(index: int, modes: tuple[str, ...] = MODES) -> tuple[str, ...]:
 
 
 def bench_controller(jobs: int = 1000, gpus_per_node: int = 48, nodes: int = 3, modes: tuple[str, ...] = MODES,
-                     rounds: int = 1) -> list[list[BurstRun]]:  # fmt: skip
-    """Each round's bursts, in ``modes`` order whatever order they ran in."""
-    out = []
+                     rounds: int = 1) -> Iterator[list[BurstRun]]:  # fmt: skip
+    """Each round's bursts as the round ends (in ``modes`` order whatever order they ran in)."""
     for index in range(rounds):
         ran = {mode: bench_mode(mode, jobs, gpus_per_node, nodes) for mode in round_order(index, modes)}
-        out.append([ran[mode] for mode in modes])
-    return out
+        yield [ran[mode] for mode in modes]
 
 
 def ratios(runs: list[BurstRun]) -> dict[str, float]:
@@ -131,6 +130,10 @@ def ratios(runs: list[BurstRun]) -> dict[str, float]:
             if base in by_mode and by_mode[base].jobs_per_s}  # fmt: skip
 
 
-def median_ratios(rounds: list[list[BurstRun]]) -> dict[str, float]:
+def median_ratios(rounds: list[list[BurstRun]]) -> dict[str, tuple[float, int]]:
+    """Each ratio's median over the rounds that have it (a base that completed nothing has none), and
+    how many rounds that is."""
     per_round = [ratios(runs) for runs in rounds]
-    return {key: statistics.median(r[key] for r in per_round) for key in per_round[0]} if per_round else {}
+    keys = sorted({key for r in per_round for key in r})
+    return {key: (statistics.median(values), len(values))
+            for key in keys if (values := [r[key] for r in per_round if key in r])}  # fmt: skip

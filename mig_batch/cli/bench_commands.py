@@ -56,8 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--nodes", type=int, default=3, help="slurmd processes")
     c.add_argument("--gpus-per-node", type=int, default=48, help="emulated A100-80GB per node")
     c.add_argument("--rounds", type=int, default=1,
-                   help="run the three bursts this many times, every other round in reverse order; the ratios' "
-                        "median is printed too")  # fmt: skip
+                   help="run the three bursts this many times, every other round in reverse order (an even "
+                        "number balances the order); the ratios' median is printed too")  # fmt: skip
     c.add_argument("--json", action="store_true")
     c.set_defaults(handler=cmd_bench_controller)
     s = kinds.add_parser("startup", help="start-up time of mig-batch and migsub against python -c pass (ratios)")
@@ -211,24 +211,26 @@ def cmd_bench_controller(args: argparse.Namespace) -> int:
     why = LocalCluster.available()
     if why:
         raise ValueError(f"bench controller needs a local Slurm: {why}")
-    rounds = bench_controller(args.jobs, args.gpus_per_node, args.nodes, rounds=args.rounds)
-    if args.json:
-        print(json.dumps({"rounds": [{"runs": [{**asdict(r), "jobs_per_s": r.jobs_per_s,
-                                                "cpu_ms_per_job": r.cpu_ms_per_job} for r in runs],
-                                      "ratios": ratios(runs)} for runs in rounds],
-                          "median_ratios": median_ratios(rounds)}, indent=1))  # fmt: skip
-        return 0
-    for index, runs in enumerate(rounds):
-        if len(rounds) > 1:
-            console.print(f"round {index + 1}", highlight=False)
+    rounds: list = []
+    for runs in bench_controller(args.jobs, args.gpus_per_node, args.nodes, rounds=args.rounds):
+        rounds.append(runs)
+        if args.json:
+            continue
+        if args.rounds > 1:  # each round as it ends: a failure later loses nothing printed
+            console.print(f"round {len(rounds)}", highlight=False)
         for r in runs:
             console.print(f"{r.mode:5} {r.completed}/{r.jobs} jobs completed in {r.total_s:.1f} s "
                           f"({r.jobs_per_s:.1f} jobs/s; submitting took {r.submit_s:.1f} s; "
                           f"{r.cpu_ms_per_job:.0f} ms of CPU per job)", highlight=False)  # fmt: skip
         console.print("  ".join(f"{k} = {v:.2f}" for k, v in ratios(runs).items()), highlight=False)
-    if len(rounds) > 1:
-        console.print(
-            f"median of {len(rounds)} rounds: " + "  ".join(f"{k} = {v:.2f}" for k, v in median_ratios(rounds).items()),
-            highlight=False,
-        )
+    medians = median_ratios(rounds)
+    if args.json:
+        print(json.dumps({"rounds": [{"runs": [{**asdict(r), "jobs_per_s": r.jobs_per_s,
+                                                "cpu_ms_per_job": r.cpu_ms_per_job} for r in runs],
+                                      "ratios": ratios(runs)} for runs in rounds],
+                          "median_ratios": {k: {"median": m, "rounds": n} for k, (m, n) in medians.items()}},
+                         indent=1))  # fmt: skip
+    elif args.rounds > 1:
+        console.print("median over the rounds: " + "  ".join(f"{k} = {m:.2f} ({n} rounds)" for k, (m, n)
+                                                              in medians.items()), highlight=False)  # fmt: skip
     return 0

@@ -9,6 +9,7 @@ serializes the GPU work. A reconcile runs at start and every
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ def peer_uid(sock: socket.socket) -> int:
 
 class _Handler(socketserver.StreamRequestHandler):
     server: AgentServer
-    timeout = 30  # seconds a client may take to send its request: a stuck one must not hold a worker
+    timeout = 30  # seconds each read of the request may wait: a silent client must not hold a worker
 
     def handle(self) -> None:
         agent = self.server.agent
@@ -74,33 +75,42 @@ class WorkerPool:
     job users and keeps a thread per connection)."""
 
     workers = 8
+    # a connection still queued after this long is closed unanswered: the hook (120 s timeout) then does
+    # the work on its slow path, which it would otherwise do too once its wait ran out
+    queue_limit_s = 60.0
+    _waiting: queue.SimpleQueue | None = None
 
     def server_activate(self) -> None:
         super().server_activate()  # type: ignore[misc]
-        self._waiting: queue.SimpleQueue = queue.SimpleQueue()
+        self._waiting = queue.SimpleQueue()
         for k in range(self.workers):
-            threading.Thread(target=self._work, name=f"mig-batch-worker-{k}", daemon=True).start()
+            threading.Thread(target=self._work, args=(self._waiting,), name=f"mig-batch-worker-{k}",
+                             daemon=True).start()  # fmt: skip
 
     def process_request(self, request, client_address) -> None:
-        self._waiting.put((request, client_address))
+        assert self._waiting is not None
+        self._waiting.put((request, client_address, time.monotonic()))
 
-    def _work(self) -> None:
-        while True:
-            item = self._waiting.get()
-            if item is None:
-                return
-            request, client_address = item
+    def _work(self, waiting: queue.SimpleQueue) -> None:
+        while (item := waiting.get()) is not None:
+            request, client_address, queued = item
             try:
-                self.finish_request(request, client_address)  # type: ignore[attr-defined]
-            except Exception:
-                self.handle_error(request, client_address)  # type: ignore[attr-defined]
+                if time.monotonic() - queued > self.queue_limit_s:
+                    log.warning("a request waited %.0f s for a worker; closed unanswered (the hook takes its "
+                                "slow path)", time.monotonic() - queued)  # fmt: skip
+                else:
+                    self.finish_request(request, client_address)  # type: ignore[attr-defined]
+            except Exception:  # one bad request must not end a worker
+                log.exception("request failed")
             finally:
-                self.shutdown_request(request)  # type: ignore[attr-defined]
+                with contextlib.suppress(Exception):
+                    self.shutdown_request(request)  # type: ignore[attr-defined]
 
     def server_close(self) -> None:
         super().server_close()  # type: ignore[misc]
-        for _ in range(self.workers):
-            self._waiting.put(None)
+        if self._waiting is not None:  # None when binding the socket failed
+            for _ in range(self.workers):
+                self._waiting.put(None)
 
 
 class AgentServer(WorkerPool, socketserver.UnixStreamServer):
