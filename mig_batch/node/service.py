@@ -3,8 +3,8 @@
 One JSON line in, one JSON line out: ``{"op": "prolog"|"epilog"|"ping", "job": "<id>"}`` ->
 ``{"ok": true, "detail": "..."}``. Only root may ask (the peer's credentials are checked: the batch
 system's hooks run as root). A fixed set of worker threads answers (:class:`WorkerPool`); the agent
-serializes the GPU work. A reconcile runs at start and every
-``reconcile_interval_s`` (:func:`serve`, shared with HTCondor's agent).
+serializes the GPU work. A reconcile runs at start and every ``reconcile_interval_s`` (:func:`serve`,
+shared with HTCondor's agent).
 """
 
 from __future__ import annotations
