@@ -522,3 +522,40 @@ def test_a_request_left_waiting_too_long_is_closed_unanswered_so_only_the_hooks_
 def test_a_socket_that_cannot_be_bound_says_why(site, batch, gpus, tmp_path):
     with pytest.raises(OSError, match="too long"):
         AgentServer(tmp_path / ("x" * 120) / "agent.sock", agent(site, batch, gpus))
+
+
+def test_the_python_hook_client_waits_for_room_in_a_full_backlog_instead_of_taking_the_slow_path(tmp_path):
+    """A burst can fill the agent's listen backlog; a connect refused with EAGAIN is tried again until the
+    client's timeout instead of counting as an agent that does not answer."""
+    path = str(tmp_path / "agent.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    listener.listen(0)
+    queued = []
+    while True:  # fill the backlog with connections nobody accepts yet
+        s = socket.socket(socket.AF_UNIX)
+        s.setblocking(False)
+        try:
+            s.connect(path)
+        except BlockingIOError:
+            s.close()
+            break
+        queued.append(s)
+
+    def agent_later() -> None:
+        time.sleep(0.5)
+        while True:
+            conn, _ = listener.accept()
+            with conn:
+                if conn.recv(4096).endswith(b"\n"):  # the hook's request (the filler connections send nothing)
+                    conn.sendall(b'{"ok": true, "detail": "pong"}\n')
+                    return
+
+    server = threading.Thread(target=agent_later, daemon=True)
+    server.start()
+    for s in queued:
+        s.close()  # closed fillers are accepted and read as empty, then the hook's request comes
+    ok, answer = hook_client.ask(path, "ping", "", 10)
+    server.join(10)
+    listener.close()
+    assert ok and "pong" in answer

@@ -247,6 +247,7 @@ class WrapperServer(socketserver.ThreadingUnixStreamServer):
     is checked by :class:`SlotGuard` from the peer's credentials."""
 
     daemon_threads = True
+    request_queue_size = 256  # a node's whole burst of job starts may connect at once (socketserver's default: 5)
 
     def __init__(self, path: Path, agent: NodeAgent, guard: SlotGuard):
         self.agent, self.guard = agent, guard

@@ -7,7 +7,7 @@ It asks the agent over its socket. When the agent does not answer, it runs SLOW_
 work in-process, through the package) and says so in the log. It logs through syslog (journald on real
 nodes) with the job id, and always exits 0: a failing hook drains the node.
 
-Every job pays this start twice, so it imports only C modules (``_socket``, ``syslog``): json, socket
+Every job pays this start twice, so it imports only C modules (``_socket``, ``syslog``, ``time``): json, socket
 and subprocess would triple its start-up. The request is one JSON line written by hand; the answer
 is logged as the agent sent it.
 """
@@ -15,6 +15,7 @@ is logged as the agent sent it.
 import _socket
 import sys
 import syslog
+import time
 
 TIMEOUT_S = {"prolog": 120.0, "epilog": 120.0}
 
@@ -23,8 +24,17 @@ def ask(path: str, op: str, job: str, timeout_s: float | None = None) -> tuple[b
     """(ok, the agent's answer line); OSError when the agent does not answer."""
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
-        sock.settimeout(timeout_s or TIMEOUT_S.get(op, 30.0))
-        sock.connect(path)
+        timeout = timeout_s or TIMEOUT_S.get(op, 30.0)
+        sock.settimeout(timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                sock.connect(path)
+                break
+            except BlockingIOError:  # the agent's backlog is full (a burst of job starts): wait for room
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.005)
         sock.sendall(b'{"op": "%s", "job": "%s"}\n' % (op.encode(), job.encode()))
         data = b""
         while not data.endswith(b"\n"):

@@ -114,6 +114,8 @@ class WorkerPool:
 
 
 class AgentServer(WorkerPool, socketserver.UnixStreamServer):
+    request_queue_size = 256  # a node's whole burst of job starts may connect at once (socketserver's default: 5)
+
     def __init__(self, path: Path, agent: NodeAgent):
         self.agent = agent
         path = Path(path)
