@@ -201,7 +201,7 @@ def cmd_bench_startup(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_controller(args: argparse.Namespace) -> int:
-    from mig_batch.bench.controller import bench_controller, median_ratios, ratios
+    from mig_batch.bench.controller import BurstRun, bench_controller, median_ratios, ratios
     from mig_batch.slurm.local_cluster import LocalCluster
 
     if not (1 <= args.jobs <= 100_000 and 1 <= args.nodes <= 64 and 1 <= args.gpus_per_node <= 1024
@@ -211,7 +211,7 @@ def cmd_bench_controller(args: argparse.Namespace) -> int:
     why = LocalCluster.available()
     if why:
         raise ValueError(f"bench controller needs a local Slurm: {why}")
-    rounds: list = []
+    rounds: list[list[BurstRun]] = []
     for runs in bench_controller(args.jobs, args.gpus_per_node, args.nodes, rounds=args.rounds):
         rounds.append(runs)
         if args.json:

@@ -40,6 +40,7 @@ from pathlib import Path
 from mig_batch.errors import MigBatchError
 from mig_batch.node.agent import NodeAgent
 from mig_batch.node.journal import Journal
+from mig_batch.node.service import BURST_BACKLOG
 
 log = logging.getLogger("mig-batch-agent")
 RUNNING = 2  # JobStatus
@@ -247,7 +248,7 @@ class WrapperServer(socketserver.ThreadingUnixStreamServer):
     is checked by :class:`SlotGuard` from the peer's credentials."""
 
     daemon_threads = True
-    request_queue_size = 256  # a node's whole burst of job starts may connect at once (socketserver's default: 5)
+    request_queue_size = BURST_BACKLOG
 
     def __init__(self, path: Path, agent: NodeAgent, guard: SlotGuard):
         self.agent, self.guard = agent, guard

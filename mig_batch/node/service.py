@@ -24,6 +24,8 @@ from pathlib import Path
 from mig_batch.node.agent import NodeAgent
 
 log = logging.getLogger("mig-batch-agent")
+# the agents' listen backlog: a node's whole burst of job starts may connect at once (socketserver's default: 5)
+BURST_BACKLOG = 256
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -114,7 +116,7 @@ class WorkerPool:
 
 
 class AgentServer(WorkerPool, socketserver.UnixStreamServer):
-    request_queue_size = 256  # a node's whole burst of job starts may connect at once (socketserver's default: 5)
+    request_queue_size = BURST_BACKLOG
 
     def __init__(self, path: Path, agent: NodeAgent):
         self.agent = agent
