@@ -2,9 +2,11 @@
 libnvidia-ml, and the state store on a real SQLite file."""
 
 import os
+import signal
 import socket
 import sqlite3
 import stat
+import struct
 import subprocess
 import sys
 import threading
@@ -376,6 +378,40 @@ def test_the_compiled_client_installed_as_the_hooks_takes_the_slow_path_with_the
         prolog = dest / "mig-batch-prolog"
         assert not prolog.is_symlink() and runs in prolog.read_text(), kind
     assert (dest / "mig-batch-hook").read_bytes() == binary  # the shims replaced the links, not written through
+
+
+@pytest.mark.skipif(not hasattr(socket, "SO_PEERCRED"), reason="needs Linux's SO_PEERCRED")
+def test_a_compiled_hook_whose_work_crashes_runs_the_slow_path_once_and_exits_0(tmp_path):
+    """Installed direct, the Prolog does its work in a child: when that child dies mid-request (here the
+    agent SIGKILLs the process that connected), the Prolog itself runs the slow path, once, and exits 0 (a
+    failing Prolog drains the node). The slow path's parent is the Prolog, not the killed child."""
+    from mig_batch.mig.models import get_model
+    from mig_batch.slurm.install import install
+
+    calls, python = logging_python(tmp_path, '"$PPID $@"')
+    dest, agent_socket = tmp_path / "etc", tmp_path / "agent.sock"
+    install(dest, str(python), "/etc/c.yaml", str(tmp_path / "jobs"), str(agent_socket), [get_model("A100-80GB")],
+            hook_client_kind="direct")  # fmt: skip
+    asked, killed = [], []
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(agent_socket))
+        listener.listen(1)
+
+        def kill_the_asker():
+            conn, _ = listener.accept()
+            with conn:
+                asked.append(conn.makefile("rb").readline())
+                pid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+                os.kill(pid, signal.SIGKILL)  # before the connection closes: the child never sees its end
+                killed.append(pid)
+
+        thread = threading.Thread(target=kill_the_asker, daemon=True)
+        thread.start()
+        prolog = subprocess.Popen([str(dest / "mig-batch-prolog")], env={"SLURM_JOB_ID": "7"})
+        assert prolog.wait(timeout=60) == 0
+        thread.join(10)
+    assert asked == [b'{"op": "prolog", "job": "7"}\n'] and killed and killed[0] != prolog.pid
+    assert calls.read_text() == f"{prolog.pid} -m mig_batch.slurm.hooks prolog\n"
 
 
 def test_the_sweep_logs_a_failing_pass_and_keeps_sweeping(site, batch, gpus, tmp_path, monkeypatch, caplog):
