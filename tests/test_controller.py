@@ -202,6 +202,38 @@ def test_a_node_without_idle_cpus_takes_no_placement_while_another_has_them(site
     assert store.decision(last).node == "n1"  # n1 has its two CPUs back; n2's are promised
 
 
+def test_when_every_node_is_full_jobs_go_where_the_fewest_wait_for_cpus(site):
+    """Every node's CPUs are promised: a job pinned now waits for one on its node. MFI alone would pile the
+    whole pass onto its favourite node while the other's CPUs free up; the jobs alternate instead."""
+    batch = FakeBatch(["n1", "n2"], cpus_per_node=2)
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    first = [batch.add(RIGID) for _ in range(4)]
+    c.step()
+    assert sorted(nodes_of(store, first)) == ["n1", "n1", "n2", "n2"]  # released, not started: both full
+    overflow = [batch.add(RIGID) for _ in range(4)]
+    c.step()
+    assert sorted(nodes_of(store, overflow)) == ["n1", "n1", "n2", "n2"]
+    assert all(batch.job(j).state is JobState.PENDING and not batch.job(j).held for j in overflow)
+
+
+def test_when_mig_fits_on_none_of_the_least_loaded_nodes_another_full_node_takes_the_job(site):
+    batch = FakeBatch(["n1", "n2"], cpus_per_node=1)
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    whole = batch.add("mig-batch:v1;req=7g.80gb")
+    c.step()
+    gpu_full = store.decision(whole).node
+    other = "n2" if gpu_full == "n1" else "n1"
+    made(batch, whole)  # its node: no idle CPU, no free slice
+    two = [batch.add(RIGID) for _ in range(2)]
+    c.step()
+    assert nodes_of(store, two) == [other, other]  # the second: both full, and only the other has a slice
+    late = batch.add(RIGID)  # the whole GPU's node has the most room (0 against -1), but no slice
+    c.step()
+    assert store.decision(late).node == other and not batch.job(late).held
+
+
 def test_without_cpu_figures_placement_is_mfi_alone(site, batch):
     store = Store(site.state)
     c = Controller(site, store, batch)

@@ -21,6 +21,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from mig_batch.atomize.defrag import Steer, keep_windows
 from mig_batch.atomize.gaps import GpuTimeline, Hold, cluster_timelines, reservation, with_hold
@@ -50,6 +51,7 @@ from mig_batch.placement.multi import MultiPlacement, MultiPolicy
 from mig_batch.placement.policies import make_policy
 from mig_batch.state import MIG_OFF, ChainRecord, Decision, InstanceRecord, Store
 
+Decided = TypeVar("Decided")
 log = logging.getLogger("mig-batchd")
 NODE_PROBLEM = "node-problem"  # the event kind of a node's hook or reconcile problem
 
@@ -90,6 +92,14 @@ class Controller:
         self._down_since: dict[str, float] = {}  # fenced nodes: when the batch system reported them down
         self._room: dict[str, int] = {}  # node -> CPUs idle and not promised to a released job (when known)
         self._fenced: set[int] = set()  # GPUs the view hides now: node down or without idle CPU, or MIG mode off
+        self._gids_of: dict[str, list[int]] = {}  # node -> its GPUs in the view
+        for g in self.view.gpus:
+            self._gids_of.setdefault(g.host, []).append(g.gid)
+        self._fenced_hosts: set[str] = set()  # nodes whose GPUs are fenced now (down, or no CPU to give)
+        self._fenced_off: set[int] = set()  # GPUs fenced now for their MIG mode off
+        self._overflow = False  # every node is full: jobs go where the fewest wait for CPUs (see _apply_fences)
+        self._balanced_out = False  # ... and that fences some node that has GPU room
+        self._anywhere = False  # this pass's chains and moldable jobs: every node that is up, as before
         self._mig_off: dict[str, tuple[int, ...]] = {}  # per node, the GPUs its agent found with MIG mode off
         self._reported: set[str] = {r.job for r in store.instances()}  # jobs whose node report is recorded
         self._problems_seen: dict[str, str] = {}  # node -> the key of its agent's last problem recorded
@@ -170,6 +180,9 @@ class Controller:
                     blocked = blocked or profiles
                     blocked_all.append(profiles)
         if moldable or chains:
+            if self._balanced_out:  # their planners weigh GPU time on every node, as before
+                self._anywhere = True
+                self._apply_fences()
             now = time.time()
             timelines = self.timelines(jobs, now, blocked)
             kept_for_moldable: list[tuple[int, Hold]] = []
@@ -256,30 +269,59 @@ class Controller:
     def _measure_room(self, nodes: list[NodeStatus], jobs: dict[str, BatchJob]) -> None:
         """CPUs each node can still give a job now: idle, less those of jobs released to it and not yet
         started. A job pinned to a node without them waits there while another node idles, so such
-        nodes take no placement this pass (unless every node is full: see ``_place``)."""
+        nodes take no placement this pass (unless every node is full: see ``_apply_fences``)."""
         self._room = {n.node: n.cpus_idle for n in nodes if n.cpus_idle is not None and n.node in self.config.nodes}
         for job in jobs.values():
             if job.state is JobState.PENDING and job.managed and job.job_id in self.view.job_gpu:
                 node = self.view.gpus[self.view.job_gpu[job.job_id]].host
                 if node in self._room:
                     self._room[node] -= job.cpus
+        self._anywhere = False
         self._apply_fences()
 
     def _use_room(self, node: str, cpus: int) -> None:
         if node in self._room:
             self._room[node] -= cpus
-            if self._room[node] <= 0:
+            if self._room[node] <= 0 or self._overflow:  # overflowing, the nodes with the most room change
                 self._apply_fences()
 
     def _apply_fences(self) -> None:
-        full = {n for n, cpus in self._room.items() if cpus <= 0}
-        if full and full >= set(self._room) - set(self._down_since):
-            full = set()  # every node is full: place as before, the jobs wait for CPUs where MIG fits best
+        """Fence the GPUs of nodes that are down or have no CPU to give, and of GPUs with MIG mode off.
+        When every node is full, a job pinned now waits for a CPU on its node: it goes to the nodes with
+        the most room (the fewest CPUs already promised beyond their idle ones), so that no node piles up
+        jobs while another's CPUs free; ``_place`` tries every node when MIG fits on none of those."""
+        up = set(self._room) - set(self._down_since)
+        full = {n for n in up if self._room[n] <= 0}
+        self._overflow = bool(up) and full == up
+        self._balanced_out = False
+        if self._overflow:
+            most = max(self._room[n] for n in up)
+            full = set() if self._anywhere else {n for n in up if self._room[n] < most}
+            self._balanced_out = bool(full)
         hosts = set(self._down_since) | full
-        wanted = {g.gid for g in self.view.gpus if g.host in hosts or g.index in self._mig_off.get(g.host, ())}
-        for gid in wanted ^ self._fenced:
-            (self.view.fence if gid in wanted else self.view.unfence)(gid)
-        self._fenced = wanted
+        off = {self.gid[(host, index)] for host, indexes in self._mig_off.items() for index in indexes
+               if (host, index) in self.gid}  # fmt: skip
+        changed = {gid for host in hosts ^ self._fenced_hosts for gid in self._gids_of.get(host, ())}
+        for gid in changed | (off ^ self._fenced_off):  # only what changed: this runs for each placement
+            wanted = gid in off or self.view.gpus[gid].host in hosts
+            if wanted != (gid in self._fenced):
+                (self.view.fence if wanted else self.view.unfence)(gid)
+                (self._fenced.add if wanted else self._fenced.discard)(gid)
+        self._fenced_hosts, self._fenced_off = hosts, off
+
+    def _on_any_node_if_none_least_loaded(self, decide: Callable[[], Decided], placed: type) -> Decided:
+        """``decide()`` on the view; when every node is full and MIG fits on none of the nodes with the most
+        room, ``decide()`` again on every node that is up (the job then waits for a CPU where it fits)."""
+        decision = decide()
+        if self._balanced_out and not isinstance(decision, placed):
+            self._anywhere = True
+            self._apply_fences()
+            try:
+                decision = decide()
+            finally:
+                self._anywhere = False
+                self._apply_fences()
+        return decision
 
     def _unlinked(self, job: BatchJob, tag: JobTag) -> bool:
         """A job naming a known chain it is not (yet) linked to. One naming an unknown chain (a lost
@@ -574,7 +616,8 @@ class Controller:
             return None
         now, limit = time.time(), job.time_limit_s
         end = now + limit if 0 < limit < math.inf else None  # the time limit bounds the end (end-aware policies)
-        decision = self.policy.decide(self.view, PlacementRequest(job.job_id, profiles, now, end))
+        request = PlacementRequest(job.job_id, profiles, now, end)
+        decision = self._on_any_node_if_none_least_loaded(lambda: self.policy.decide(self.view, request), Placement)
         if not isinstance(decision, Placement):
             return None
         self._use_room(decision.host, job.cpus)
@@ -587,7 +630,9 @@ class Controller:
         if isinstance(profiles, str):
             self.store.event(job.job_id, "unplaceable", error=profiles)
             return None
-        decision = self.multi.decide(self.view, profiles, tag.instances)
+        decision = self._on_any_node_if_none_least_loaded(
+            lambda: self.multi.decide(self.view, profiles, tag.instances), MultiPlacement
+        )
         if not isinstance(decision, MultiPlacement):
             self._waiting(job.job_id, decision.reason)
             return None
