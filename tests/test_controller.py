@@ -231,7 +231,25 @@ def test_when_mig_fits_on_none_of_the_least_loaded_nodes_another_full_node_takes
     assert nodes_of(store, two) == [other, other]  # the second: both full, and only the other has a slice
     late = batch.add(RIGID)  # the whole GPU's node has the most room (0 against -1), but no slice
     c.step()
+    assert store.decision(late) is not None, "left waiting: MIG fits only on the node with less room"
     assert store.decision(late).node == other and not batch.job(late).held
+
+
+def test_a_request_that_fits_on_no_node_is_tried_on_every_node_once_a_pass(site):
+    """A saturated cluster's queue: the second job of a shape that fits nowhere skips the second try."""
+    batch = FakeBatch(["n1", "n2"], cpus_per_node=1)
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    wholes = [batch.add("mig-batch:v1;req=7g.80gb", cpus=cpus) for cpus in (1, 2)]
+    c.step()
+    made(batch, wholes[0])  # one node: running, room 0; the other: released, 2 CPUs promised, room -1
+    calls = []
+    decide = c.policy.decide
+    c.policy.decide = lambda *a, **k: calls.append(1) or decide(*a, **k)
+    waiting = [batch.add(RIGID) for _ in range(3)]
+    c.step()
+    assert [store.decision(j) for j in waiting] == [None] * 3
+    assert len(calls) == 2 + 1 + 1  # most room first, then every node once; then most room alone
 
 
 def test_without_cpu_figures_placement_is_mfi_alone(site, batch):

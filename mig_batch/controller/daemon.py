@@ -100,6 +100,7 @@ class Controller:
         self._overflow = False  # every node is full: jobs go where the fewest wait for CPUs (see _apply_fences)
         self._balanced_out = False  # ... and that fences some node that has GPU room
         self._anywhere = False  # this pass's chains and moldable jobs: every node that is up, as before
+        self._fits_nowhere: set[tuple] = set()  # this pass's requests MIG fits on no up node (the view only fills)
         self._mig_off: dict[str, tuple[int, ...]] = {}  # per node, the GPUs its agent found with MIG mode off
         self._reported: set[str] = {r.job for r in store.instances()}  # jobs whose node report is recorded
         self._problems_seen: dict[str, str] = {}  # node -> the key of its agent's last problem recorded
@@ -277,6 +278,7 @@ class Controller:
                 if node in self._room:
                     self._room[node] -= job.cpus
         self._anywhere = False
+        self._fits_nowhere = set()
         self._apply_fences()
 
     def _use_room(self, node: str, cpus: int) -> None:
@@ -309,11 +311,14 @@ class Controller:
                 (self._fenced.add if wanted else self._fenced.discard)(gid)
         self._fenced_hosts, self._fenced_off = hosts, off
 
-    def _on_any_node_if_none_least_loaded(self, decide: Callable[[], Decided], placed: type) -> Decided:
+    def _on_any_node_if_none_least_loaded(self, decide: Callable[[], Decided], placed: type,
+                                          request: tuple) -> Decided:  # fmt: skip
         """``decide()`` on the view; when every node is full and MIG fits on none of the nodes with the most
-        room, ``decide()`` again on every node that is up (the job then waits for a CPU where it fits)."""
+        room, ``decide()`` again on every node that is up (the job then waits for a CPU where it fits). A
+        ``request`` (profiles, instances) that fits on no up node is not tried there again this pass: a
+        saturated cluster's long queue would otherwise open and close every GPU's fence for each job."""
         decision = decide()
-        if self._balanced_out and not isinstance(decision, placed):
+        if self._balanced_out and not isinstance(decision, placed) and request not in self._fits_nowhere:
             self._anywhere = True
             self._apply_fences()
             try:
@@ -321,6 +326,8 @@ class Controller:
             finally:
                 self._anywhere = False
                 self._apply_fences()
+            if not isinstance(decision, placed):
+                self._fits_nowhere.add(request)
         return decision
 
     def _unlinked(self, job: BatchJob, tag: JobTag) -> bool:
@@ -617,7 +624,8 @@ class Controller:
         now, limit = time.time(), job.time_limit_s
         end = now + limit if 0 < limit < math.inf else None  # the time limit bounds the end (end-aware policies)
         request = PlacementRequest(job.job_id, profiles, now, end)
-        decision = self._on_any_node_if_none_least_loaded(lambda: self.policy.decide(self.view, request), Placement)
+        decision = self._on_any_node_if_none_least_loaded(lambda: self.policy.decide(self.view, request), Placement,
+                                                          (frozenset(profiles.items()), 1))  # fmt: skip
         if not isinstance(decision, Placement):
             return None
         self._use_room(decision.host, job.cpus)
@@ -631,7 +639,9 @@ class Controller:
             self.store.event(job.job_id, "unplaceable", error=profiles)
             return None
         decision = self._on_any_node_if_none_least_loaded(
-            lambda: self.multi.decide(self.view, profiles, tag.instances), MultiPlacement
+            lambda: self.multi.decide(self.view, profiles, tag.instances),
+            MultiPlacement,
+            (frozenset(profiles.items()), tag.instances),
         )
         if not isinstance(decision, MultiPlacement):
             self._waiting(job.job_id, decision.reason)
