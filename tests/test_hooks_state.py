@@ -380,7 +380,6 @@ def test_the_compiled_client_installed_as_the_hooks_takes_the_slow_path_with_the
     assert (dest / "mig-batch-hook").read_bytes() == binary  # the shims replaced the links, not written through
 
 
-@pytest.mark.skipif(not hasattr(socket, "SO_PEERCRED"), reason="needs Linux's SO_PEERCRED")
 def test_a_compiled_hook_whose_work_crashes_runs_the_slow_path_once_and_exits_0(tmp_path):
     """Installed direct, the Prolog does its work in a child: when that child dies mid-request (here the
     agent SIGKILLs the process that connected), the Prolog itself runs the slow path, once, and exits 0 (a

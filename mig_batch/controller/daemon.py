@@ -91,10 +91,10 @@ class Controller:
         self.chains = ChainDriver(config, store, self.view)
         self._down_since: dict[str, float] = {}  # fenced nodes: when the batch system reported them down
         self._room: dict[str, int] = {}  # node -> CPUs idle and not promised to a released job (when known)
-        self._fenced: set[int] = set()  # GPUs the view hides now: node down or without idle CPU, or MIG mode off
         self._gids_of: dict[str, list[int]] = {}  # node -> its GPUs in the view
         for g in self.view.gpus:
             self._gids_of.setdefault(g.host, []).append(g.gid)
+        # what the view's fences hold now (node down or without a CPU to give; MIG mode off), by its reason
         self._fenced_hosts: set[str] = set()  # nodes whose GPUs are fenced now (down, or no CPU to give)
         self._fenced_off: set[int] = set()  # GPUs fenced now for their MIG mode off
         self._overflow = False  # every node is full: jobs go where the fewest wait for CPUs (see _apply_fences)
@@ -305,10 +305,8 @@ class Controller:
                if (host, index) in self.gid}  # fmt: skip
         changed = {gid for host in hosts ^ self._fenced_hosts for gid in self._gids_of.get(host, ())}
         for gid in changed | (off ^ self._fenced_off):  # only what changed: this runs for each placement
-            wanted = gid in off or self.view.gpus[gid].host in hosts
-            if wanted != (gid in self._fenced):
-                (self.view.fence if wanted else self.view.unfence)(gid)
-                (self._fenced.add if wanted else self._fenced.discard)(gid)
+            fenced = gid in off or self.view.gpus[gid].host in hosts
+            (self.view.fence if fenced else self.view.unfence)(gid)  # both idempotent
         self._fenced_hosts, self._fenced_off = hosts, off
 
     def _on_any_node_if_none_least_loaded(self, decide: Callable[[], Decided], placed: type,
