@@ -157,6 +157,20 @@ def test_a_chain_subjob_is_granted_with_its_window_and_its_next_job_linked(site,
     assert parse_place(batch.job(nxt).admin_tag) is not None and store.chain(nxt).job == first
 
 
+@pytest.mark.parametrize(
+    "tag",
+    ["mig-batch:v1;req=6144M;atomize=1;ckpt=/tmp/ckpt;smin=30;smax=300", "mig-batch:v1;req=1g;moldable=1g:600,7g:60"],
+)
+def test_chains_and_moldable_jobs_are_not_planned_on_a_down_node(site, batch, tag):
+    """Their planners read timelines, not the view's buckets: a fenced GPU must be missing there too."""
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    batch.set_node_up("n1", False)  # n1's GPUs come first in every tie
+    job = batch.add(tag)
+    c.step()
+    assert store.decision(job).node == "n2"
+
+
 def test_a_lost_job_record_ends_its_decision(site, batch):
     store = Store(site.state)
     c = Controller(site, store, batch)
