@@ -193,3 +193,24 @@ def test_learning_policies_keep_their_settings():
     for j in range(3):
         mecc.decide(cluster, PlacementRequest.single(f"j{j}", MODEL, "1g.10gb"))
     assert mecc.profile_counts(MODEL) == {cluster.tables[MODEL].index("1g.10gb"): 3}
+
+
+@pytest.mark.parametrize("name", ["emfi", "mecc"])
+def test_learning_policies_count_a_job_decided_again_once(name):
+    """A job that waits is decided again every pass: the learned mix is of jobs, not of tries."""
+    policy = make_policy(name)
+    cluster = Cluster.homogeneous(MODEL, 1)
+    for _ in range(5):
+        policy.decide(cluster, PlacementRequest.single("waits", MODEL, "7g.80gb"))
+    policy.decide(cluster, PlacementRequest.single("other", MODEL, "1g.10gb"))
+    index = cluster.tables[MODEL].index
+    assert policy.profile_counts(MODEL) == {index("7g.80gb"): 1, index("1g.10gb"): 1}
+
+
+def test_mecc_counts_only_its_window_of_jobs():
+    mecc = make_policy("mecc", window=3)
+    cluster = Cluster.homogeneous(MODEL, 1)
+    for j, profile in enumerate(["7g.80gb", "7g.80gb", "1g.10gb", "1g.10gb", "2g.20gb"]):
+        mecc.decide(cluster, PlacementRequest.single(f"j{j}", MODEL, profile))
+    index = cluster.tables[MODEL].index
+    assert mecc.profile_counts(MODEL) == {index("1g.10gb"): 2, index("2g.20gb"): 1}

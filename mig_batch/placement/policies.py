@@ -175,28 +175,43 @@ class MinimumFragmentationIncrement(MaskScoredPolicy):
 
 
 class _LearnsProfileMix(MaskScoredPolicy):
-    """Keeps the per-model profile counts of the last ``window`` requests (all if None) and recomputes
-    its derived per-mask table every ``refresh`` requests."""
+    """Keeps the per-model profile counts of the last ``window`` jobs (all if None) and recomputes its
+    derived per-mask table every ``refresh`` new jobs. A job decided again (it waited a pass, or was
+    tried on more nodes) counts once, like the other learning policies: the mix is of jobs, not tries."""
+
+    SEEN_JOBS = 4096  # a job waiting longer than this many newer jobs counts again; bounds the daemon's memory
 
     def __init__(self, window: int | None, refresh: int) -> None:
         super().__init__()
         self.window, self.refresh = window, refresh
-        self.recent: deque[tuple[str, int]] = deque(maxlen=window)
+        self.recent: deque[tuple[tuple[str, int], ...]] = deque(maxlen=window)  # per job: (model, profile index)
+        self.counts: Counter[tuple[str, int]] = Counter()  # over ``recent``, kept as it changes
+        self.seen_jobs: dict[str, None] = {}  # insertion-ordered: the oldest leaves first
         self.seen = 0
         self._derived: dict[str, list[float]] = {}
 
     def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
-        for model, profile in request.profiles.items():
-            if model in cluster.tables:
-                self.recent.append((model, cluster.tables[model].index(profile)))
+        if request.job not in self.seen_jobs:
+            self._count(cluster, request)
+        return super().decide(cluster, request)
+
+    def _count(self, cluster: Cluster, request: PlacementRequest) -> None:
+        self.seen_jobs[request.job] = None
+        if len(self.seen_jobs) > max(self.SEEN_JOBS, self.window or 0):
+            del self.seen_jobs[next(iter(self.seen_jobs))]
+        if self.window is not None and len(self.recent) == self.window:
+            self.counts.subtract(self.recent[0])
+        entry = tuple((model, cluster.tables[model].index(profile))
+                      for model, profile in request.profiles.items() if model in cluster.tables)  # fmt: skip
+        self.recent.append(entry)
+        self.counts.update(entry)
         self.seen += 1
         if self.seen % self.refresh == 1:
             self._derived.clear()
             self.invalidate()
-        return super().decide(cluster, request)
 
     def profile_counts(self, model_name: str) -> Counter[int]:
-        return Counter(k for m, k in self.recent if m == model_name)
+        return Counter({k: n for (m, k), n in self.counts.items() if m == model_name and n > 0})
 
     def derived_table(self, tables: ModelTables) -> list[float]:
         name = tables.model.name
