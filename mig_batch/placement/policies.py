@@ -203,7 +203,8 @@ class _LearnsProfileMix(MaskScoredPolicy):
             self.counts.subtract(self.recent[0])
         entry = tuple((model, cluster.tables[model].index(profile))
                       for model, profile in request.profiles.items() if model in cluster.tables)  # fmt: skip
-        self.recent.append(entry)
+        if self.window is not None:  # with no window only the counts are kept: a daemon's memory stays flat
+            self.recent.append(entry)
         self.counts.update(entry)
         self.seen += 1
         if self.seen % self.refresh == 1:
