@@ -1,6 +1,8 @@
 """Controller.step over the in-memory batch system: decisions, node reports, restarts, refused pins,
 requeues, node failures, moldable and chain decisions; no Slurm needed."""
 
+import time
+
 import pytest
 
 from mig_batch.batch.fake import FakeBatch
@@ -157,18 +159,35 @@ def test_a_chain_subjob_is_granted_with_its_window_and_its_next_job_linked(site,
     assert parse_place(batch.job(nxt).admin_tag) is not None and store.chain(nxt).job == first
 
 
-@pytest.mark.parametrize(
-    "tag",
-    ["mig-batch:v1;req=6144M;atomize=1;ckpt=/tmp/ckpt;smin=30;smax=300", "mig-batch:v1;req=1g;moldable=1g:600,7g:60"],
-)
-def test_chains_and_moldable_jobs_are_not_planned_on_a_down_node(site, batch, tag):
-    """Their planners read timelines, not the view's buckets: a fenced GPU must be missing there too."""
+def test_a_chain_is_not_planned_on_a_down_node(site, batch):
+    """The chains' gaps come from timelines, not the view's buckets: a fenced GPU must be missing there too."""
     store = Store(site.state)
     c = Controller(site, store, batch)
     batch.set_node_up("n1", False)  # n1's GPUs come first in every tie
-    job = batch.add(tag)
+    job = batch.add("mig-batch:v1;req=6144M;atomize=1;ckpt=/tmp/ckpt;smin=30;smax=300")
     c.step()
     assert store.decision(job).node == "n2"
+
+
+def test_a_moldable_job_does_not_wait_for_a_down_node(site, batch):
+    """7g would finish first on the down node's GPU once its last job ends: the planner must not reserve
+    it there, but start the job now on the node that is up."""
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    batch.clock = time.time()  # the jobs' ends (start + time limit) in wall time, as mig-batchd reads them
+    ending = batch.add(RIGID, time_limit_s=100)
+    c.step()
+    made(batch, ending)
+    assert store.decision(ending).node == "n1"
+    batch.set_node_up("n1", False)  # its job keeps running: Slurm has not requeued it
+    busy = batch.add(RIGID)
+    c.step()
+    made(batch, busy)
+    assert store.decision(busy).node == "n2"
+    job = batch.add("mig-batch:v1;req=1g;moldable=1g:600,7g:60")
+    c.step()
+    d = store.decision(job)
+    assert d is not None and (d.node, d.profile) == ("n2", "1g.10gb")
 
 
 def test_a_lost_job_record_ends_its_decision(site, batch):
@@ -292,6 +311,8 @@ def test_gpus_an_agent_finds_with_mig_mode_off_take_no_placement_and_status_says
     batch.set_node_tag("n1", AgentTag(started=0, reconciled=1).text())  # an administrator enabled it
     c.step()
     assert store.decision(jobs[1]).node == "n1"
+
+
 def _fragmented(tmp_path, live_defrag: bool):
     """Three GPUs: n1 holds chain subjobs A and B (1g each), n2 chain C, n3 a long rigid 4g job;
     two whole-GPU (7g) jobs H and J wait. Set up with live defragmentation off, then the controller

@@ -56,6 +56,17 @@ def test_no_policy_returns_an_infeasible_placement(cluster, profile, name):
         assert isinstance(decision, Rejection) and decision.reason
 
 
+@settings(max_examples=150)
+@given(clusters(), st.sampled_from(BASE), st.sampled_from(policy_names()), st.sets(st.integers(0, 7)))
+def test_no_policy_places_on_a_fenced_gpu(cluster, profile, name, fenced):
+    """mig-batchd fences the GPUs of down nodes and of GPUs with MIG mode off: no policy may choose one."""
+    for gid in fenced & set(range(len(cluster.gpus))):
+        cluster.fence(gid)
+    decision = make_policy(name).decide(cluster, PlacementRequest.single("x", MODEL, profile))
+    if isinstance(decision, Placement):
+        assert decision.gid not in cluster.fenced
+
+
 def brute_force_mfi(cluster, profile, variant):
     best = None
     p = A100.profile(profile)

@@ -97,7 +97,7 @@ class Grmu(Policy):
                 continue
             k = tables.index(profile)
             basket = self._basket_of(tables, profile)
-            for gid in sorted(g for g, b in self.basket.items() if b == basket):
+            for gid in sorted(g for g, b in self.basket.items() if b == basket and g not in cluster.fenced):
                 choice = max_cc_choice(tables, k, cluster.gpus[gid].mask) if cluster.gpus[gid].model == model else None
                 if choice is not None:
                     return placement_on(cluster, gid, profile, choice[1])
@@ -106,7 +106,8 @@ class Grmu(Policy):
             size = sum(1 for g, b in self.basket.items() if b == basket and cluster.gpus[g].model == model)
             if size >= cap:
                 continue
-            pool = next((g.gid for g in same_model if g.gid not in self.basket and not g.mask), None)
+            pool = next((g.gid for g in same_model if g.gid not in self.basket and not g.mask
+                         and g.gid not in cluster.fenced), None)  # fmt: skip
             if pool is not None:
                 self.basket[pool] = basket
                 choice = max_cc_choice(tables, k, 0)

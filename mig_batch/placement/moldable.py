@@ -159,7 +159,7 @@ class MoldablePlanner:
         if option.model not in self._rows:
             return None
         decision = self.policy.decide(self.cluster, PlacementRequest.single(job, option.model, option.profile))
-        if not isinstance(decision, Placement):
+        if not isinstance(decision, Placement) or decision.gid not in self._row_of:  # not one of our GPUs
             return None
         profile = get_model(option.model).profile(option.profile)
         end = self.now + option.seconds

@@ -127,7 +127,7 @@ class RoundRobin(Policy):
             gid = (self.next_gid + step) % n
             gpu = cluster.gpus[gid]
             profile = request.profiles.get(gpu.model)
-            if profile is None:
+            if profile is None or gid in cluster.fenced:
                 continue
             tables = cluster.tables[gpu.model]
             k = tables.index(profile)
@@ -179,35 +179,40 @@ class _LearnsProfileMix(MaskScoredPolicy):
     derived per-mask table every ``refresh`` new jobs. A job decided again (it waited a pass, or was
     tried on more nodes) counts once, like the other learning policies: the mix is of jobs, not tries."""
 
-    SEEN_JOBS = 4096  # a job waiting longer than this many newer jobs counts again; bounds the daemon's memory
+    SEEN_JOBS = 4096  # jobs remembered (the latest tried last): bounds the daemon's memory
 
     def __init__(self, window: int | None, refresh: int) -> None:
+        if (window is not None and window < 1) or refresh < 1:
+            raise ValueError(f"window must be at least 1 (or None: every job) and refresh at least 1; got {window}, "
+                             f"{refresh}")  # fmt: skip
         super().__init__()
         self.window, self.refresh = window, refresh
         self.recent: deque[tuple[tuple[str, int], ...]] = deque(maxlen=window)  # per job: (model, profile index)
         self.counts: Counter[tuple[str, int]] = Counter()  # over ``recent``, kept as it changes
-        self.seen_jobs: dict[str, None] = {}  # insertion-ordered: the oldest leaves first
+        self.seen_jobs: dict[str, None] = {}  # insertion-ordered, the latest try last: the oldest leaves first
         self.seen = 0
         self._derived: dict[str, list[float]] = {}
 
     def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
-        if request.job not in self.seen_jobs:
+        if request.job in self.seen_jobs:
+            self.seen_jobs[request.job] = self.seen_jobs.pop(request.job)  # still waiting: keep it known
+        else:
             self._count(cluster, request)
         return super().decide(cluster, request)
 
     def _count(self, cluster: Cluster, request: PlacementRequest) -> None:
+        entry = tuple((model, cluster.tables[model].index(profile))
+                      for model, profile in request.profiles.items() if model in cluster.tables)  # fmt: skip
         self.seen_jobs[request.job] = None
         if len(self.seen_jobs) > max(self.SEEN_JOBS, self.window or 0):
             del self.seen_jobs[next(iter(self.seen_jobs))]
-        if self.window is not None and len(self.recent) == self.window:
-            self.counts.subtract(self.recent[0])
-        entry = tuple((model, cluster.tables[model].index(profile))
-                      for model, profile in request.profiles.items() if model in cluster.tables)  # fmt: skip
         if self.window is not None:  # with no window only the counts are kept: a daemon's memory stays flat
+            if len(self.recent) == self.window:
+                self.counts.subtract(self.recent[0])
             self.recent.append(entry)
         self.counts.update(entry)
         self.seen += 1
-        if self.seen % self.refresh == 1:
+        if (self.seen - 1) % self.refresh == 0:  # the first job, then every ``refresh`` new ones
             self._derived.clear()
             self.invalidate()
 
