@@ -140,9 +140,10 @@ def start_in_gap(gap: Gap, profile_name: str, mask: int) -> int | None:
 
 
 def cluster_timelines(cluster: Cluster, until: Callable[[str], float]) -> list[GpuTimeline]:
-    """The placement view as timelines: each instance holds its slices until ``until(job)``."""
+    """The placement view as timelines: each instance holds its slices until ``until(job)``. A fenced GPU
+    (its node down, MIG mode off) has none: nothing may be planned there, as no policy may place there."""
     out = []
-    for gpu in cluster.gpus:
+    for gpu in (g for g in cluster.gpus if g.gid not in cluster.fenced):
         model = get_model(gpu.model)
         holds = tuple(Hold(model.profile(p).window(s), until=until(job)) for job, (p, s) in gpu.instances.items())
         out.append(GpuTimeline(gpu.gid, gpu.host, gpu.index, gpu.model, holds))

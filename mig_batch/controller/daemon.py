@@ -533,9 +533,8 @@ class Controller:
     def timelines(self, jobs: Mapping[str, BatchJob], now: float,
                   blocked: Mapping[str, str] | None) -> list[GpuTimeline]:  # fmt: skip
         """Every GPU's holds: instances until their job's expected end, and a reservation for the
-        first queued job that fits nowhere now (``blocked``: model -> profile). Fenced GPUs are left
-        out: the chains' gaps and the moldable planner read these, not the view's placeable GPUs."""
-        out = [t for t in cluster_timelines(self.view, self._until(jobs, now)) if t.gid not in self.view.fenced]
+        first queued job that fits nowhere now (``blocked``: model -> profile); fenced GPUs have none."""
+        out = cluster_timelines(self.view, self._until(jobs, now))
         reserved = reservation(out, blocked, now, self.config.atomize.offer_horizon_s) if blocked else None
         return with_hold(out, *reserved) if reserved else out
 
