@@ -90,6 +90,30 @@ def test_an_epilog_destroys_the_strays_on_its_jobs_gpu_and_leaves_other_gpus_to_
     assert gpus.instances(0) == [elsewhere] and stray.uuid not in {i.uuid for i in gpus.instances(1)}
 
 
+def test_an_epilog_keeps_what_another_writer_journaled_and_lists_the_journal_only_for_an_unknown_id(
+    site, batch, gpus, monkeypatch
+):
+    """The epilog's stray check answers from the entries the agent wrote itself; an instance id it does not
+    know (here one a hook's in-process fallback journaled) sends it to the directory, where that entry is."""
+    from mig_batch.node.journal import Entry
+
+    a = agent(site, batch, gpus)
+    kept, done = decide(batch, 1, "1g.5gb", 0), decide(batch, 1, "1g.5gb", 1)
+    a.prolog(kept)
+    a.prolog(done)
+    listings = []
+    entries = Journal.entries
+    monkeypatch.setattr(Journal, "entries", lambda self: listings.append(1) or entries(self))
+    assert a.epilog(done) == "destroyed 1g.5gb@1 on GPU 1"
+    assert listings == []  # every instance on GPU 1 was one the agent journaled: no listing
+    theirs = gpus.create(1, "1g.5gb", 6)  # made and journaled by another writer on this node
+    Journal(site.node_dir / "journal").add(Entry("99", 1, theirs.gi_id, "1g.5gb", 6, theirs.uuid, 1.0))
+    done = decide(batch, 1, "2g.10gb", 2)
+    a.prolog(done)
+    assert a.epilog(done) == "destroyed 2g.10gb@2 on GPU 1"  # not a stray: the listing found its entry
+    assert listings == [1] and {i.uuid for i in gpus.instances(1)} == {theirs.uuid, a.journal.get(kept).uuid}
+
+
 def test_stale_decision_falls_back_to_mfi_on_the_node_and_says_so(site, batch, gpus):
     node = gpus
     node.create(1, "1g.5gb", 2)  # someone else holds part of the decided spot

@@ -129,6 +129,22 @@ def test_mig_off_refuses_to_create(nvml_emu_node):
         backend.create(0, "1g.5gb", 0)
 
 
+@root_only
+def test_a_create_the_driver_accepts_reads_neither_the_mig_mode_nor_the_placements(nvml_emu_node, monkeypatch):
+    """The driver checks both itself; only a refusal reads them, to name the reason."""
+    backend, _ = nvml_emu_node(["A100-40GB"])
+    backend.create(0, "1g.5gb", 0)  # the first create reads the GPU's profiles, once
+    asked = []
+    for name in ("nvmlDeviceGetMigMode", "nvmlDeviceGetGpuInstancePossiblePlacements"):
+        real = getattr(nv, name)
+        monkeypatch.setattr(nv, name, lambda *args, _real=real, _name=name: asked.append(_name) or _real(*args))
+    backend.create(0, "1g.5gb", 1)
+    assert asked == []
+    with pytest.raises(InsufficientResources, match=r"cannot start at 1 on GPU 0; the driver allows starts \[0, 2, 4"):
+        backend.create(0, "2g.10gb", 1)
+    assert "nvmlDeviceGetGpuInstancePossiblePlacements" in asked
+
+
 def test_a_non_root_create_gets_no_permission(nvml_emu_node):
     nvml_emu_node(["A100-40GB"])
     h = nv.nvmlDeviceGetHandleByIndex(0)

@@ -38,18 +38,23 @@ def _nvml():
 
 @contextmanager
 def _errors() -> Iterator[None]:
-    nv = _nvml()
     try:
         yield
-    except nv.NVMLError as exc:
-        code = getattr(exc, "value", None)
-        kind = {  # INVALID_ARGUMENT is not here: it means this code called NVML wrongly, never a full GPU
-            nv.NVML_ERROR_INSUFFICIENT_RESOURCES: InsufficientResources,
-            nv.NVML_ERROR_IN_USE: InUse,
-            nv.NVML_ERROR_NOT_SUPPORTED: NotSupported,
-            nv.NVML_ERROR_NOT_FOUND: NotFound,
-        }.get(code, GpuBackendError)
-        raise kind(f"NVML: {exc}") from exc
+    except _nvml().NVMLError as exc:
+        raise _mapped(exc) from exc
+
+
+def _mapped(exc: Exception) -> GpuBackendError:
+    """NVML's error as ours. INVALID_ARGUMENT is not mapped: it means this code called NVML wrongly, never a
+    full GPU."""
+    nv = _nvml()
+    kind = {
+        nv.NVML_ERROR_INSUFFICIENT_RESOURCES: InsufficientResources,
+        nv.NVML_ERROR_IN_USE: InUse,
+        nv.NVML_ERROR_NOT_SUPPORTED: NotSupported,
+        nv.NVML_ERROR_NOT_FOUND: NotFound,
+    }.get(getattr(exc, "value", None), GpuBackendError)
+    return kind(f"NVML: {exc}")
 
 
 @dataclass(frozen=True)
@@ -223,6 +228,8 @@ class NvmlNode(GpuBackend):
         return out
 
     def create(self, gpu: int, profile: str, start: int) -> MigInstance:
+        """Make a GPU instance of ``profile`` at ``start`` with one compute instance over all of it. The
+        driver checks the MIG mode and the placement itself: only a refusal reads them, to say why."""
         nv = _nvml()
         handle, model = self._handle(gpu), self._model(gpu)
         if not model.has_profile(profile):
@@ -231,21 +238,14 @@ class NvmlNode(GpuBackend):
         offered = self._profiles(gpu)
         if profile not in offered:
             raise NotSupported(f"this GPU or driver does not offer {profile}")
-        with _errors():
-            current, _pending = nv.nvmlDeviceGetMigMode(handle)
-        if current != nv.NVML_DEVICE_MIG_ENABLE:
-            raise NotSupported(f"MIG mode is off on GPU {gpu}; an administrator enables it with "
-                               f"'nvidia-smi -i {gpu} -mig 1' (then a GPU reset)")  # fmt: skip
         profile_id = offered[profile].id
-        allowed = self.possible_starts(gpu, profile_id)
-        if (start, p.memory_slices) not in allowed:
-            raise InsufficientResources(
-                f"{profile} cannot start at {start} on GPU {gpu}; the driver allows starts {[s for s, _ in allowed]}"
-            )
-        with _errors():
-            placement = nv.c_nvmlGpuInstancePlacement_t()
-            placement.start, placement.size = start, p.memory_slices
+        placement = nv.c_nvmlGpuInstancePlacement_t()
+        placement.start, placement.size = start, p.memory_slices
+        try:
             gi = nv.nvmlDeviceCreateGpuInstanceWithPlacement(handle, profile_id, ctypes.byref(placement))
+        except nv.NVMLError as exc:
+            raise self._refusal(gpu, profile, profile_id, start, p.memory_slices, exc) from exc
+        with _errors():
             try:
                 ci_enum = getattr(nv, f"NVML_COMPUTE_INSTANCE_PROFILE_{p.compute_slices}_SLICE")
                 ci_profile = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(
@@ -261,6 +261,23 @@ class NvmlNode(GpuBackend):
             uuid = _text(nv.nvmlDeviceGetUUID(mig)) if mig is not None else ""
             return MigInstance(gpu, gi_info.id, ci_info.id, profile, gi_info.placement.start,
                                gi_info.placement.size, uuid)  # fmt: skip
+
+    def _refusal(self, gpu: int, profile: str, profile_id: int, start: int, size: int, exc: Exception) -> Exception:
+        """Why the driver refused a GPU instance, as the error to raise: MIG mode off, or a start the
+        profile does not allow (with the allowed ones), read now; else the driver's own error."""
+        nv = _nvml()
+        handle = self._handle(gpu)
+        if getattr(exc, "value", None) != nv.NVML_ERROR_INSUFFICIENT_RESOURCES:  # a full GPU: nothing to read
+            with _errors():
+                current, _pending = nv.nvmlDeviceGetMigMode(handle)
+            if current != nv.NVML_DEVICE_MIG_ENABLE:
+                return NotSupported(f"MIG mode is off on GPU {gpu}; an administrator enables it with "
+                                    f"'nvidia-smi -i {gpu} -mig 1' (then a GPU reset)")  # fmt: skip
+            allowed = self.possible_starts(gpu, profile_id)
+            if (start, size) not in allowed:
+                return InsufficientResources(f"{profile} cannot start at {start} on GPU {gpu}; the driver allows "
+                                             f"starts {[s for s, _ in allowed]}")  # fmt: skip
+        return _mapped(exc)
 
     def destroy(self, gpu: int, gi_id: int) -> None:
         nv = _nvml()

@@ -375,8 +375,11 @@ class NodeAgent:
         """Instances on ``gpu`` that no journal entry names: no job owns them (a crashed create). Each one's
         UUID is read only when an instance id on the GPU is not journaled there (an id made again after its
         journaled instance was destroyed behind our back is left to the reconcile, which compares UUIDs)."""
-        owned = self.journal.entries()
-        if set(self.backend.instance_ids(gpu)) <= {e.gi_id for e in owned if e.gpu == gpu}:
+        ids = set(self.backend.instance_ids(gpu))
+        if ids <= self.journal.held_ids(gpu):
+            return []
+        owned = self.journal.entries()  # read again: another writer may have journaled the others
+        if ids <= {e.gi_id for e in owned if e.gpu == gpu}:
             return []
         uuids = {e.uuid for e in owned}
         return [self._destroy_stray(i) for i in self.backend.instances(gpu) if i.uuid not in uuids]

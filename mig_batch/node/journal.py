@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -32,6 +32,9 @@ class Journal:
         # file name -> (its identity, what it holds): every Epilog lists all entries, and a file is only
         # read again when it was replaced (a hook's in-process fallback may write here too)
         self._seen: dict[str, tuple[tuple[int, int, int], Entry | None]] = {}
+        # file name -> entry, as this process last saw the directory and changed it since: what the node
+        # holds without listing the directory (see ``held_ids``)
+        self._known: dict[str, Entry] = {}
 
     def _path(self, job: str) -> Path:
         if not job or "/" in job or job.startswith("."):
@@ -41,8 +44,9 @@ class Journal:
     def add(self, entry: Entry) -> None:
         path = self._path(entry.job)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(entry)))
+        tmp.write_text(json.dumps(vars(entry)))  # its fields are plain values: no deep copy (asdict) needed
         os.replace(tmp, path)  # atomic: the entry is whole or absent
+        self._known[path.name] = entry
 
     def get(self, job: str) -> Entry | None:
         return self._read(self._path(job))
@@ -58,7 +62,15 @@ class Journal:
             return None  # a torn or foreign file: the reconcile treats its instance as a stray
 
     def remove(self, job: str) -> None:
-        self._path(job).unlink(missing_ok=True)
+        path = self._path(job)
+        path.unlink(missing_ok=True)
+        self._known.pop(path.name, None)
+
+    def held_ids(self, gpu: int) -> set[int]:
+        """The GPU instance ids on ``gpu`` that the entries this process knows of name, without reading the
+        directory: an id outside it may still be journaled by another writer (a hook's in-process
+        fallback), which only ``entries`` sees."""
+        return {e.gi_id for e in self._known.values() if e.gpu == gpu}
 
     def entries(self) -> list[Entry]:
         """Every readable entry, by file name."""
@@ -75,4 +87,5 @@ class Journal:
                 known = self._seen.get(f.name)
                 seen[f.name] = known if known is not None and known[0] == identity else (identity, self._read(f.path))
         self._seen = seen
+        self._known = {name: entry for name, (_, entry) in seen.items() if entry is not None}
         return [entry for _, (_, entry) in sorted(seen.items()) if entry is not None]
