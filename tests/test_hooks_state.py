@@ -114,6 +114,27 @@ def test_an_epilog_keeps_what_another_writer_journaled_and_lists_the_journal_onl
     assert listings == [1] and {i.uuid for i in gpus.instances(1)} == {theirs.uuid, a.journal.get(kept).uuid}
 
 
+def test_an_entry_another_writer_removed_is_not_held_and_a_stray_on_its_id_goes_at_the_next_epilog(
+    site, batch, gpus
+):
+    """A hook's in-process fallback ran a job's Epilog (the agent did not answer in time); the agent's own
+    run of that Epilog finds nothing and forgets the entry, so an unjournaled instance that reuses its id
+    is a stray to the next Epilog on the GPU."""
+    a = agent(site, batch, gpus)
+    kept, gone = decide(batch, 1, "1g.5gb", 0), decide(batch, 1, "1g.5gb", 1)
+    a.prolog(kept)
+    a.prolog(gone)
+    gone_id = a.journal.get(gone).gi_id
+    fallback = NodeAgent("n1", gpus, Journal(site.node_dir / "journal"), batch, site.job_dir)
+    assert fallback.epilog(gone) == "destroyed 1g.5gb@1 on GPU 1"
+    assert a.epilog(gone) == "nothing to destroy"  # the agent's run of the same Epilog, late
+    stray = gpus.create(1, "1g.5gb", 1)  # a crashed create: made, never journaled
+    assert stray.gi_id == gone_id  # the id the agent knew for the removed entry
+    done = decide(batch, 1, "2g.10gb", 2)
+    a.prolog(done)
+    assert a.epilog(done) == "destroyed 2g.10gb@2 on GPU 1; destroyed 1 stray instance(s): 1g.5gb@1 on GPU 1"
+
+
 def test_stale_decision_falls_back_to_mfi_on_the_node_and_says_so(site, batch, gpus):
     node = gpus
     node.create(1, "1g.5gb", 2)  # someone else holds part of the decided spot

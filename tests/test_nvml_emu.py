@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mig_batch.gpu import nvml_emu
-from mig_batch.gpu.base import InsufficientResources, InUse, NotSupported
+from mig_batch.gpu.base import GpuBackendError, InsufficientResources, InUse, NotSupported
 from mig_batch.gpu.nvml import NvmlNode
 from mig_batch.mig.models import get_model
 
@@ -143,6 +143,19 @@ def test_a_create_the_driver_accepts_reads_neither_the_mig_mode_nor_the_placemen
     with pytest.raises(InsufficientResources, match=r"cannot start at 1 on GPU 0; the driver allows starts \[0, 2, 4"):
         backend.create(0, "2g.10gb", 1)
     assert "nvmlDeviceGetGpuInstancePossiblePlacements" in asked
+
+
+@root_only
+def test_a_refusal_the_gpu_cannot_explain_keeps_the_drivers_own_error(nvml_emu_node, monkeypatch):
+    backend, _ = nvml_emu_node(["A100-40GB"])
+
+    def lost(*_args):
+        raise nv.NVMLError(nv.NVML_ERROR_GPU_IS_LOST)
+
+    monkeypatch.setattr(nv, "nvmlDeviceGetMigMode", lost)
+    with pytest.raises(GpuBackendError, match="Invalid Argument") as refused:
+        backend.create(0, "2g.10gb", 1)  # 2g instances start at even slices: the driver refuses the argument
+    assert type(refused.value) is GpuBackendError
 
 
 def test_a_non_root_create_gets_no_permission(nvml_emu_node):

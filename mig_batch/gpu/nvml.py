@@ -2,11 +2,11 @@
 
 Profile ids differ per GPU model and driver, so they are read from NVML by the profile's enum
 (NVML_GPU_INSTANCE_PROFILE_<n>_SLICE[_REV1|_GFX|...], from etc/gpus), never hard-coded. A GPU
-instance is created at an explicit placement, checked first against the driver's possible
-placements and passed by reference (the C call takes a pointer), then one compute instance spanning
-it; the MIG UUID is read from the MIG device handle whose GPU instance id matches. NVML errors become
-the backend's errors (see ``base``). Only calls that nvidia-ml-py 12.535 and 13.x both have are used.
-Tested against the emulated libnvidia-ml in ``mig_batch.gpu.nvml_emu``.
+instance is created at an explicit placement, passed by reference (the C call takes a pointer; the
+driver checks the MIG mode and the placement, and only a refusal reads them to name the reason), then
+one compute instance spanning it; the MIG UUID is read from the MIG device handle whose GPU instance
+id matches. NVML errors become the backend's errors (see ``base``). Only calls that nvidia-ml-py 12.535
+and 13.x both have are used. Tested against the emulated libnvidia-ml in ``mig_batch.gpu.nvml_emu``.
 """
 
 from __future__ import annotations
@@ -266,17 +266,20 @@ class NvmlNode(GpuBackend):
         """Why the driver refused a GPU instance, as the error to raise: MIG mode off, or a start the
         profile does not allow (with the allowed ones), read now; else the driver's own error."""
         nv = _nvml()
-        handle = self._handle(gpu)
-        if getattr(exc, "value", None) != nv.NVML_ERROR_INSUFFICIENT_RESOURCES:  # a full GPU: nothing to read
+        if getattr(exc, "value", None) == nv.NVML_ERROR_INSUFFICIENT_RESOURCES:  # a full GPU: nothing to read
+            return _mapped(exc)
+        try:
             with _errors():
-                current, _pending = nv.nvmlDeviceGetMigMode(handle)
+                current, _pending = nv.nvmlDeviceGetMigMode(self._handle(gpu))
             if current != nv.NVML_DEVICE_MIG_ENABLE:
                 return NotSupported(f"MIG mode is off on GPU {gpu}; an administrator enables it with "
                                     f"'nvidia-smi -i {gpu} -mig 1' (then a GPU reset)")  # fmt: skip
             allowed = self.possible_starts(gpu, profile_id)
-            if (start, size) not in allowed:
-                return InsufficientResources(f"{profile} cannot start at {start} on GPU {gpu}; the driver allows "
-                                             f"starts {[s for s, _ in allowed]}")  # fmt: skip
+        except GpuBackendError:  # the GPU cannot say why now (lost, in reset): the driver's own error stands
+            return _mapped(exc)
+        if (start, size) not in allowed:
+            return InsufficientResources(f"{profile} cannot start at {start} on GPU {gpu}; the driver allows "
+                                         f"starts {[s for s, _ in allowed]}")  # fmt: skip
         return _mapped(exc)
 
     def destroy(self, gpu: int, gi_id: int) -> None:

@@ -329,6 +329,7 @@ class NodeAgent:
             (self.job_dir / job_id).unlink(missing_ok=True)
             entries = self._entries(job_id)
             if not entries:
+                self.journal.forget(job_id)  # another writer's Epilog may have removed them: not held any more
                 return "nothing to destroy", False
             for entry in entries:
                 for attempt in range(attempts):
@@ -372,9 +373,11 @@ class NodeAgent:
         return gpu in self.mig_off
 
     def _local_strays(self, gpu: int) -> list[str]:
-        """Instances on ``gpu`` that no journal entry names: no job owns them (a crashed create). Each one's
-        UUID is read only when an instance id on the GPU is not journaled there (an id made again after its
-        journaled instance was destroyed behind our back is left to the reconcile, which compares UUIDs)."""
+        """Instances on ``gpu`` that no journal entry names: no job owns them (a crashed create). The
+        journal is listed only when an instance id on the GPU is not among the entries the agent knows
+        (:meth:`Journal.held_ids`), and each one's UUID read only when an id is not journaled there: an id
+        made again after its journaled instance was destroyed behind our back, or after another writer
+        removed an entry the agent still knows, is left to the reconcile, which lists and compares UUIDs."""
         ids = set(self.backend.instance_ids(gpu))
         if ids <= self.journal.held_ids(gpu):
             return []

@@ -66,10 +66,16 @@ class Journal:
         path.unlink(missing_ok=True)
         self._known.pop(path.name, None)
 
+    def forget(self, job: str) -> None:
+        """Drop what this process knows of ``job``'s entries (every rank's): another writer removed them."""
+        for name in [n for n in self._known if n[: -len(".json")].partition("#")[0] == job]:
+            del self._known[name]
+
     def held_ids(self, gpu: int) -> set[int]:
-        """The GPU instance ids on ``gpu`` that the entries this process knows of name, without reading the
-        directory: an id outside it may still be journaled by another writer (a hook's in-process
-        fallback), which only ``entries`` sees."""
+        """The GPU instance ids on ``gpu`` that the entries this process knows of name (those it wrote, and
+        those its last listing found, less those it removed or forgot), without reading the directory: an
+        id outside it may still be journaled by another writer (a hook's in-process fallback), which only
+        ``entries`` sees."""
         return {e.gi_id for e in self._known.values() if e.gpu == gpu}
 
     def entries(self) -> list[Entry]:
