@@ -20,7 +20,7 @@ The start is the one with the lowest tuple on the start-dependent criteria, ties
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Sequence
 from functools import cache, lru_cache
 from typing import Any
@@ -39,6 +39,7 @@ from mig_batch.placement.base import (
     placement_on,
 )
 from mig_batch.placement.cluster import Cluster
+from mig_batch.placement.recent import RecentJobs
 
 CRITERIA = ("new", "left", "dead", "cc", "df", "ev")
 DEFAULT_ORDER = ("left", "dead", "cc", "df")
@@ -122,29 +123,20 @@ class Lexicographic(MaskScoredPolicy):
             )
         self.order = tuple(order)
         self.refresh, self.quantum = refresh, quantum
-        # (job, ((model, base profile index), ...)): one entry per job, whatever models it names
-        self.mix: deque[tuple[str, tuple[tuple[str, int], ...]]] = deque(maxlen=mix_window)
-        self.mix_jobs: set[str] = set()
-        self.new_jobs = 0
+        # per job: ((model, base profile index), ...), one entry whatever models it names
+        self.mix: RecentJobs[tuple[tuple[str, int], ...]] = RecentJobs(mix_window)
         self.shares: dict[str, tuple[float, ...]] = {}  # model -> rounded profile shares used by ``ev``
 
     def observe(self, cluster: Cluster, request: PlacementRequest) -> None:
         """Count a new job in the request mix; re-estimate the shares at the first job and every ``refresh``."""
-        if "ev" not in self.order or request.job in self.mix_jobs:
+        if "ev" not in self.order:
             return
-        if len(self.mix) == self.mix.maxlen:
-            self.mix_jobs.discard(self.mix[0][0])
-        profiles = tuple(
-            (model, cluster.tables[model].index(profile))
-            for model, profile in request.profiles.items()
-            if model in cluster.tables
-        )
-        self.mix.append((request.job, profiles))
-        self.mix_jobs.add(request.job)
-        self.new_jobs += 1
-        if self.new_jobs % self.refresh != 1 and self.refresh != 1:
+        added = self.mix.add(request.job, lambda: tuple((model, cluster.tables[model].index(profile))
+                                                        for model, profile in request.profiles.items()
+                                                        if model in cluster.tables))  # fmt: skip
+        if added is None or (self.mix.new_jobs % self.refresh != 1 and self.refresh != 1):
             return
-        counts = Counter(entry for _, profiles in self.mix for entry in profiles)
+        counts = Counter(entry for profiles in self.mix.values for entry in profiles)
         shares = {}
         for model, tables in cluster.tables.items():
             n = len(tables.base_names)
@@ -229,7 +221,7 @@ class Lexicographic(MaskScoredPolicy):
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"policy": self.name, "order": list(self.order), "end_after": self.end_after}
         if "ev" in self.order:
-            out.update(mix_window=self.mix.maxlen, refresh=self.refresh, quantum=self.quantum)
+            out.update(mix_window=self.mix.window, refresh=self.refresh, quantum=self.quantum)
         return out
 
 
@@ -256,31 +248,22 @@ class MixAware(Policy):
         self.whole_share = whole_share
         self.fit = Lexicographic(fit_order, end_after=end_after)
         self.waste = Lexicographic(waste_order, end_after=end_after)
-        self.recent: deque[tuple[str, bool]] = deque(maxlen=window)  # (job, needs a whole GPU)
-        self.seen: set[str] = set()  # the jobs in ``recent``: a job decided again (it waited) counts once
+        self.recent: RecentJobs[bool] = RecentJobs(window)  # per job: whether it needs a whole GPU
         self.whole_recent = 0
 
-    def _observe(self, cluster: Cluster, request: PlacementRequest) -> None:
-        if request.job in self.seen:
-            return
-        whole = False
-        for model, profile in request.profiles.items():
-            if model in cluster.models:
-                gpu_model = cluster.models[model]
-                whole = whole or gpu_model.profile(profile).memory_slices == gpu_model.memory_slices
-        if len(self.recent) == self.recent.maxlen:
-            oldest, oldest_whole = self.recent[0]
-            self.seen.discard(oldest)
-            self.whole_recent -= oldest_whole
-        self.recent.append((request.job, whole))
-        self.seen.add(request.job)
-        self.whole_recent += whole
+    @staticmethod
+    def _whole(cluster: Cluster, request: PlacementRequest) -> bool:
+        return any(cluster.models[model].profile(profile).memory_slices == cluster.models[model].memory_slices
+                   for model, profile in request.profiles.items() if model in cluster.models)  # fmt: skip
 
     def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
-        self._observe(cluster, request)
-        heavy = self.whole_recent >= self.whole_share * len(self.recent)
+        added = self.recent.add(request.job, lambda: self._whole(cluster, request))
+        if added is not None:
+            whole, left = added
+            self.whole_recent += whole - bool(left)
+        heavy = self.whole_recent >= self.whole_share * len(self.recent.values)
         return (self.fit if heavy else self.waste).decide(cluster, request)
 
     def describe(self) -> dict[str, Any]:
-        return {"policy": self.name, "whole_share": self.whole_share, "window": self.recent.maxlen,
+        return {"policy": self.name, "whole_share": self.whole_share, "window": self.recent.window,
                 "fit_order": list(self.fit.order), "waste_order": list(self.waste.order)}  # fmt: skip

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import inspect
 from abc import abstractmethod
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -47,6 +47,7 @@ from mig_batch.placement.base import (
 from mig_batch.placement.cluster import Cluster
 from mig_batch.placement.grmu import Grmu
 from mig_batch.placement.lexicographic import Lexicographic, MixAware
+from mig_batch.placement.recent import RecentJobs
 
 
 def _free_slices(tables: ModelTables, mask: int) -> int:
@@ -177,44 +178,33 @@ class MinimumFragmentationIncrement(MaskScoredPolicy):
 class _LearnsProfileMix(MaskScoredPolicy):
     """Keeps the per-model profile counts of the last ``window`` jobs (all if None) and recomputes its
     derived per-mask table every ``refresh`` new jobs. A job decided again (it waited a pass, or was
-    tried on more nodes) counts once, like the other learning policies: the mix is of jobs, not tries."""
-
-    SEEN_JOBS = 4096  # jobs remembered (the latest tried last): bounds the daemon's memory
+    tried on more nodes) counts once (:class:`~mig_batch.placement.recent.RecentJobs`)."""
 
     def __init__(self, window: int | None, refresh: int) -> None:
-        if (window is not None and window < 1) or refresh < 1:
-            raise ValueError(f"window must be at least 1 (or None: every job) and refresh at least 1; got {window}, "
-                             f"{refresh}")  # fmt: skip
+        if refresh < 1:
+            raise ValueError(f"refresh must be at least 1; got {refresh}")
         super().__init__()
+        self.jobs: RecentJobs[tuple[tuple[str, int], ...]] = RecentJobs(window)  # per job: (model, profile index)
         self.window, self.refresh = window, refresh
-        self.recent: deque[tuple[tuple[str, int], ...]] = deque(maxlen=window)  # per job: (model, profile index)
-        self.counts: Counter[tuple[str, int]] = Counter()  # over ``recent``, kept as it changes
-        self.seen_jobs: dict[str, None] = {}  # insertion-ordered, the latest try last: the oldest leaves first
-        self.seen = 0
+        self.counts: Counter[tuple[str, int]] = Counter()  # over the window's jobs, kept as it changes
         self._derived: dict[str, list[float]] = {}
 
     def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
-        if request.job in self.seen_jobs:
-            self.seen_jobs[request.job] = self.seen_jobs.pop(request.job)  # still waiting: keep it known
-        else:
-            self._count(cluster, request)
+        added = self.jobs.add(request.job, lambda: self._entry(cluster, request))
+        if added is not None:
+            entry, left = added
+            if left is not None:
+                self.counts.subtract(left)
+            self.counts.update(entry)
+            if (self.jobs.new_jobs - 1) % self.refresh == 0:  # the first job, then every ``refresh`` new ones
+                self._derived.clear()
+                self.invalidate()
         return super().decide(cluster, request)
 
-    def _count(self, cluster: Cluster, request: PlacementRequest) -> None:
-        entry = tuple((model, cluster.tables[model].index(profile))
-                      for model, profile in request.profiles.items() if model in cluster.tables)  # fmt: skip
-        self.seen_jobs[request.job] = None
-        if len(self.seen_jobs) > max(self.SEEN_JOBS, self.window or 0):
-            del self.seen_jobs[next(iter(self.seen_jobs))]
-        if self.window is not None:  # with no window only the counts are kept: a daemon's memory stays flat
-            if len(self.recent) == self.window:
-                self.counts.subtract(self.recent[0])
-            self.recent.append(entry)
-        self.counts.update(entry)
-        self.seen += 1
-        if (self.seen - 1) % self.refresh == 0:  # the first job, then every ``refresh`` new ones
-            self._derived.clear()
-            self.invalidate()
+    @staticmethod
+    def _entry(cluster: Cluster, request: PlacementRequest) -> tuple[tuple[str, int], ...]:
+        return tuple((model, cluster.tables[model].index(profile))
+                     for model, profile in request.profiles.items() if model in cluster.tables)  # fmt: skip
 
     def profile_counts(self, model_name: str) -> Counter[int]:
         return Counter({k: n for (m, k), n in self.counts.items() if m == model_name and n > 0})
