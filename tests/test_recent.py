@@ -33,8 +33,35 @@ def test_a_job_that_keeps_coming_back_is_remembered_and_a_forgotten_one_counts_a
     assert recent.new_jobs == 4  # waits, a, b, c
     assert recent.add("a", lambda: "a") == ("a", "c")  # forgotten (two others tried since): new again
     assert RecentJobs(None).add("x", lambda: 1) == (1, None) and not RecentJobs(None).values
-    with pytest.raises(ValueError, match="window must be at least 1"):
-        RecentJobs(0)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="window must be a whole number of jobs, at least 1"):
+            RecentJobs(bad)
+
+
+def test_a_job_whose_value_cannot_be_made_is_not_taken_as_tried():
+    recent: RecentJobs[int] = RecentJobs(2)
+
+    def unknown() -> int:
+        raise KeyError("no such profile")
+
+    with pytest.raises(KeyError):
+        recent.add("j", unknown)
+    assert recent.add("j", lambda: 1) == (1, None)  # counted at its next try
+
+
+def test_mix_over_every_job_weighs_all_of_them():
+    """``window=None``: the whole-GPU share is over every job so far, not over an empty window."""
+    from mig_batch.placement.lexicographic import MixAware
+
+    policy = MixAware(window=None)
+    cluster = Cluster.homogeneous(MODEL, 4)
+    for j, profile in enumerate(["1g.10gb", "1g.10gb", "7g.80gb"]):
+        policy.decide(cluster, PlacementRequest.single(f"j{j}", MODEL, profile))
+    assert policy.whole_recent == 1 and not policy.fit_first()  # 1 of 3 jobs < 40%: waste-first
+    policy.decide(cluster, PlacementRequest.single("j3", MODEL, "7g.80gb"))
+    assert policy.fit_first()  # 2 of 4
+    with pytest.raises(ValueError, match="whole_share must be a share of the requests, from 0 to 1"):
+        MixAware(whole_share=1.5)
 
 
 @pytest.mark.parametrize("name", ["emfi", "mecc", "lex", "mix"])

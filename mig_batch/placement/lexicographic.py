@@ -245,6 +245,8 @@ class MixAware(Policy):
         waste_order: Sequence[str] = ("dead", "left", "cc"),
         end_after: int | None = None,
     ) -> None:
+        if not 0 <= whole_share <= 1:
+            raise ValueError(f"whole_share must be a share of the requests, from 0 to 1; got {whole_share}")
         self.whole_share = whole_share
         self.fit = Lexicographic(fit_order, end_after=end_after)
         self.waste = Lexicographic(waste_order, end_after=end_after)
@@ -261,8 +263,12 @@ class MixAware(Policy):
         if added is not None:
             whole, left = added
             self.whole_recent += whole - bool(left)
-        heavy = self.whole_recent >= self.whole_share * len(self.recent.values)
-        return (self.fit if heavy else self.waste).decide(cluster, request)
+        return (self.fit if self.fit_first() else self.waste).decide(cluster, request)
+
+    def fit_first(self) -> bool:
+        """Whether whole-GPU requests are common enough in the recent mix (``window=None``: every job)."""
+        jobs = len(self.recent.values) if self.recent.window is not None else self.recent.new_jobs
+        return self.whole_recent >= self.whole_share * jobs
 
     def describe(self) -> dict[str, Any]:
         return {"policy": self.name, "whole_share": self.whole_share, "window": self.recent.window,

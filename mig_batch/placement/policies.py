@@ -185,7 +185,7 @@ class _LearnsProfileMix(MaskScoredPolicy):
             raise ValueError(f"refresh must be at least 1; got {refresh}")
         super().__init__()
         self.jobs: RecentJobs[tuple[tuple[str, int], ...]] = RecentJobs(window)  # per job: (model, profile index)
-        self.window, self.refresh = window, refresh
+        self.refresh = refresh
         self.counts: Counter[tuple[str, int]] = Counter()  # over the window's jobs, kept as it changes
         self._derived: dict[str, list[float]] = {}
 
@@ -205,6 +205,10 @@ class _LearnsProfileMix(MaskScoredPolicy):
     def _entry(cluster: Cluster, request: PlacementRequest) -> tuple[tuple[str, int], ...]:
         return tuple((model, cluster.tables[model].index(profile))
                      for model, profile in request.profiles.items() if model in cluster.tables)  # fmt: skip
+
+    @property
+    def window(self) -> int | None:
+        return self.jobs.window
 
     def profile_counts(self, model_name: str) -> Counter[int]:
         return Counter({k: n for (m, k), n in self.counts.items() if m == model_name and n > 0})

@@ -17,14 +17,17 @@ class RecentJobs(Generic[T]):
     """The values of the last ``window`` new jobs (``None``: none kept, the caller keeps running totals).
 
     A job is new when it is not among the last ``remember`` jobs tried (at least ``window``); each try
-    moves a job to the newest end, so a job that keeps coming back is counted once however long it waits.
+    moves a job to the newest end, so a job that keeps coming back is counted once however long it waits,
+    unless more than ``remember`` other jobs are tried between two of its tries.
     """
 
     REMEMBER = 4096  # jobs remembered: bounds a long-lived daemon's memory
 
     def __init__(self, window: int | None, remember: int = REMEMBER) -> None:
-        if window is not None and window < 1:
-            raise ValueError(f"window must be at least 1 (or None: every job); got {window}")
+        if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+            raise ValueError(f"window must be a whole number of jobs, at least 1 (or None: every job); got {window!r}")
+        if remember < 1:
+            raise ValueError(f"remember must be at least 1; got {remember}")
         self.window = window
         self.values: deque[T] = deque(maxlen=window if window is not None else 0)
         self.new_jobs = 0
@@ -37,10 +40,10 @@ class RecentJobs(Generic[T]):
         if job in self._tried:
             self._tried[job] = self._tried.pop(job)
             return None
+        new = value()  # first: a value that cannot be made leaves the job untried
         self._tried[job] = None
         if len(self._tried) > self._remember:
             del self._tried[next(iter(self._tried))]
-        new = value()
         left = None
         if self.window is not None:
             if len(self.values) == self.window:
