@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from mig_batch.batch.tags import job_of
+
 
 @dataclass(frozen=True)
 class Entry:
@@ -68,7 +70,7 @@ class Journal:
 
     def forget(self, job: str) -> None:
         """Drop what this process knows of ``job``'s entries (every rank's): another writer removed them."""
-        for name in [n for n in self._known if n[: -len(".json")].partition("#")[0] == job]:
+        for name in [n for n in self._known if job_of(self._known[n].job) == job]:
             del self._known[name]
 
     def held_ids(self, gpu: int) -> set[int]:
