@@ -235,6 +235,17 @@ def test_a_node_without_idle_cpus_takes_no_placement_while_another_has_them(site
     assert store.decision(last).node == "n1"  # n1 has its two CPUs back; n2's are promised
 
 
+def test_moldable_starts_take_cpus_in_the_pass_that_decides_them(site):
+    """A node whose CPUs the pass's moldable starts have used takes no more of them in that pass, as for
+    rigid jobs; MFI alone would put the first three on n1."""
+    batch = FakeBatch(["n1", "n2"], cpus_per_node=2)
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    jobs = [batch.add("mig-batch:v1;req=1g;moldable=1g:60") for _ in range(4)]
+    c.step()
+    assert sorted(nodes_of(store, jobs)) == ["n1", "n1", "n2", "n2"]
+
+
 def test_when_every_node_is_full_jobs_go_where_the_fewest_wait_for_cpus(site):
     """Every node's CPUs are promised: a job pinned now waits for one on its node. MFI alone would pile the
     whole pass onto its favourite node while the other's CPUs free up; the jobs alternate instead."""

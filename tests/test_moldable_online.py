@@ -67,6 +67,17 @@ def test_gaps_offered_after_a_reservation_stay_clear_of_it():
     assert any(g.window == A100.full_mask and g.opens == hold.until for g in gaps)  # the GPU again after it
 
 
+def test_a_gpu_fenced_during_the_pass_is_not_the_way_round_a_reservation():
+    """When the policy's choice meets a reservation, the planner looks for another clear place itself: not
+    on a GPU fenced since the pass began (its node's CPUs went to this pass's earlier starts)."""
+    cluster = Cluster.homogeneous(MODEL, 2)
+    p = planner(cluster, {})
+    p.hold(0, Hold(A100.profile("7g.80gb").window(0), until=NOW + 500, since=NOW + 10))  # GPU 0 reserved soon
+    cluster.fence(1)
+    choice = p.decide(job("x", **{"1g_10gb": 100}))  # would run into GPU 0's reservation
+    assert choice.placement is None or choice.placement.gid != 1
+
+
 def test_no_wait_when_the_later_start_gains_too_little():
     cluster = Cluster.homogeneous(MODEL, 1)
     cluster.allocate(0, "small", "1g.10gb", 0)

@@ -567,8 +567,8 @@ class Controller:
     def _place_moldable(self, waiting: list[tuple[BatchJob, JobTag]], timelines: list[GpuTimeline], now: float,
                         stats: PassStats) -> tuple[list[Decision], list[tuple[int, Hold]]]:  # fmt: skip
         """The size with the earliest predicted finish for each waiting moldable job, in queue order;
-        the ones whose best start is now are decided (the caller pins and releases them), the others
-        may hold a reservation (returned with the decisions)."""
+        the ones whose best start is now are decided (the caller pins and releases them) and take their
+        CPUs from their node's room, the others may hold a reservation (returned with the decisions)."""
         cfg = self.config.moldable
         planner = MoldablePlanner(self.view, timelines, now, self.policy, cfg.min_gain, cfg.max_reservations)
         decided = []
@@ -584,6 +584,7 @@ class Controller:
                 continue
             self._predicted[job.job_id] = choice.seconds
             decided.append(self._decide(job, tag, choice.placement, f"moldable-{self.config.policy}"))
+            self._use_room(choice.placement.host, job.cpus)  # a node it fills takes no more of this pass's starts
         return decided, planner.reserved
 
     def _moldable_times(self, tag: JobTag) -> dict[str, dict[str, float]] | str:

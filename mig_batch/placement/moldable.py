@@ -168,9 +168,9 @@ class MoldablePlanner:
         # the policy's choice meets a reservation: the least fragmenting free place that stays clear
         tables = tables_for(option.model)
         after = tables.frag_after[FragVariant.PRINTED][tables.index(option.profile)]
-        best = min(((frag, int(gid), start) for gid in self._rows[option.model][0]
-                    for start, frag in after[self.cluster.gpus[gid].mask]
-                    if self.clear(int(gid), profile.window(start), self.now, end)), default=None)  # fmt: skip
+        usable = [int(gid) for gid in self._rows[option.model][0] if int(gid) not in self.cluster.fenced]
+        best = min(((frag, gid, start) for gid in usable for start, frag in after[self.cluster.gpus[gid].mask]
+                    if self.clear(gid, profile.window(start), self.now, end)), default=None)  # fmt: skip
         return None if best is None else placement_on(self.cluster, best[1], option.profile, best[2])
 
     def clear(self, gid: int, window: int, begin: float, end: float) -> bool:
