@@ -31,12 +31,11 @@ class Journal:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir, 0o700)
-        # file name -> (its identity, what it holds): every Epilog lists all entries, and a file is only
-        # read again when it was replaced (a hook's in-process fallback may write here too)
-        self._seen: dict[str, tuple[tuple[int, int, int], Entry | None]] = {}
-        # file name -> entry, as this process last saw the directory and changed it since: what the node
-        # holds without listing the directory (see ``held_ids``)
-        self._known: dict[str, Entry] = {}
+        # file name -> (its identity, what it holds), as the last listing found it and this process changed
+        # it since (what it wrote has no identity yet: the next listing reads it once). A listed file is only
+        # read again when it was replaced (a hook's in-process fallback may write here too); ``held_ids``
+        # answers from it without listing.
+        self._seen: dict[str, tuple[tuple[int, int, int] | None, Entry | None]] = {}
 
     def _path(self, job: str) -> Path:
         if not job or "/" in job or job.startswith("."):
@@ -48,7 +47,7 @@ class Journal:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(vars(entry)))  # its fields are plain values: no deep copy (asdict) needed
         os.replace(tmp, path)  # atomic: the entry is whole or absent
-        self._known[path.name] = entry
+        self._seen[path.name] = (None, entry)
 
     def get(self, job: str) -> Entry | None:
         return self._read(self._path(job))
@@ -66,23 +65,23 @@ class Journal:
     def remove(self, job: str) -> None:
         path = self._path(job)
         path.unlink(missing_ok=True)
-        self._known.pop(path.name, None)
+        self._seen.pop(path.name, None)
 
     def forget(self, job: str) -> None:
         """Drop what this process knows of ``job``'s entries (every rank's): another writer removed them."""
-        for name in [n for n in self._known if job_of(self._known[n].job) == job]:
-            del self._known[name]
+        for name in [n for n, (_, e) in self._seen.items() if e is not None and job_of(e.job) == job]:
+            del self._seen[name]
 
     def held_ids(self, gpu: int) -> set[int]:
         """The GPU instance ids on ``gpu`` that the entries this process knows of name (those it wrote, and
         those its last listing found, less those it removed or forgot), without reading the directory: an
         id outside it may still be journaled by another writer (a hook's in-process fallback), which only
         ``entries`` sees."""
-        return {e.gi_id for e in self._known.values() if e.gpu == gpu}
+        return {e.gi_id for _, e in self._seen.values() if e is not None and e.gpu == gpu}
 
     def entries(self) -> list[Entry]:
         """Every readable entry, by file name."""
-        seen: dict[str, tuple[tuple[int, int, int], Entry | None]] = {}
+        seen: dict[str, tuple[tuple[int, int, int] | None, Entry | None]] = {}
         with os.scandir(self.dir) as found:
             for f in found:
                 if not f.name.endswith(".json"):
@@ -95,5 +94,4 @@ class Journal:
                 known = self._seen.get(f.name)
                 seen[f.name] = known if known is not None and known[0] == identity else (identity, self._read(f.path))
         self._seen = seen
-        self._known = {name: entry for name, (_, entry) in seen.items() if entry is not None}
         return [entry for _, (_, entry) in sorted(seen.items()) if entry is not None]

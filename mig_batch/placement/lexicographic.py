@@ -39,7 +39,7 @@ from mig_batch.placement.base import (
     placement_on,
 )
 from mig_batch.placement.cluster import Cluster
-from mig_batch.placement.recent import RecentJobs
+from mig_batch.placement.recent import RecentJobs, profile_indexes
 
 CRITERIA = ("new", "left", "dead", "cc", "df", "ev")
 DEFAULT_ORDER = ("left", "dead", "cc", "df")
@@ -131,9 +131,7 @@ class Lexicographic(MaskScoredPolicy):
         """Count a new job in the request mix; re-estimate the shares at the first job and every ``refresh``."""
         if "ev" not in self.order:
             return
-        added = self.mix.add(request.job, lambda: tuple((model, cluster.tables[model].index(profile))
-                                                        for model, profile in request.profiles.items()
-                                                        if model in cluster.tables))  # fmt: skip
+        added = self.mix.add(request.job, lambda: profile_indexes(cluster, request))
         if added is None or (self.mix.new_jobs % self.refresh != 1 and self.refresh != 1):
             return
         counts = Counter(entry for profiles in self.mix.values for entry in profiles)

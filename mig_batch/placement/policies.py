@@ -47,7 +47,7 @@ from mig_batch.placement.base import (
 from mig_batch.placement.cluster import Cluster
 from mig_batch.placement.grmu import Grmu
 from mig_batch.placement.lexicographic import Lexicographic, MixAware
-from mig_batch.placement.recent import RecentJobs
+from mig_batch.placement.recent import RecentJobs, profile_indexes
 
 
 def _free_slices(tables: ModelTables, mask: int) -> int:
@@ -190,7 +190,7 @@ class _LearnsProfileMix(MaskScoredPolicy):
         self._derived: dict[str, list[float]] = {}
 
     def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
-        added = self.jobs.add(request.job, lambda: self._entry(cluster, request))
+        added = self.jobs.add(request.job, lambda: profile_indexes(cluster, request))
         if added is not None:
             entry, left = added
             if left is not None:
@@ -200,11 +200,6 @@ class _LearnsProfileMix(MaskScoredPolicy):
                 self._derived.clear()
                 self.invalidate()
         return super().decide(cluster, request)
-
-    @staticmethod
-    def _entry(cluster: Cluster, request: PlacementRequest) -> tuple[tuple[str, int], ...]:
-        return tuple((model, cluster.tables[model].index(profile))
-                     for model, profile in request.profiles.items() if model in cluster.tables)  # fmt: skip
 
     @property
     def window(self) -> int | None:

@@ -8,9 +8,20 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from mig_batch.placement.base import PlacementRequest
+    from mig_batch.placement.cluster import Cluster
 
 T = TypeVar("T")
+
+
+def profile_indexes(cluster: Cluster, request: PlacementRequest) -> tuple[tuple[str, int], ...]:
+    """(model, base profile index) for each model of ``cluster`` that ``request`` names: one job's share of
+    the learned profile mix."""
+    return tuple((model, cluster.tables[model].index(profile))
+                 for model, profile in request.profiles.items() if model in cluster.tables)  # fmt: skip
 
 
 class RecentJobs(Generic[T]):
