@@ -504,3 +504,24 @@ def test_a_job_its_owner_holds_stays_held_until_they_release_it(site, batch):
     batch.user_hold(job, held=False)
     c.step()
     assert store.count_decisions(job) == 2 and store.decision(job).state == "released"
+
+
+def test_chain_grants_take_cpus_in_the_pass_that_decides_them(site, tmp_path):
+    """A node whose CPUs the pass's grants have used takes no more of them in that pass, as for rigid and
+    moldable jobs: a chain chosen for a gap there waits for the next pass instead of for a CPU on a full
+    node while another node has CPUs. Without this, all three went to n1's three GPUs in the first pass,
+    with two CPUs there."""
+    site = SiteConfig(state=site.state, nodes={"n1": ("A100-80GB",) * 3, "n2": ("A100-80GB",) * 3})
+    batch = FakeBatch(["n1", "n2"], cpus_per_node=2)
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    tag = "mig-batch:v1;req=6144M;atomize=1;ckpt={};smin=30;smax=300"
+    jobs = [batch.add(tag.format(tmp_path / f"c{i}")) for i in range(3)]
+
+    def granted():
+        return sorted(d.node for j in jobs if (d := store.decision(j)) is not None)
+
+    c.step()
+    assert granted() and all(granted().count(n) <= 2 for n in ("n1", "n2"))
+    c.step()
+    assert len(granted()) == 3 and all(granted().count(n) <= 2 for n in ("n1", "n2"))

@@ -17,7 +17,7 @@ The decisions themselves come from :mod:`mig_batch.atomize` (pure code, shared w
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
 from mig_batch.atomize.defrag import Steer, choose_spot, offer_groups
@@ -65,10 +65,14 @@ class ChainDriver:
         return seen[1]
 
     def offer(self, waiting: list[tuple[BatchJob, JobTag, ChainRecord]], timelines: list[GpuTimeline],
-              now: float, steers: Sequence[Steer] = ()) -> list[tuple[Decision, SubjobRecord]]:  # fmt: skip
+              now: float, steers: Sequence[Steer] = (),
+              admits: Callable[[BatchJob, str], bool] = lambda job, host: True,
+              ) -> list[tuple[Decision, SubjobRecord]]:  # fmt: skip
         """One negotiation round: the gaps open now in ``timelines`` (every GPU's holds, the
         reservations included) are offered and may be granted; later ones are published only. The
-        grants, recorded, for the caller to pin.
+        grants, recorded, for the caller to pin. A grant is made only where ``admits(job, host)`` (the
+        controller's CPU room, taken by each grant): a chain chosen for a gap on a node this pass has
+        filled waits for the next pass.
 
         With ``atomize.live_defrag`` each grant goes to the spot that keeps the most capacity free
         (:func:`~mig_batch.atomize.defrag.choose_spot`), and ``steers`` (windows kept for rigid jobs
@@ -103,7 +107,7 @@ class ChainDriver:
              [(r.job, int(r.interested), r.profile, r.duration, r.bound_mib, r.basis, r.reason) for r in replies])
             for g, replies, _ in published
         ])  # fmt: skip
-        tags = {job.job_id: (tag, rec) for job, tag, rec in waiting}
+        tags = {job.job_id: (job, tag, rec) for job, tag, rec in waiting}
         grants = []
         for offer_id, (offered, _, chosen) in zip(ids, published, strict=True):
             gap = offered
@@ -117,7 +121,9 @@ class ChainDriver:
             start = start_in_gap(gap, chosen.profile, gpu.mask)
             if start is None:
                 continue
-            tag, rec = tags[chosen.job]
+            job, tag, rec = tags[chosen.job]
+            if not admits(job, gap.host):
+                continue
             profile = get_model(gap.model).profile(chosen.profile)
             self.view.allocate(gap.gid, chosen.job, profile.name, start)
             d = Decision(chosen.job, tag.text(), gap.host, gap.gpu_index, gap.model, profile.name, start, "decided",

@@ -603,7 +603,15 @@ class Controller:
                 record = self.chains.register(job, tag, self._declared_mib(tag))
             if record.state in ("waiting", "granted"):
                 candidates.append((job, tag, record))
-        return [d for d, _ in self.chains.offer(candidates, timelines, now, steers)]
+        return [d for d, _ in self.chains.offer(candidates, timelines, now, steers, self._take_room)]
+
+    def _take_room(self, job: BatchJob, node: str) -> bool:
+        """Whether ``node`` may take ``job`` in this pass, its CPUs then taken: not a node this pass has
+        filled, unless every node is full (the job then waits for a CPU wherever it goes)."""
+        if not self._overflow and self._room.get(node, 1) <= 0:
+            return False
+        self._use_room(node, job.cpus)
+        return True
 
     def _declared_mib(self, tag: JobTag) -> float:
         """The chain's own peak estimate: its memory request, or the smallest profile it asked for."""
