@@ -279,6 +279,28 @@ def test_when_mig_fits_on_none_of_the_least_loaded_nodes_another_full_node_takes
     assert store.decision(late).node == other and not batch.job(late).held
 
 
+def test_when_mig_fits_on_none_of_the_least_loaded_nodes_the_next_least_loaded_takes_the_job(tmp_path):
+    """Every node full: n1 has the most room but no slice, n3 less room, n2 the least. MFI over every node
+    would take n2 (the first of two GPUs alike); the job goes to n3, where the fewest wait after n1."""
+    site = SiteConfig(state=tmp_path / "state.db", nodes={n: ("A100-80GB",) for n in ("n1", "n2", "n3")})
+    batch = FakeBatch(["n1", "n2", "n3"], cpus_per_node=4)
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+
+    def placed(tag, cpus, start):
+        job = batch.add(tag, cpus=cpus)
+        c.step()
+        if start:
+            made(batch, job)
+        return store.decision(job).node
+
+    assert placed(BIG, 4, True) == "n1"  # no CPU, no slice
+    assert [placed(RIGID, 4, True) for _ in range(2)] == ["n2", "n3"]  # one 1g each, no CPU
+    assert placed(RIGID, 3, False) == "n2"  # waits there for 3 CPUs: n2's room -3
+    assert placed(RIGID, 1, False) == "n3"  # the most room where MIG fits: n3's room -1
+    assert placed(RIGID, 1, False) == "n3"  # MIG fits on n2 and n3 alike; n3 has more room
+
+
 def test_a_request_that_fits_on_no_node_is_tried_on_every_node_once_a_pass(site):
     """A saturated cluster's queue: the second job of a shape that fits nowhere skips the second try."""
     batch = FakeBatch(["n1", "n2"], cpus_per_node=1)

@@ -99,7 +99,8 @@ class Controller:
         self._fenced_off: set[int] = set()  # GPUs fenced now for their MIG mode off
         self._overflow = False  # every node is full: jobs go where the fewest wait for CPUs (see _apply_fences)
         self._balanced_out = False  # ... and that fences some node that has GPU room
-        self._anywhere = False  # this pass's chains and moldable jobs: every node that is up, as before
+        # when every node is full, nodes with less room than this are fenced; None: less than the most
+        self._floor: float | None = None
         self._fits_nowhere: set[tuple] = set()  # this pass's requests MIG fits on no up node (the view only fills)
         self._mig_off: dict[str, tuple[int, ...]] = {}  # per node, the GPUs its agent found with MIG mode off
         self._reported: set[str] = {r.job for r in store.instances()}  # jobs whose node report is recorded
@@ -182,7 +183,7 @@ class Controller:
                     blocked_all.append(profiles)
         if moldable or chains:
             if self._balanced_out:  # their planners weigh GPU time on every node, as before
-                self._anywhere = True
+                self._floor = -math.inf
                 self._apply_fences()
             now = time.time()
             timelines = self.timelines(jobs, now, blocked)
@@ -277,7 +278,7 @@ class Controller:
                 node = self.view.gpus[self.view.job_gpu[job.job_id]].host
                 if node in self._room:
                     self._room[node] -= job.cpus
-        self._anywhere = False
+        self._floor = None
         self._fits_nowhere = set()
         self._apply_fences()
 
@@ -291,14 +292,14 @@ class Controller:
         """Fence the GPUs of nodes that are down or have no CPU to give, and of GPUs with MIG mode off.
         When every node is full, a job pinned now waits for a CPU on its node: it goes to the nodes with
         the most room (the fewest CPUs already promised beyond their idle ones), so that no node piles up
-        jobs while another's CPUs free; ``_place`` tries every node when MIG fits on none of those."""
+        jobs while another's CPUs free; ``_place`` tries nodes with less room when MIG fits on none of those."""
         up = set(self._room) - set(self._down_since)
         full = {n for n in up if self._room[n] <= 0}
         self._overflow = bool(up) and full == up
         self._balanced_out = False
         if self._overflow:
-            most = max(self._room[n] for n in up)
-            full = set() if self._anywhere else {n for n in up if self._room[n] < most}
+            floor = max(self._room[n] for n in up) if self._floor is None else self._floor
+            full = {n for n in up if self._room[n] < floor}
             self._balanced_out = bool(full)
         hosts = set(self._down_since) | full
         off = {self.gid[(host, index)] for host, indexes in self._mig_off.items() for index in indexes
@@ -309,24 +310,43 @@ class Controller:
             (self.view.fence if fenced else self.view.unfence)(gid)  # both idempotent
         self._fenced_hosts, self._fenced_off = hosts, off
 
-    def _on_any_node_if_none_least_loaded(self, decide: Callable[[], Decided], placed: type,
-                                          request: tuple) -> Decided:  # fmt: skip
+    def _on_the_least_loaded_nodes_where_it_fits(self, decide: Callable[[], Decided], placed: type,
+                                                  request: tuple) -> Decided:  # fmt: skip
         """``decide()`` on the view; when every node is full and MIG fits on none of the nodes with the most
-        room, ``decide()`` again on every node that is up (the job then waits for a CPU where it fits). A
-        ``request`` (profiles, instances) that fits on no up node is not tried there again this pass: a
-        saturated cluster's long queue would otherwise open and close every GPU's fence for each job."""
+        room, ``decide()`` on the nodes with the most room where MIG fits (the job then waits for a CPU
+        there): a binary search over the up nodes' room, as a node's fit does not change with the floor and
+        a lower floor only adds nodes. A ``request`` (profiles, instances) that fits on no up node is not
+        tried there again this pass: a saturated cluster's long queue would otherwise open and close every
+        GPU's fence for each job."""
         decision = decide()
-        if self._balanced_out and not isinstance(decision, placed) and request not in self._fits_nowhere:
-            self._anywhere = True
+        if not self._balanced_out or isinstance(decision, placed) or request in self._fits_nowhere:
+            return decision
+        up = set(self._room) - set(self._down_since)
+        most = max(self._room[n] for n in up)
+        floors = sorted({self._room[n] for n in up if self._room[n] < most}, reverse=True)
+
+        def at(floor: float) -> Decided:
+            self._floor = floor
             self._apply_fences()
-            try:
-                decision = decide()
-            finally:
-                self._anywhere = False
-                self._apply_fences()
+            return decide()
+
+        try:
+            decision = at(floors[-1])  # every node that is up
             if not isinstance(decision, placed):
                 self._fits_nowhere.add(request)
-        return decision
+                return decision
+            low, high = 0, len(floors) - 1  # MIG fits at floors[high]; find the highest floor where it does
+            while low < high:
+                middle = (low + high) // 2
+                tried = at(floors[middle])
+                if isinstance(tried, placed):
+                    high, decision = middle, tried
+                else:
+                    low = middle + 1
+            return decision
+        finally:
+            self._floor = None
+            self._apply_fences()
 
     def _unlinked(self, job: BatchJob, tag: JobTag) -> bool:
         """A job naming a known chain it is not (yet) linked to. One naming an unknown chain (a lost
@@ -631,8 +651,8 @@ class Controller:
         now, limit = time.time(), job.time_limit_s
         end = now + limit if 0 < limit < math.inf else None  # the time limit bounds the end (end-aware policies)
         request = PlacementRequest(job.job_id, profiles, now, end)
-        decision = self._on_any_node_if_none_least_loaded(lambda: self.policy.decide(self.view, request), Placement,
-                                                          (frozenset(profiles.items()), 1))  # fmt: skip
+        decision = self._on_the_least_loaded_nodes_where_it_fits(lambda: self.policy.decide(self.view, request),
+                                                                 Placement, (frozenset(profiles.items()), 1))
         if not isinstance(decision, Placement):
             return None
         self._use_room(decision.host, job.cpus)
@@ -645,7 +665,7 @@ class Controller:
         if isinstance(profiles, str):
             self.store.event(job.job_id, "unplaceable", error=profiles)
             return None
-        decision = self._on_any_node_if_none_least_loaded(
+        decision = self._on_the_least_loaded_nodes_where_it_fits(
             lambda: self.multi.decide(self.view, profiles, tag.instances),
             MultiPlacement,
             (frozenset(profiles.items()), tag.instances),
