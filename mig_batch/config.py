@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -98,6 +99,9 @@ def load_config(explicit: str | os.PathLike | None = None) -> SiteConfig:
     path = config_path(explicit)
     try:
         raw: Any = parse_yaml(path.read_text()) or {}
+    except PermissionError as exc:
+        raise ConfigError(f"cannot read the mig_batch config {path}: {exc.strerror} (users' migsub and the "
+                          f"subjob runner read it too: make it readable by all, e.g. mode 0644)") from None  # fmt: skip
     except OSError as exc:
         raise ConfigError(f"cannot read the mig_batch config {path}: {exc.strerror}") from None
     except YAMLError as exc:
@@ -120,30 +124,35 @@ def load_config(explicit: str | os.PathLike | None = None) -> SiteConfig:
     if backend not in BACKENDS:
         raise ConfigError(f"{path}: gpu_backend {backend!r} is not one of {', '.join(BACKENDS)}")
     nodes: dict[str, tuple[str, ...]] = {}
-    for node, models in (raw.get("nodes") or {}).items():
-        if not isinstance(models, list) or not models:
-            raise ConfigError(f"{path}: nodes.{node} must be a list of GPU models, e.g. [A100-80GB, A100-80GB]")
+    listed = raw.get("nodes") or {}
+    if not isinstance(listed, dict):
+        raise ConfigError(f"{path}: nodes must map each GPU node's name to its GPU models in index order, e.g. "
+                          f"nodes: {{gpu01: [A100-80GB, A100-80GB]}} (got {listed!r})")  # fmt: skip
+    for node, models in listed.items():
+        if not isinstance(models, list) or not models or not all(isinstance(m, str) for m in models):
+            raise ConfigError(f"{path}: nodes.{node} must be a list of GPU models, e.g. [A100-80GB, A100-80GB] "
+                              f"(got {models!r})")  # fmt: skip
         try:
             nodes[str(node)] = tuple(get_model(str(m)).name for m in models)
         except UnknownModelError as exc:
             raise ConfigError(f"{path}: nodes.{node}: {exc}") from None
     interval = _seconds(raw, "poll_interval_s", 1.0, path)
     return SiteConfig(
-        state=Path(raw.get("state", SiteConfig.state)),
+        state=_path(raw, "state", SiteConfig.state, path),
         policy=policy,
         multi_policy=multi_policy,
         poll_interval_s=interval,
         gpu_backend=backend,
-        job_dir=Path(raw.get("job_dir", SiteConfig.job_dir)),
-        node_dir=Path(raw.get("node_dir", SiteConfig.node_dir)),
-        agent_socket=Path(raw.get("agent_socket", SiteConfig.agent_socket)),
+        job_dir=_path(raw, "job_dir", SiteConfig.job_dir, path),
+        node_dir=_path(raw, "node_dir", SiteConfig.node_dir, path),
+        agent_socket=_path(raw, "agent_socket", SiteConfig.agent_socket, path),
         reconcile_interval_s=_seconds(raw, "reconcile_interval_s", SiteConfig.reconcile_interval_s, path),
         nodes=nodes,
-        slurm_bin=str(raw.get("slurm_bin") or ""),
-        slurm_library=str(raw.get("slurm_library") or ""),
+        slurm_bin=_text(raw, "slurm_bin", "", path),
+        slurm_library=_text(raw, "slurm_library", "", path),
         batch_system=_batch_system(raw, path),
-        htcondor_config=str(raw.get("htcondor_config") or ""),
-        htcondor_agent_file=str(raw.get("htcondor_agent_file") or SiteConfig.htcondor_agent_file),
+        htcondor_config=_text(raw, "htcondor_config", "", path),
+        htcondor_agent_file=_text(raw, "htcondor_agent_file", SiteConfig.htcondor_agent_file, path),
         slice_gres=_slice_gres(raw, path),
         atomize=_atomize(raw.get("atomize") or {}, path),
         moldable=_moldable(raw.get("moldable") or {}, path),
@@ -155,15 +164,35 @@ def load_config(explicit: str | os.PathLike | None = None) -> SiteConfig:
 BATCH_SYSTEMS = ("slurm", "htcondor")
 
 
+def _text(raw: dict, key: str, default: str, path: Path) -> str:
+    """A text setting; left out or empty: ``default``."""
+    value = raw.get(key)
+    if value is None or value == "":
+        return default
+    if not isinstance(value, str):
+        raise ConfigError(f"{path}: {key} must be text, e.g. a path (got {value!r})")
+    return value
+
+
+def _path(raw: dict, key: str, default: Path, path: Path) -> Path:
+    """A path setting; left out: ``default``; given empty or not as text: an error naming it."""
+    if key not in raw:
+        return default
+    value = raw[key]
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{path}: {key} must be a path (got {value!r}); leave it out for {default}")
+    return Path(value)
+
+
 def _batch_system(raw: dict, path: Path) -> str:
-    value = str(raw.get("batch_system") or "")
+    value = _text(raw, "batch_system", "", path)
     if value and value not in BATCH_SYSTEMS:
         raise ConfigError(f"{path}: batch_system {value!r} is not one of {', '.join(BATCH_SYSTEMS)} (or leave it out)")
     return value
 
 
 def _slice_gres(raw: dict, path: Path) -> str:
-    value = str(raw.get("slice_gres") or "")
+    value = _text(raw, "slice_gres", "", path)
     if value and not re.fullmatch(r"[a-z][a-z0-9_]*", value):
         raise ConfigError(f"{path}: slice_gres {value!r} must be a GRES name (lower-case letters, digits, _; "
                           f"e.g. mig_slices) or empty to turn slice accounting off")  # fmt: skip
@@ -171,13 +200,12 @@ def _slice_gres(raw: dict, path: Path) -> str:
 
 
 def _seconds(raw: dict, key: str, default: float, path: Path) -> float:
-    try:
-        value = float(raw.get(key, default))
-    except (TypeError, ValueError):
-        raise ConfigError(f"{path}: {key} must be a number of seconds") from None
-    if value <= 0:
-        raise ConfigError(f"{path}: {key} must be positive")
-    return value
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{path}: {key} must be a number of seconds (got {value!r})")
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{path}: {key} must be positive and finite (got {value!r})")
+    return float(value)
 
 
 def _section(raw: Any, path: Path, name: str, cls: type) -> Any:
@@ -190,14 +218,25 @@ def _section(raw: Any, path: Path, name: str, cls: type) -> Any:
         raise ConfigError(f"{path}: unknown {name} setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     values: dict[str, Any] = {}
     for key, f in cls.__dataclass_fields__.items():
-        if key not in raw:
-            continue
-        kind = type(f.default)
-        try:
-            values[key] = kind(raw[key])
-        except (TypeError, ValueError):
-            raise ConfigError(f"{path}: {name}.{key} must be a {kind.__name__} (got {raw[key]!r})") from None
+        if key in raw:
+            values[key] = _typed(raw[key], type(f.default), f"{path}: {name}.{key}")
     return cls(**values)
+
+
+_KINDS = {bool: "true or false", int: "a whole number", float: "a finite number", str: "text"}
+
+
+def _typed(value: Any, kind: type, where: str) -> Any:
+    """``value`` as ``kind`` where YAML gave it that type (an int for a float too); else an error naming
+    what is accepted. No coercion: 2.7 is not a count, "yes" is not true."""
+    fits = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        fits, value = True, float(value)
+    if kind is float and fits and not math.isfinite(value):
+        fits = False
+    if not fits:
+        raise ConfigError(f"{where} must be {_KINDS.get(kind, kind.__name__)} (got {value!r})")
+    return value
 
 
 def _moldable(raw: Any, path: Path) -> MoldableConfig:
@@ -210,16 +249,12 @@ def _moldable(raw: Any, path: Path) -> MoldableConfig:
 
 
 def _flex(raw: Any, path: Path) -> FlexConfig:
-    if isinstance(raw, dict) and "leaf_requests" in raw and not isinstance(raw["leaf_requests"], bool):
-        raise ConfigError(f"{path}: flex.leaf_requests must be true or false (got {raw['leaf_requests']!r})")
     return _section(raw, path, "flex", FlexConfig)
 
 
 def _atomize(raw: Any, path: Path) -> AtomizeConfig:
     from mig_batch.atomize.protocol import GRANT_POLICIES
 
-    if isinstance(raw, dict) and "live_defrag" in raw and not isinstance(raw["live_defrag"], bool):
-        raise ConfigError(f"{path}: atomize.live_defrag must be true or false (got {raw['live_defrag']!r})")
     config = _section(raw, path, "atomize", AtomizeConfig)
     if config.defrag_max_steered < 0:
         raise ConfigError(f"{path}: atomize.defrag_max_steered must be 0 or more (got {config.defrag_max_steered})")

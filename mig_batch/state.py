@@ -220,6 +220,11 @@ class Store:
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise StateError(f"{self.path} has schema {version}; this mig_batch knows up to {SCHEMA_VERSION}")
+        if version < SCHEMA_VERSION and not create and version > 0:
+            self.db.close()  # a reader must not migrate the store under a mig-batchd of the older version
+            raise StateError(f"{self.path} has schema {version}, older than this mig_batch's {SCHEMA_VERSION}: "
+                             "restart mig-batchd with this version first (it migrates the store), then run this "
+                             "again")  # fmt: skip
         if version < SCHEMA_VERSION:
             with self._tx() as db:
                 for statement in _SCHEMA.split(";"):

@@ -186,6 +186,15 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("mig-batch-agent", ["--config", "{t}/unknown_setting.yaml"], "unknown setting"),
     ("mig-batch-agent", ["--config", "{t}/bad_multi_policy.yaml"], "multi_policy 'spread' is not one of mfi, flex-mig"),
     ("mig-batch-agent", ["--log-level", "LOUD"], "not a log level"),
+    ("mig-batch-agent", ["--config", "{t}/nodes_list.yaml"], "nodes must map each GPU node's name"),
+    ("mig-batch-agent", ["--config", "{t}/nested_models.yaml"], "nodes.gpu01 must be a list of GPU models"),
+    ("mig-batch-agent", ["--config", "{t}/empty_state.yaml"], "state must be a path"),
+    ("mig-batch-agent", ["--config", "{t}/job_dir_number.yaml"], "job_dir must be a path"),
+    ("mig-batch-agent", ["--config", "{t}/nan_interval.yaml"], "poll_interval_s must be positive and finite"),
+    ("mig-batch-agent", ["--config", "{t}/inf_reconcile.yaml"], "reconcile_interval_s must be positive and finite"),
+    ("mig-batch-agent", ["--config", "{t}/fraction_count.yaml"], "atomize.max_failures must be a whole number"),
+    ("mig-batch-agent", ["--config", "{t}/twice_nodes.yaml"], "the key 'nodes' is given twice"),
+    ("mig-batch-agent", ["--config", "{t}/slurm_bin_list.yaml"], "slurm_bin must be text"),
     ("mig-batch-htcondor-agent", ["--config", "{t}/missing.yaml"], "cannot read"),
     ("mig-batch-htcondor-agent", ["--config", "{t}/bad_batch_system.yaml"], "batch_system"),
     ("mig-batch-htcondor-agent", ["--log-level", "LOUD"], "not a log level"),
@@ -215,6 +224,15 @@ def files(tmp_path: Path) -> Path:
     (tmp_path / "job.sh").write_text("#!/bin/sh\necho hi\n")
     (tmp_path / "tasks3_job.sh").write_text("#!/bin/sh\n#SBATCH --ntasks=3\necho hi\n")
     (tmp_path / "bad_multi_policy.yaml").write_text("multi_policy: spread\n")
+    (tmp_path / "nodes_list.yaml").write_text("nodes: [gpu01]\n")
+    (tmp_path / "nested_models.yaml").write_text("nodes: {gpu01: [[A100-80GB]]}\n")
+    (tmp_path / "empty_state.yaml").write_text("state:\nnodes: {gpu01: [A100-80GB]}\n")
+    (tmp_path / "job_dir_number.yaml").write_text("job_dir: 5\n")
+    (tmp_path / "nan_interval.yaml").write_text("poll_interval_s: .nan\n")
+    (tmp_path / "inf_reconcile.yaml").write_text("reconcile_interval_s: .inf\n")
+    (tmp_path / "fraction_count.yaml").write_text("atomize: {max_failures: 2.7}\n")
+    (tmp_path / "twice_nodes.yaml").write_text("nodes: {gpu01: [A100-80GB]}\nnodes: {gpu02: [A100-80GB]}\n")
+    (tmp_path / "slurm_bin_list.yaml").write_text("slurm_bin: [/usr/bin]\n")
     (tmp_path / "gres_job.sh").write_text("#!/bin/sh\n#SBATCH --gres=gpu:1\n#MIG --gpu-mem 10G\necho hi\n")
     return tmp_path
 
@@ -277,3 +295,24 @@ def test_debug_shows_the_traceback(files, capsys):
     assert code == 2 and "Traceback" in text and "UnknownModelError" in text
     code, text = run("mig-batch", ["profiles", "V100", "--debug"], capsys)
     assert code == 2 and "Traceback" in text
+
+
+@pytest.mark.parametrize(("config", "expected"), [
+    ("nodes: {gpu01: [A100-81GB]}\n", "unknown GPU model 'A100-81GB'"),
+    ("policy: foo\n", "policy 'foo' is not one of"),
+    ("node: {gpu01: [A100-80GB]}\n", "unknown setting(s) node"),
+])  # fmt: skip
+def test_migsub_refuses_a_site_config_that_is_there_but_wrong(config, expected, files, capsys, monkeypatch):
+    """Without it migsub would translate for every model, as if the site had none, and nobody would hear."""
+    (files / "site_wrong.yaml").write_text(config)
+    monkeypatch.setenv("MIG_BATCH_CONFIG", str(files / "site_wrong.yaml"))
+    code, text = run("migsub", ["--dry-run", "--gpu-mem", "18G", str(files / "job.sh")], capsys)
+    assert code == 2 and expected in text and "Traceback" not in text, text
+
+
+def test_migsub_reads_a_script_that_is_not_utf8(files, capsys, monkeypatch):
+    """sbatch takes any bytes: a Latin-1 comment must not stop migsub."""
+    monkeypatch.delenv("MIG_BATCH_CONFIG", raising=False)
+    (files / "latin1.sh").write_bytes(b"#!/bin/sh\n#MIG --gpu-mem 1G\n# caf\xe9\ntrue\n")
+    code, text = run("migsub", ["--dry-run", str(files / "latin1.sh")], capsys)
+    assert code == 0 and "--gres=mig:1024M" in text, text

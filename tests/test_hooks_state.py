@@ -283,6 +283,22 @@ def test_a_schema_2_store_gains_chain_links(tmp_path):
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
+def test_a_reader_does_not_migrate_an_older_store(tmp_path):
+    """`mig-batch status` run between installing a new version and restarting mig-batchd must leave the
+    store to the running (older) mig-batchd; the daemon's own open migrates it."""
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE chains (job TEXT PRIMARY KEY)")
+    db.execute("PRAGMA user_version=2")
+    db.commit()
+    db.close()
+    with pytest.raises(StateError, match="restart mig-batchd with this version first"):
+        Store(path, create=False)
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 2
+    Store(path).close()
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
 @pytest.fixture(scope="module", params=["python", "c"])
 def hook_client_command(request, tmp_path_factory) -> list[str]:
     """The hook client the Prolog and Epilog shims run: the standard-library Python one, or the C one

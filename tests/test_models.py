@@ -124,6 +124,9 @@ def test_valid_minimal_model_parses():
         (lambda d: d["profiles"][0].pop("memory_mib"), "profile 1g.1gb: missing field 'memory_mib'"),
         (lambda d: d["profiles"].append(dict(d["profiles"][0])), "profile names appear twice: 1g.1gb"),
         (lambda d: d["profiles"][0].update(media_extension_of="2g.2gb"), "'media_extension_of' names no base profile"),
+        (lambda d: d.update(placement_verified=True), "unknown field(s) placement_verified; known: model,"),
+        (lambda d: d["profiles"][0].update(maxinstances=4), "profile 1g.1gb: unknown field(s) maxinstances; known:"),
+        (lambda d: d.update(placements_verified="yes"), "field 'placements_verified' must be true or false"),
     ],
 )
 def test_invalid_model_names_file_profile_and_field(change, message):
@@ -139,6 +142,12 @@ def test_site_directory_adds_a_model(tmp_path, monkeypatch):
     monkeypatch.setenv("MIG_BATCH_GPU_DIRS", str(tmp_path))
     assert get_model("t-1").memory_slices == 4
     assert "A100-40GB" in all_models()
+
+
+def test_a_site_model_file_may_end_in_yml(tmp_path, monkeypatch):
+    (tmp_path / "t1.yml").write_text(yaml.safe_dump(_minimal()))
+    monkeypatch.setenv("MIG_BATCH_GPU_DIRS", str(tmp_path))
+    assert get_model("t-1").memory_slices == 4
 
 
 def test_broken_yaml_is_reported_with_its_path(tmp_path):

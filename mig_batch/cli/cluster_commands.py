@@ -111,12 +111,17 @@ def cmd_install(args: argparse.Namespace) -> int:
 
     check_hook_python(args.python)
     config = load_config(args.config)
-    written, which = install(args.dest, args.python, str(Path(args.config).resolve()), str(config.job_dir),
+    dest = Path(args.dest).absolute()  # the paths written into the hooks and printed are absolute
+    created = not dest.exists()
+    written, which = install(dest, args.python, str(Path(args.config).resolve()), str(config.job_dir),
                              str(config.agent_socket), _models(config, False), config.nodes, config.slice_gres,
                              config.flex.leaf_requests, args.hook_client, config.slurm_bin)  # fmt: skip
     for path in written:
         console.print(f"wrote {path}", highlight=False)
     console.print(which, highlight=False)
+    if created:  # a typo (/etc/slrum) would otherwise install where slurm.conf never looks
+        console.print(f"note: {dest} did not exist and was created: slurm.conf's Prolog, Epilog, TaskProlog "
+                      "and job_submit.lua must be there for Slurm to run them", highlight=False)  # fmt: skip
     return 0
 
 

@@ -85,7 +85,7 @@ def read_directives(script: Path) -> tuple[dict[str, str], dict[str, str], list[
     """``#MIG`` options (with their line) and ``#SBATCH`` lines (and ``#CONDOR`` lines, HTCondor's submit
     commands, which :func:`condor_lines` reads) from the script's header."""
     try:
-        lines = script.read_text().splitlines()
+        lines = script.read_text(errors="surrogateescape").splitlines()  # sbatch takes any bytes
     except OSError as exc:
         raise DirectiveError(f"cannot read job script {script}: {exc.strerror}") from None
     parser = _option_parser()
@@ -279,13 +279,15 @@ def moldable_field(text: str) -> str:
 
 
 def site_config() -> SiteConfig | None:
-    """The site config, or None where there is none (migsub then checks what it can without it)."""
-    from mig_batch.config import ConfigError, load_config
+    """The site config, or None where there is none (migsub then checks what it can without it). One
+    that is there but unreadable or wrong is an error: translating for models the site does not have
+    would hide it."""
+    from mig_batch.config import config_path, load_config
 
-    try:
-        return load_config()
-    except ConfigError:
+    path = config_path()
+    if "MIG_BATCH_CONFIG" not in os.environ and not path.exists():
         return None
+    return load_config(path)
 
 
 def site_models() -> list:

@@ -152,11 +152,26 @@ def _require(data: dict[str, Any], key: str, kind: type | tuple[type, ...], wher
     return value
 
 
+MODEL_FIELDS = ("model", "aliases", "memory_slices", "compute_slices", "placements_verified", "memory_source",
+                "source", "profiles")  # fmt: skip
+PROFILE_FIELDS = ("name", "nvml_profile", "profile_id", "compute_slices", "memory_slices", "memory_mib", "starts",
+                  "max_instances", "media_extension_of", "sms")  # fmt: skip
+
+
+def _known_fields(raw: dict, known: tuple[str, ...], where: str) -> None:
+    """A misspelt field would otherwise be dropped silently (``placement_verified: true`` leaving the model
+    unverified)."""
+    unknown = sorted(str(k) for k in raw if k not in known)
+    if unknown:
+        raise ModelError(f"{where}: unknown field(s) {', '.join(unknown)}; known: {', '.join(known)}")
+
+
 def _parse_profile(raw: Any, model_where: str, slices: tuple[int, int]) -> Profile:
     if not isinstance(raw, dict):
         raise ModelError(f"{model_where}: each entry of 'profiles' must be a mapping, got {raw!r}")
     name = _require(raw, "name", str, f"{model_where}, a profile")
     where = f"{model_where}, profile {name}"
+    _known_fields(raw, PROFILE_FIELDS, where)
     memory_total, compute_total = slices
     enum = _require(raw, "nvml_profile", str, where)
     if enum not in NVML_PROFILE_ENUMS:
@@ -205,6 +220,10 @@ def parse_model(data: Any, path: str = "<memory>") -> GpuModel:
         raise ModelError(f"{path}: a GPU model file must be a mapping, got {type(data).__name__}")
     name = _require(data, "model", str, path)
     where = f"{path} (model {name})"
+    _known_fields(data, MODEL_FIELDS, where)
+    verified = data.get("placements_verified", False)
+    if not isinstance(verified, bool):
+        raise ModelError(f"{where}: field 'placements_verified' must be true or false, got {verified!r}")
     memory_total = _require(data, "memory_slices", int, where)
     compute_total = _require(data, "compute_slices", int, where)
     if not 1 <= memory_total <= 16 or not 1 <= compute_total <= 16:
@@ -232,7 +251,7 @@ def parse_model(data: Any, path: str = "<memory>") -> GpuModel:
         compute_slices=compute_total,
         profiles=profiles,
         aliases=tuple(aliases),
-        placements_verified=bool(data.get("placements_verified", False)),
+        placements_verified=verified,
         memory_source=str(data.get("memory_source", "estimated")),
         source=str(data.get("source", "")).strip(),
         path=path,
@@ -255,7 +274,7 @@ def load_model_file(path: Path) -> GpuModel:
 def _load_all(dirs: tuple[Path, ...]) -> dict[str, GpuModel]:
     from mig_batch.mig.model_cache import load_documents
 
-    paths = [path for directory in dirs for path in sorted(directory.glob("*.yaml"))]
+    paths = [path for directory in dirs for path in sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")])]
     models: dict[str, GpuModel] = {}
     for path, document in zip(paths, load_documents(paths, read_model_document), strict=True):
         model = parse_model(document, str(path))
