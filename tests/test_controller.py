@@ -105,6 +105,37 @@ def test_a_replaced_instance_moves_in_the_view(site, batch):
     assert store.decision(job).start == other and store.events(job, "node-replaced")
 
 
+def test_a_job_its_owner_moved_after_the_release_is_followed_on_the_node_it_runs_on(site, batch):
+    """scontrol update nodelist=... on a released job: the other node's agent places it on itself and reports
+    "replaced". Read on the decided node, the view showed a slice there and none where the job ran."""
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    job = batch.add(RIGID)
+    c.step()
+    decided = store.decision(job).node
+    elsewhere = "n2" if decided == "n1" else "n1"
+    batch.start(job, NodeReport("replaced", 0, "1g.10gb", 6, 3, "MIG-x"), node=elsewhere)
+    c.step()
+    assert c.view.gpus[c.view.job_gpu[job]].host == elsewhere
+    assert store.decision(job).node == elsewhere and store.instance(job).node == elsewhere
+    assert not any(job in g.instances for g in c.view.gpus if g.host == decided)
+
+
+def test_a_released_job_held_again_before_it_ran_is_decided_again(site, batch):
+    """Slurm requeue-holds a job whose launch failed, before any pass saw it run: its slot must not stay taken
+    by a job that waits, nor the job stay held for ever."""
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    job = batch.add(BIG)
+    c.step()
+    assert store.decision(job).state == "released"
+    batch.hold(job)  # the launch failed: held again
+    c.step()
+    assert store.decision(job).state == "released" and not batch.job(job).held  # decided and released again
+    assert store.events(job, "requeued")
+    assert sum(job in g.instances for g in c.view.gpus) == 1
+
+
 def test_a_down_node_is_fenced_until_its_agent_reconciled(site, batch):
     store = Store(site.state)
     c = Controller(site, store, batch)

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from mig_batch.batch.fake import FakeBatch
-from mig_batch.batch.system import JobState, Pin
+from mig_batch.batch.system import BatchError, JobState, Pin
 from mig_batch.batch.tags import NodeReport, Placed, parse_agent_tag, parse_report, parse_tag, placed_tag
 from mig_batch.config import ConfigError, SiteConfig, load_config
 from mig_batch.gpu.nvml import NvmlNode
@@ -73,6 +73,79 @@ def test_prolog_creates_the_decided_instance_reports_it_and_epilog_destroys_it_o
     a.epilog(job)  # idempotent
     assert node.instances(1) == [] and not (site.job_dir / job).exists()
     assert Journal(site.node_dir / "journal").entries() == []
+
+
+class FlakyBatch(FakeBatch):
+    """A batch system that does not take the next ``fail`` job tag updates, or answer the next ``blind``
+    reads of one job."""
+
+    def __init__(self, nodes):
+        super().__init__(nodes)
+        self.fail = self.blind = 0
+
+    def set_job_tag(self, job, admin_tag):
+        if self.fail:
+            self.fail -= 1
+            raise BatchError("slurmctld did not answer")
+        super().set_job_tag(job, admin_tag)
+
+    def job(self, job):
+        if self.blind:
+            self.blind -= 1
+            raise BatchError("slurmctld did not answer")
+        return super().job(job)
+
+
+@pytest.mark.parametrize("lost", ["report", "read"])
+def test_a_report_slurm_did_not_take_is_sent_again_at_the_next_reconcile(site, gpus, lost):
+    """A report lost on the way (a requeue the node asked for left the job running unbound to its end)."""
+    batch = FlakyBatch(["n1"])
+    a = agent(site, batch, gpus)
+    job = decide(batch, 0, "7g.40gb", 0)
+    if lost == "report":
+        batch.fail = 1  # the instance is made; its report is not taken
+    else:
+        batch.blind = 2  # the decision's read and the one after that failure: the node asks for a requeue
+    a.prolog(job)
+    assert parse_report(batch.job(job).admin_tag) is None and job in a.unsent
+    sent = a.unsent[job]
+    a.reconcile()
+    assert parse_report(batch.job(job).admin_tag) == sent and not a.unsent
+    assert sent.kind == ("made" if lost == "report" else "requeue")
+
+
+class SlowListing(FakeBatch):
+    """The jobs as they were when asked, answered only once ``answer`` is set."""
+
+    def __init__(self, nodes):
+        super().__init__(nodes)
+        self.asked, self.answer = threading.Event(), threading.Event()
+
+    def jobs(self):
+        listing = super().jobs()
+        self.asked.set()
+        self.answer.wait(10)
+        return listing
+
+
+def test_a_reconcile_asks_the_batch_system_outside_the_nodes_lock_and_keeps_what_started_meanwhile(site, gpus):
+    """A slow slurmctld must not hold up the Prologs (the lock was held across the question), and a job
+    provisioned while the question was out is not in the answer: its instance is not a stray."""
+    batch = SlowListing(["n1"])
+    a = agent(site, batch, gpus)
+    sweep = threading.Thread(target=a.reconcile)
+    sweep.start()
+    assert batch.asked.wait(10)
+    job = decide(batch, 1, "1g.5gb", 0)
+    done = threading.Thread(target=a.prolog, args=(job,))
+    done.start()
+    done.join(5)
+    prolog_waited = done.is_alive()
+    batch.answer.set()
+    sweep.join(10)
+    done.join(10)
+    assert not prolog_waited, "the Prolog waited for the reconcile's question to the batch system"
+    assert [i.uuid for i in gpus.instances(1)] == [a.journal.get(job).uuid]
 
 
 def test_an_epilog_destroys_the_strays_on_its_jobs_gpu_and_leaves_other_gpus_to_the_reconcile(site, batch, gpus):

@@ -46,6 +46,19 @@ def test_a_revoked_federated_job_is_finished_here():
     assert parse_job_line(HELD.replace("|PENDING|", "|REVOKED|")).state == JobState.FINISHED
 
 
+@pytest.mark.parametrize("flag", ["CONFIGURING", "STOPPED", "SIGNALING", "RESIZING", "STAGE_OUT", "COMPLETING"])
+def test_a_state_flag_of_a_job_on_its_node_is_running(flag):
+    """squeue prints the flag instead of the base state. A job whose Prolog runs (CONFIGURING under
+    PrologFlags=Alloc) read as waiting would let its node's reconcile destroy the instance just made."""
+    assert parse_job_line(RUNNING.replace("|RUNNING|", f"|{flag}|")).state == JobState.RUNNING
+
+
+@pytest.mark.parametrize("flag", ["REQUEUED", "REQUEUE_HOLD", "SPECIAL_EXIT", "RESV_DEL_HOLD", "STAGE_IN"])
+def test_a_state_flag_of_a_waiting_job_is_held_at_priority_0(flag):
+    job = parse_job_line(HELD.replace("|PENDING|", f"|{flag}|"))
+    assert job.state == JobState.HELD and job.start_time == 0.0
+
+
 def test_a_running_job():
     job = parse_job_line(RUNNING)
     assert job.state == JobState.RUNNING and job.user_id == 1000 and job.end_time == 0.0 and job.time_limit_s == 1800

@@ -92,14 +92,15 @@ class FakeBatch:
     def job(self, job: str) -> BatchJob | None:
         return self._jobs.get(job)
 
-    def start(self, job: str, report: NodeReport | None = None) -> None:
-        """The scheduler starts a released job on its pinned node; the Prolog's report, if given."""
+    def start(self, job: str, report: NodeReport | None = None, node: str | None = None) -> None:
+        """The scheduler starts a released job on its pinned node (or ``node``: its owner moved it after the
+        release); the Prolog's report, if given."""
         j = self._jobs[job]
         if j.state is not JobState.PENDING or parse_place(j.admin_tag) is None:
             raise BatchError(f"job {job} is not released with a placement ({j.state}, {j.admin_tag!r})")
         tag = with_report(j.admin_tag, report) if report is not None else j.admin_tag
         self._set(job, state=JobState.RUNNING, start_time=self.clock, end_time=self.clock + j.time_limit_s,
-                  admin_tag=tag)  # fmt: skip
+                  admin_tag=tag, node=node or j.node)  # fmt: skip
 
     def finish(self, job: str, exit_status: int = 0, outcome: str = "COMPLETED") -> None:
         self._set(job, state=JobState.FINISHED, exit_status=exit_status, outcome=outcome)

@@ -378,6 +378,10 @@ class Controller:
                     self._running(d, job)
                 elif job.held and d.state == DecisionState.DECIDED and not job.held_by_user:
                     again.append(d)
+                elif job.held and d.state == DecisionState.RELEASED and not job.held_by_user:
+                    # held again before any pass saw it run (Slurm requeue-holds a job whose launch failed):
+                    # its slot would stay taken for a job that waits; it is decided again
+                    self._requeue(d, job, "held again after its release (e.g. its launch failed)")
                 elif d.state == DecisionState.RUNNING or d.node in self._down_since or \
                         (job.held_by_user and d.state in (DecisionState.DECIDED, DecisionState.RELEASED)):
                     self._requeue(d, job, "held by its owner" if job.held_by_user
@@ -409,32 +413,36 @@ class Controller:
             self._prolog_problem(d, report)
             self._requeue(d, job, report.reason)
             return
+        # the node it runs on: the decided one, unless its owner moved it after the release (scontrol update
+        # nodelist=...); that node's agent then placed it on itself and reported "replaced"
+        node = job.node if job.node in self.config.nodes else d.node
         if report.kind == "replaced":
-            self._moved(d, report)
-        records = [InstanceRecord(d.job, d.node, r.gpu, r.profile, r.start, r.gi_id, r.uuid) for r in report.ranks()]
+            self._moved(d, report, node)
+        records = [InstanceRecord(d.job, node, r.gpu, r.profile, r.start, r.gi_id, r.uuid) for r in report.ranks()]
         if len(records) > 1:
             self.store.record_instances(records)
         else:
             self.store.record_instance(records[0])
 
-    def _moved(self, d: Decision, report: NodeReport) -> None:
-        """The node made the instance elsewhere on itself (the decided spot was taken): follow it."""
-        self.store.event(d.job, "node-replaced", node=d.node, decided=f"{d.gpu}/{d.profile}@{d.start}",
-                         placed=f"{report.gpu}/{report.profile}@{report.start}")  # fmt: skip
+    def _moved(self, d: Decision, report: NodeReport, node: str) -> None:
+        """The job's ``node`` made its instance elsewhere than decided (the decided spot was taken, or the job
+        was moved to that node after its release): follow it."""
+        self.store.event(d.job, "node-replaced", node=node, decided=f"{d.node}/{d.gpu}/{d.profile}@{d.start}",
+                         placed=f"{node}/{report.gpu}/{report.profile}@{report.start}")  # fmt: skip
         self._free(d.job)
         ranks = report.ranks()
         if len(ranks) > 1:
             self._ranks[d.job] = len(ranks)
         for rank, r in enumerate(ranks):
-            gid = self.gid.get((d.node, r.gpu))
+            gid = self.gid.get((node, r.gpu))
             try:
                 if gid is not None:
                     self.view.allocate(gid, rank_key(d.job, rank), r.profile, r.start)
             except PlacementConflict as exc:  # the view disagrees with the node: the node is right, report it
                 self.store.event(d.job, "view-conflict", error=str(exc))
-        gid = self.gid.get((d.node, report.gpu))
+        gid = self.gid.get((node, report.gpu))
         model = self.view.gpus[gid].model if gid is not None else d.model  # the node may use another model's GPU
-        moved = Decision(d.job, d.request, d.node, report.gpu, model, report.profile, report.start,
+        moved = Decision(d.job, d.request, node, report.gpu, model, report.profile, report.start,
                          DecisionState.RUNNING, d.policy)  # fmt: skip
         spots = tuple((r.gpu, r.profile, r.start) for r in ranks) if len(ranks) > 1 else ()
         self.store.record_decision(moved, event="replaced", spots=spots)

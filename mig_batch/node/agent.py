@@ -28,6 +28,7 @@ from mig_batch.batch.tags import (
     Placed,
     job_of,
     parse_place,
+    parse_report,
     parse_tag,
     profiles_by_model,
     rank_key,
@@ -109,6 +110,13 @@ def place_ranks_locally(backend: GpuBackend, node: str, request: str, decided_mo
     return decision if isinstance(decision, MultiPlacement) else None
 
 
+def _reported(admin_tag: str) -> bool:
+    try:
+        return parse_report(admin_tag) is not None
+    except ValueError:  # unreadable: ours replaces it
+        return False
+
+
 class NodeAgent:
     def __init__(self, node: str, backend: GpuBackend, journal: Journal, channel: NodeChannel, job_dir: Path,
                  policy: str = "mfi", checkpoint_margin_s: float = 30.0,
@@ -121,6 +129,9 @@ class NodeAgent:
         self.reconciled, self.strays, self.problems = 0.0, 0, 0
         self.last_problem: NodeProblem | None = None
         self.mig_off: tuple[int, ...] = ()  # GPUs found with MIG mode off: the controller places nothing there
+        # reports the batch system did not take (or jobs it could not be asked about): sent again at each
+        # reconcile while their job runs here, else a job the node asked to requeue would run unbound to its end
+        self.unsent: dict[str, NodeReport] = {}
 
     # --- job start --------------------------------------------------------------------------
     def prolog(self, job_id: str) -> PrologResult:
@@ -129,8 +140,11 @@ class NodeAgent:
         job = None
         try:
             job = self.channel.job(job_id)
+            problems = self.problems
             with self.lock:
                 result = self._provision(job_id, job)
+            if self.problems != problems:
+                self._publish()  # a problem found while provisioning; sent outside the node's lock
             self._bind(job_id, result.exports)
         except Exception as exc:  # never fail the hook: that would drain the node
             result = PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"],
@@ -256,7 +270,7 @@ class NodeAgent:
         listed = ", ".join(map(str, off))
         reason = (f"MIG mode is off on GPU {listed} of {self.node}; the job is requeued and that GPU takes no MIG "
                   f"job until an administrator runs 'nvidia-smi -i {listed} -mig 1'")  # fmt: skip
-        self._publish_problem(NodeProblem("prolog", job_id, reason))
+        self._note_problem(NodeProblem("prolog", job_id, reason))
         report = NodeReport("requeue", reason=reason)
         return PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"], report, reason)
 
@@ -305,13 +319,33 @@ class NodeAgent:
         return lines
 
     def _report(self, job_id: str, job: BatchJob | None, report: NodeReport | None) -> None:
-        if job is None or report is None:
+        if report is None:
+            return
+        if job is None:  # its record could not be read: the reconcile sends the report once it can be
+            self.unsent[job_id] = report
             return
         try:
             self.channel.set_job_tag(job_id, with_report(job.admin_tag, report))
-        except BatchError as exc:  # the job runs anyway; the node's field tells the controller instead
+        except BatchError as exc:  # the job runs anyway; the node's field tells the controller meanwhile
+            self.unsent[job_id] = report
             with self.lock:
-                self._publish_problem(NodeProblem("prolog", job_id, f"could not report {report.text()}: {exc}"))
+                self._note_problem(NodeProblem("prolog", job_id, f"could not report {report.text()}: {exc} "
+                                               "(sent again at the next reconcile)"))  # fmt: skip
+            self._publish()
+
+    def _send_unsent(self, live: dict[str, BatchJob]) -> None:
+        """The reports not taken at their Prolog, for jobs that still run here (the others are dropped)."""
+        for job_id, report in list(self.unsent.items()):
+            job = live.get(job_id)
+            if job is None or not job.managed or _reported(job.admin_tag):
+                self.unsent.pop(job_id, None)  # ended, not ours, or reported since
+                continue
+            try:
+                self.channel.set_job_tag(job_id, with_report(job.admin_tag, report))
+            except BatchError as exc:
+                log.warning("job %s: could not report %s again: %s", job_id, report.text(), exc)
+            else:
+                self.unsent.pop(job_id, None)
 
     # --- job end ----------------------------------------------------------------------------
     def epilog(self, job_id: str, attempts: int = 10, pause_s: float = 0.5) -> str:
@@ -320,11 +354,14 @@ class NodeAgent:
         with self.lock:
             detail, problem = self._epilog(job_id, attempts, pause_s)
             if problem:
-                self._publish_problem(NodeProblem("epilog", job_id, detail))
-            return detail
+                self._note_problem(NodeProblem("epilog", job_id, detail))
+        if problem:
+            self._publish()
+        return detail
 
     def _epilog(self, job_id: str, attempts: int, pause_s: float) -> tuple[str, bool]:
         """(what happened, whether it is a problem)."""
+        self.unsent.pop(job_id, None)
         try:
             (self.job_dir / job_id).unlink(missing_ok=True)
             entries = self._entries(job_id)
@@ -353,14 +390,15 @@ class NodeAgent:
         except Exception as exc:
             return f"epilog error {type(exc).__name__}: {exc}", True
 
-    def _publish_problem(self, problem: NodeProblem) -> None:
-        """Count the problem and show it in the node's field, where the controller reads it."""
+    def _note_problem(self, problem: NodeProblem) -> None:
+        """Count the problem for the node's field (:meth:`_publish` shows it, where the controller reads it)."""
         self.problems += 1
         self.last_problem = problem
         log.warning("%s%s: %s", f"job {problem.job} " if problem.job else "", problem.hook, problem.reason)
-        self._publish()
 
     def _publish(self) -> None:
+        """The node's field as it stands now. Called outside the node's lock: a batch system slow to answer
+        must not hold up the Prologs and Epilogs waiting for it."""
         tag = AgentTag(self.started, self.reconciled, self.strays, self.problems, self.last_problem, self.mig_off)
         try:
             self.channel.set_node_tag(self.node, tag.text())
@@ -397,16 +435,20 @@ class NodeAgent:
     # --- reconcile ----------------------------------------------------------------------------
     def reconcile(self) -> list[str]:
         """Destroy every instance no live job of this node owns (asked through the batch system), keep
-        the others, publish the result on the node. The strays, in words."""
+        the others, publish the result on the node. The strays, in words. The batch system is asked
+        outside the node's lock, so an instance journaled after the question is kept: its job may have
+        started since."""
+        asked = self.clock()
+        try:
+            running = {j.job_id: j for j in self.channel.jobs() if j.running and j.node == self.node}
+        except BatchError as exc:
+            log.warning("reconcile skipped: the batch system did not answer (%s)", exc)
+            return []
+        self._send_unsent(running)
         with self.lock:
-            try:
-                live = {j.job_id for j in self.channel.jobs() if j.running and j.node == self.node}
-            except BatchError as exc:
-                log.warning("reconcile skipped: the batch system did not answer (%s)", exc)
-                return []
             strays = []
             for entry in self.journal.entries():
-                if job_of(entry.job) in live:  # a multi-instance job's rank r is job#r
+                if job_of(entry.job) in running or entry.created >= asked:  # a multi-instance job's rank r: job#r
                     continue
                 with_job = f"job {entry.job}'s "
                 found = self.backend.find(entry.uuid, entry.gpu)
@@ -425,11 +467,10 @@ class NodeAgent:
                     strays += [self._destroy_stray(i) for i in self.backend.instances(gpu.index) if i.uuid not in owned]
             self.reconciled, self.strays = self.clock(), len(strays)
             if strays:
-                self._publish_problem(NodeProblem("reconcile", "", f"destroyed {len(strays)} stray "
-                                                  f"instance(s): {', '.join(strays)}"))  # fmt: skip
-            else:
-                self._publish()
-            return strays
+                self._note_problem(NodeProblem("reconcile", "", f"destroyed {len(strays)} stray "
+                                               f"instance(s): {', '.join(strays)}"))  # fmt: skip
+        self._publish()
+        return strays
 
     def _write_job_file(self, job_id: str, exports: list[str]) -> None:
         """``export NAME=value`` lines for the TaskProlog (node-local, read by the job's tasks)."""

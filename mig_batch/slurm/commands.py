@@ -75,12 +75,20 @@ class JobUpdate:
         return self.tres_per_node is None and not self.start_now
 
 
+# Slurm prints a job's state flag instead of its base state when one is set (job_state_string). These
+# flags mean the job holds its node: allocated with its Prolog running (CONFIGURING, e.g. under
+# PrologFlags=Alloc or Contain), stopped by a signal, being signalled or resized, staging out.
+ON_ITS_NODE = {"RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING", "STOPPED", "SIGNALING", "RESIZING", "STAGE_OUT"}
+# ... and these that it waits in the queue: being requeued, held by Slurm, staging in.
+WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT", "RESV_DEL_HOLD", "STAGE_IN"}
+
+
 def job_state(state: str, priority: int) -> JobState:
     if state in FINISHED:
         return JobState.FINISHED
-    if state in ("RUNNING", "COMPLETING", "SUSPENDED"):
+    if state in ON_ITS_NODE:
         return JobState.RUNNING
-    return JobState.HELD if state == "PENDING" and priority == 0 else JobState.PENDING
+    return JobState.HELD if state in WAITING and priority == 0 else JobState.PENDING
 
 
 def _exit_status(wait_status: int) -> int:
@@ -102,7 +110,7 @@ def parse_job_line(line: str) -> BatchJob:
         raise SlurmError(f"squeue printed an unexpected line: {line!r}")
     job_id, state, priority, uid, nodes, submit, start, end, limit, exit_code, reason, cpus, comment = f
     comment = comment[:-1] if comment.endswith("|") else comment
-    pending = state == "PENDING"  # its start time is a forecast
+    pending = state in WAITING  # its start time is a forecast
     return BatchJob(
         job_id=job_id,
         state=job_state(state, _int(priority)),
