@@ -203,3 +203,15 @@ def test_every_free_placement_and_time_lies_in_a_gap(raw, t):
             if any(h.window & window and h.since <= t < h.until for h in hs):
                 continue  # held at t
             assert any(g.window & window == window and g.opens <= t < g.closes for g in gaps), (profile.name, start)
+
+
+def test_a_chain_answers_no_gap_on_a_node_it_may_not_run_on():
+    from dataclasses import replace
+
+    from mig_batch.atomize.gaps import Gap
+
+    gap = Gap(0, "n1", 0, "A100-80GB", "7g.80gb", 0, 0b11111111, 0.0, 600.0)
+    chain = Chain("c", 5000.0, MemoryProfile(()), 30.0, 300.0, 0.0)
+    assert answer(chain, gap, 0.05).interested
+    elsewhere = answer(replace(chain, hosts=frozenset({"n2"})), gap, 0.05)
+    assert not elsewhere.interested and "node n1" in elsewhere.reason

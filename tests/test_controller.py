@@ -578,3 +578,72 @@ def test_chain_grants_take_cpus_in_the_pass_that_decides_them(site, tmp_path):
     assert granted() and all(granted().count(n) <= 2 for n in ("n1", "n2"))
     c.step()
     assert len(granted()) == 3 and all(granted().count(n) <= 2 for n in ("n1", "n2"))
+
+
+@pytest.fixture
+def partitioned():
+    """n1 in partition gpu, n2 in partition other: MFI's ties go to n1."""
+    return FakeBatch(["n1", "n2"], partitions={"n1": ("gpu",), "n2": ("other",)})
+
+
+@pytest.mark.parametrize("tag", [RIGID, "mig-batch:v1;req=1g;moldable=1g:60", "mig-batch:v1;req=1g.10gb;n=2",
+                                 "mig-batch:v1;req=6144M;atomize=1;ckpt=/tmp/ckpt;smin=30;smax=300"])  # fmt: skip
+def test_a_job_goes_only_to_nodes_of_its_partitions(site, partitioned, tag):
+    """Slurm refuses a pin outside the job's partitions: decided there, it was pinned again every pass
+    while its slot stayed taken."""
+    store = Store(site.state)
+    c = Controller(site, store, partitioned)
+    job = partitioned.add(tag, partitions=("other",))
+    anywhere = partitioned.add(tag)
+    c.step()
+    c.step()
+    assert store.decision(job).node == "n2" and store.decision(job).state == "released"
+    assert store.decision(anywhere) is not None
+
+
+def test_a_request_that_fits_nowhere_in_one_partition_may_fit_in_another(site, partitioned):
+    store = Store(site.state)
+    c = Controller(site, store, partitioned)
+    whole = partitioned.add(BIG, partitions=("gpu",))
+    c.step()
+    made(partitioned, whole)  # n1's GPU is full
+    waits, fits = partitioned.add(BIG, partitions=("gpu",)), partitioned.add(BIG, partitions=("gpu", "other"))
+    c.step()
+    assert store.decision(waits) is None and store.decision(fits).node == "n2"
+
+
+def test_a_job_whose_partitions_hold_no_mig_node_waits_with_the_reason(site, partitioned):
+    store = Store(site.state)
+    c = Controller(site, store, partitioned)
+    job = partitioned.add(RIGID, partitions=("cpu",))
+    c.step()
+    c.step()
+    assert store.decision(job) is None
+    [event] = store.events(job, "waiting")
+    assert "partition(s) cpu" in event["reason"]
+
+
+def test_a_pin_refused_three_times_on_a_node_is_decided_again_elsewhere(site, batch):
+    """The job's own limits (an excluded node, a reservation) make Slurm refuse its pin there: it was pinned
+    again every pass, for ever, its slot taken."""
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    job = batch.add(BIG)
+    refusing = None
+
+    def refuse_on_first_node(pins):
+        nonlocal refusing
+        refusing = refusing or pins[0].node
+        failed = {p.job_id: "Requested node configuration is not available" for p in pins if p.node == refusing}
+        rest = [p for p in pins if p.node != refusing]
+        return {**failed, **FakeBatch.pin_and_release(batch, rest)}
+
+    batch.pin_and_release = refuse_on_first_node
+    for _ in range(3):
+        c.step()
+        assert store.decision(job).node == refusing or store.decision(job).state != "released"
+    c.step()
+    assert store.decision(job).node != refusing and store.decision(job).state == "released"
+    [event] = store.events(job, "pin-refused")
+    assert event["node"] == refusing and "not available" in event["reason"]
+    assert sum(job in g.instances for g in c.view.gpus) == 1

@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 from mig_batch.batch.system import JobState
 from mig_batch.slurm.commands import FIELDS, SlurmError, _limit_s, parse_job_line, parse_node_line, stdin_safe
 
-FAILED = "2|FAILED|4294901758|0|n1|1795407940|1795407942|1795407942|UNLIMITED|768|NonZeroExitCode|1|(null)|"
-KILLED = "3|FAILED|4294901757|0|n1|1795407940|1795407942|1795407942|UNLIMITED|9|JobLaunchFailure|1|(null)|"
-HELD = "4|PENDING|0|0||1795407940|N/A|N/A|1-02:03:00|0|JobHeldUser|4|mig-batch:v1;gres=mig:1g.10gb|"
-RUNNING = "1|RUNNING|4294901759|1000|n1|1795407940|1795407942|NONE|30:00|0|None|1|x|"
+FAILED = "2|FAILED|4294901758|0|n1|1795407940|1795407942|1795407942|UNLIMITED|768|NonZeroExitCode|1|gpu|(null)|"
+KILLED = "3|FAILED|4294901757|0|n1|1795407940|1795407942|1795407942|UNLIMITED|9|JobLaunchFailure|1|gpu|(null)|"
+HELD = "4|PENDING|0|0||1795407940|N/A|N/A|1-02:03:00|0|JobHeldUser|4|gpu,debug|mig-batch:v1;gres=mig:1g.10gb|"
+RUNNING = "1|RUNNING|4294901759|1000|n1|1795407940|1795407942|NONE|30:00|0|None|1|gpu|x|"
 
 
 def test_a_finished_job_has_its_exit_status_and_times():
@@ -29,7 +29,7 @@ def test_a_held_job_has_no_forecast_start_and_its_tag():
     job = parse_job_line(HELD)
     assert job.state == JobState.HELD and job.start_time == 0.0 and job.node == ""
     assert job.admin_tag == "mig-batch:v1;gres=mig:1g.10gb" and job.time_limit_s == 26 * 3600 + 3 * 60
-    assert job.cpus == 4
+    assert job.cpus == 4 and job.partitions == ("gpu", "debug")  # pending: every partition it named
 
 
 @given(st.text(max_size=1100) | st.text(alphabet=st.characters(max_codepoint=127), max_size=1100))
@@ -82,12 +82,21 @@ def test_time_limits(text, seconds):
 
 
 def test_node_lines_as_sinfo_prints_them():
-    up = parse_node_line("n1|mixed|3/13/0/16|(null)|")
-    assert (up.node, up.up, up.cpus_idle, up.agent_tag) == ("n1", True, 13, "")
-    assert not parse_node_line("n2|idle+drain|0/0/16/16|(null)|").up
-    down = parse_node_line("n3|down|0/0/16/16|mig-batch:agent;started=1;reconciled=2;strays=0|")
+    up = parse_node_line("n1|mixed|3/13/0/16|gpu|(null)|")
+    assert (up.node, up.up, up.cpus_idle, up.agent_tag, up.partitions) == ("n1", True, 13, "", ("gpu",))
+    assert not parse_node_line("n2|idle+drain|0/0/16/16|gpu|(null)|").up
+    down = parse_node_line("n3|down|0/0/16/16|gpu|mig-batch:agent;started=1;reconciled=2;strays=0|")
     assert not down.up and down.agent_tag == "mig-batch:agent;started=1;reconciled=2;strays=0"
-    assert not parse_node_line("n4|idle+not_responding|0/16/0/16|(null)|").up
+    assert not parse_node_line("n4|idle+not_responding|0/16/0/16|gpu|(null)|").up
+
+
+def test_a_node_in_several_partitions_is_one_node_with_all_of_them(monkeypatch):
+    from mig_batch.slurm.commands import SlurmCli
+
+    cli = SlurmCli()
+    lines = "n1|mixed|3/13/0/16|gpu|(null)|\nn2|idle|0/16/0/16|gpu|(null)|\nn1|mixed|3/13/0/16|debug|(null)|\n"
+    monkeypatch.setattr(cli, "_run", lambda *args, **kwargs: lines)
+    assert {n.node: n.partitions for n in cli.nodes()} == {"n1": ("gpu", "debug"), "n2": ("gpu",)}
 
 
 def test_pin_sets_the_slice_gres_and_keeps_the_jobs_other_gres():

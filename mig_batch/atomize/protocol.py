@@ -39,6 +39,7 @@ class Chain:
     last_mib: float | None = None  # capacity of its previous subjob (hysteresis)
     attained: float = 0.0  # slice-seconds of service so far (fairness)
     deadline: float | None = None  # absolute time the job would like to finish by (EDF)
+    hosts: frozenset[str] | None = None  # the nodes it may run on (its batch system's partitions); None: any
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ def memory_bound(chain: Chain, duration: float, eps: float) -> tuple[float, str]
 
 
 def answer(chain: Chain, gap: Gap, eps: float, hysteresis: float = 0.25) -> Reply:
+    if chain.hosts is not None and gap.host not in chain.hosts:
+        return Reply(chain.job, False, f"node {gap.host} is not one the job may run on (its partitions)")
     offered = min(gap.length, chain.max_subjob_s)
     needed = chain.remaining_s if chain.remaining_s is not None else math.inf
     duration = min(offered, needed)

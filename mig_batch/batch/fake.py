@@ -3,22 +3,24 @@
 Tests drive it like a scheduler would: :meth:`FakeBatch.add` a managed job (held, tagged as
 job_submit.lua would tag it), let the controller pin and release it, then :meth:`start` it (the node
 agent's report appended as a Prolog would) and :meth:`finish` it. ``refuse`` makes pins of the named
-jobs fail as Slurm would refuse them.
+jobs fail as Slurm would refuse them, as are pins to a node outside the job's partitions.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from mig_batch.batch.system import BatchError, BatchJob, JobState, NodeStatus, Pin
 from mig_batch.batch.tags import NodeReport, parse_place, with_report
 
 
 class FakeBatch:
-    def __init__(self, nodes: Sequence[str], cpus_per_node: int | None = None):
+    def __init__(self, nodes: Sequence[str], cpus_per_node: int | None = None,
+                 partitions: Mapping[str, Sequence[str]] | None = None):  # fmt: skip
+        """``partitions``: each node's (default: none, as a batch system without them)."""
         self._jobs: dict[str, BatchJob] = {}
-        self._nodes = {n: NodeStatus(n, True) for n in nodes}
+        self._nodes = {n: NodeStatus(n, True, partitions=tuple((partitions or {}).get(n, ()))) for n in nodes}
         self.cpus_per_node = cpus_per_node  # None: CPUs unknown, as a batch system that does not say
         self.refuse: set[str] = set()
         self.calls: list[tuple[str, ...]] = []
@@ -47,6 +49,11 @@ class FakeBatch:
             job = self._jobs.get(p.job_id)
             if p.job_id in self.refuse or job is None or not job.held:
                 failed[p.job_id] = f"Job is no longer pending execution for job {p.job_id}"
+                continue
+            node = self._nodes.get(p.node)
+            outside = node is not None and node.partitions and not set(job.partitions) & set(node.partitions)
+            if job.partitions and outside:
+                failed[p.job_id] = f"Requested node configuration is not available for job {p.job_id}"
                 continue
             limit = p.time_limit_min * 60.0 if p.time_limit_min is not None else job.time_limit_s
             self._jobs[p.job_id] = dataclasses.replace(job, admin_tag=p.admin_tag, node=p.node, state=JobState.PENDING,
@@ -81,12 +88,13 @@ class FakeBatch:
         return self.add(" ".join(argv))
 
     # the scheduler's side, for tests
-    def add(self, tag: str, user_id: int = 1000, time_limit_s: float = 3600.0, cpus: int = 1) -> str:
+    def add(self, tag: str, user_id: int = 1000, time_limit_s: float = 3600.0, cpus: int = 1,
+            partitions: Sequence[str] = ()) -> str:  # fmt: skip
         job = str(self._next)
         self._next += 1
         self.clock += 1
         self._jobs[job] = BatchJob(job, JobState.HELD, tag, user_id, submit_time=self.clock, time_limit_s=time_limit_s,
-                                   cpus=cpus)  # fmt: skip
+                                   cpus=cpus, partitions=tuple(partitions))  # fmt: skip
         return job
 
     def job(self, job: str) -> BatchJob | None:

@@ -47,6 +47,7 @@ class BatchJob:
     reason: str = ""  # why it waits, in the batch system's words
     cpus: int = 1  # CPUs it asked for: a node without them idle cannot start it
     held_by_user: bool = False  # held by its owner or an operator, not by mig_batch: left held until they release it
+    partitions: tuple[str, ...] = ()  # where it may run (Slurm: its partitions); (): anywhere
 
     @property
     def managed(self) -> bool:
@@ -80,6 +81,7 @@ class NodeStatus:
     up: bool  # the batch system can run jobs there (not down, not failing)
     agent_tag: str = ""  # what the node's agent published (see tags.NodeAgentTag)
     cpus_idle: int | None = None  # CPUs no job holds now; None: the batch system does not say
+    partitions: tuple[str, ...] = ()  # the node's partitions (Slurm); (): the batch system has none
 
 
 @dataclass(frozen=True)

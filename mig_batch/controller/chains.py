@@ -67,12 +67,13 @@ class ChainDriver:
     def offer(self, waiting: list[tuple[BatchJob, JobTag, ChainRecord]], timelines: list[GpuTimeline],
               now: float, steers: Sequence[Steer] = (),
               admits: Callable[[BatchJob, str], bool] = lambda job, host: True,
-              ) -> list[tuple[Decision, SubjobRecord]]:  # fmt: skip
+              hosts: Mapping[str, frozenset[str]] | None = None) -> list[tuple[Decision, SubjobRecord]]:  # fmt: skip
         """One negotiation round: the gaps open now in ``timelines`` (every GPU's holds, the
         reservations included) are offered and may be granted; later ones are published only. The
         grants, recorded, for the caller to pin. A grant is made only where ``admits(job, host)`` (the
         controller's CPU room, taken by each grant): a chain chosen for a gap on a node this pass has
-        filled waits for the next pass.
+        filled waits for the next pass. ``hosts``: per job, the nodes it may run on (absent: any), so that
+        a chain answers no gap elsewhere.
 
         With ``atomize.live_defrag`` each grant goes to the spot that keeps the most capacity free
         (:func:`~mig_batch.atomize.defrag.choose_spot`), and ``steers`` (windows kept for rigid jobs
@@ -80,8 +81,10 @@ class ChainDriver:
         than ``defrag_max_hold_s`` (since their waiting job was submitted): these are offered first,
         without them."""
         cfg = self.config.atomize
+        hosts = hosts or {}
         chains = [Chain(job.job_id, rec.declared_mib, self.history(rec), rec.min_s, rec.max_s, rec.submitted,
-                        last_mib=rec.last_mib, attained=rec.attained, deadline=rec.deadline)
+                        last_mib=rec.last_mib, attained=rec.attained, deadline=rec.deadline,
+                        hosts=hosts.get(job.job_id))
                   for job, _, rec in waiting]  # fmt: skip
         waited = {job.job_id: now - float(job.submit_time) for job, _, _ in waiting}  # each subjob is a new job
         groups = offer_groups(chains, timelines, steers if cfg.live_defrag else (), waited, cfg.defrag_max_hold_s)

@@ -54,6 +54,8 @@ from mig_batch.state import MIG_OFF, ChainRecord, Decision, InstanceRecord, Stor
 Decided = TypeVar("Decided")
 log = logging.getLogger("mig-batchd")
 NODE_PROBLEM = "node-problem"  # the event kind of a node's hook or reconcile problem
+PIN_TRIES = 3  # refused pins in a row on one node before its job is decided again elsewhere
+REFUSED_FOR_S = 600.0  # ... and how long that node is not tried again for it
 
 
 @dataclass
@@ -102,6 +104,11 @@ class Controller:
         # when every node is full, nodes with less room than this are fenced; None: less than the most
         self._floor: float | None = None
         self._fits_nowhere: set[tuple] = set()  # this pass's requests MIG fits on no up node (the view only fills)
+        self._partitions: dict[str, frozenset[str]] = {}  # node -> its partitions (none listed: any job's)
+        self._outside: frozenset[str] = frozenset()  # nodes outside the partitions of the job being decided
+        self._outside_of: dict[tuple[str, ...], frozenset[str]] = {}  # this pass's, per partition list
+        # job -> node -> [refused pins in a row, when the node is tried again]: see _count_refusals
+        self._refused: dict[str, dict[str, list[float]]] = {}
         self._mig_off: dict[str, tuple[int, ...]] = {}  # per node, the GPUs its agent found with MIG mode off
         self._reported: set[str] = {r.job for r in store.instances()}  # jobs whose node report is recorded
         self._problems_seen: dict[str, str] = {}  # node -> the key of its agent's last problem recorded
@@ -170,6 +177,9 @@ class Controller:
             if tag.moldable is not None:
                 moldable.append((job, tag))
                 continue
+            if not self._in_some_partition(job):
+                continue  # never placeable here: no reservation either
+            self._confine(job)
             d = self._place_multi(job, tag) if tag.instances > 1 else self._place(job, tag)
             if d is not None:
                 decided.append(d)
@@ -181,6 +191,7 @@ class Controller:
                 if isinstance(profiles, dict) and tag.instances == 1:
                     blocked = blocked or profiles
                     blocked_all.append(profiles)
+        self._confine(None)
         if moldable or chains:
             if self._balanced_out:  # their planners weigh GPU time on every node, as before
                 self._floor = -math.inf
@@ -217,8 +228,10 @@ class Controller:
                 unpinnable[d.job] = f"job {d.job}: its decision cannot be pinned: {exc}"
         try:
             failed = self.batch.pin_and_release(pins) if pins else {}
-        except BatchError as exc:
+        except BatchError as exc:  # the batch system did not answer: no pin was refused
             failed = {p.job_id: str(exc) for p in pins}
+        else:
+            self._count_refusals(decided, failed)
         failed = {**failed, **unpinnable}
         for job, why in failed.items():
             stats.errors.append(why)
@@ -226,6 +239,31 @@ class Controller:
         released = [d.job for d in decided if d.job not in failed]
         self.store.set_states(released, DecisionState.RELEASED)
         stats.placed += len(released)
+
+    def _count_refusals(self, decided: list[Decision], failed: Mapping[str, str]) -> None:
+        """A pin the batch system refuses PIN_TRIES times in a row on one node (the job's own limits: an
+        excluded node, a reservation) frees the job's slot, and the job is decided again elsewhere; that
+        node is tried again for it after REFUSED_FOR_S. Without this the job was pinned there every pass
+        and its slot stayed taken. Partitions are known beforehand and never tried (``_confine``)."""
+        now = time.time()
+        for d in decided:
+            if d.job not in failed:
+                self._refused.pop(d.job, None)
+                continue
+            tries = self._refused.setdefault(d.job, {}).setdefault(d.node, [0, 0.0])
+            tries[0] += 1
+            if tries[0] >= PIN_TRIES and self.store.decision(d.job) is not None:
+                tries[:] = [0, now + REFUSED_FOR_S]
+                self.store.event(d.job, "pin-refused", node=d.node, reason=failed[d.job], tries=PIN_TRIES)
+                log.warning("job %s: %s refused its pin %d times (%s); it is decided again elsewhere", d.job,
+                            d.node, PIN_TRIES, failed[d.job])  # fmt: skip
+                self._free(d.job)
+                self.store.set_state(d.job, DecisionState.REQUEUED, reason=f"pin refused on {d.node}: {failed[d.job]}",
+                                     node=d.node)  # fmt: skip
+
+    def _refused_nodes(self, job: str) -> frozenset[str]:
+        now = time.time()
+        return frozenset(n for n, (_, until) in self._refused.get(job, {}).items() if until > now)
 
     def _watch_nodes(self, nodes: list[NodeStatus]) -> None:
         """Mark the nodes the batch system reports down; unmark one once its agent has reconciled since
@@ -273,6 +311,8 @@ class Controller:
         started. A job pinned to a node without them waits there while another node idles, so such
         nodes take no placement this pass (unless every node is full: see ``_apply_fences``)."""
         self._room = {n.node: n.cpus_idle for n in nodes if n.cpus_idle is not None and n.node in self.config.nodes}
+        self._partitions = {n.node: frozenset(n.partitions) for n in nodes if n.partitions}
+        self._outside_of, self._outside = {}, frozenset()
         for job in jobs.values():
             if job.state is JobState.PENDING and job.managed and job.job_id in self.view.job_gpu:
                 node = self.view.gpus[self.view.job_gpu[job.job_id]].host
@@ -288,12 +328,35 @@ class Controller:
             if self._room[node] <= 0 or self._overflow:  # overflowing, the nodes with the most room change
                 self._apply_fences()
 
+    def _outside_partitions(self, partitions: tuple[str, ...]) -> frozenset[str]:
+        """The inventory's nodes in none of ``partitions`` (none for a job that names none, or where the
+        batch system lists no partitions): Slurm refuses a pin there."""
+        outside = self._outside_of.get(partitions)
+        if outside is None:
+            named = set(partitions)
+            outside = frozenset(n for n, parts in self._partitions.items()
+                                if partitions and n in self.config.nodes and not parts & named)  # fmt: skip
+            self._outside_of[partitions] = outside
+        return outside
+
+    def _confine(self, job: BatchJob | None) -> None:
+        """Fence the nodes outside ``job``'s partitions, and those that refused its pins lately, while it is
+        decided (None: lift that fence)."""
+        outside = frozenset()
+        if job is not None:
+            outside = self._outside_partitions(job.partitions)
+            if job.job_id in self._refused:
+                outside |= self._refused_nodes(job.job_id)
+        if outside != self._outside:
+            self._outside = outside
+            self._apply_fences()
+
     def _apply_fences(self) -> None:
         """Fence the GPUs of nodes that are down or have no CPU to give, and of GPUs with MIG mode off.
         When every node is full, a job pinned now waits for a CPU on its node: it goes to the nodes with
         the most room (the fewest CPUs already promised beyond their idle ones), so that no node piles up
         jobs while another's CPUs free; ``_place`` tries nodes with less room when MIG fits on none of those."""
-        up = set(self._room) - set(self._down_since)
+        up = set(self._room) - set(self._down_since) - self._outside
         full = {n for n in up if self._room[n] <= 0}
         self._overflow = bool(up) and full == up
         self._balanced_out = False
@@ -301,7 +364,7 @@ class Controller:
             floor = max(self._room[n] for n in up) if self._floor is None else self._floor
             full = {n for n in up if self._room[n] < floor}
             self._balanced_out = bool(full)
-        hosts = set(self._down_since) | full
+        hosts = set(self._down_since) | full | self._outside
         off = {self.gid[(host, index)] for host, indexes in self._mig_off.items() for index in indexes
                if (host, index) in self.gid}  # fmt: skip
         changed = {gid for host in hosts ^ self._fenced_hosts for gid in self._gids_of.get(host, ())}
@@ -321,7 +384,7 @@ class Controller:
         decision = decide()
         if not self._balanced_out or isinstance(decision, placed) or request in self._fits_nowhere:
             return decision
-        up = set(self._room) - set(self._down_since)
+        up = set(self._room) - set(self._down_since) - self._outside
         most = max(self._room[n] for n in up)
         floors = sorted({self._room[n] for n in up if self._room[n] < most}, reverse=True)
 
@@ -465,6 +528,7 @@ class Controller:
         log.warning("job %s: the prolog on %s could not place it: %s", d.job, d.node, report.reason)
 
     def _ended(self, d: Decision, job: BatchJob | None, jobs: Mapping[str, BatchJob]) -> None:
+        self._refused.pop(d.job, None)
         if job is not None and d.job not in self._reported:  # it ended before a pass saw it run
             try:
                 report = parse_report(job.admin_tag)
@@ -605,6 +669,9 @@ class Controller:
             if isinstance(times, str):
                 self.store.event(job.job_id, "unplaceable", error=times)
                 continue
+            if not self._in_some_partition(job):
+                continue
+            self._confine(job)  # its start only: a reservation may still fall outside its partitions
             choice = planner.decide(MoldableJob(job.job_id, times))
             log.debug("moldable job %s: %s", job.job_id, choice)
             if choice.placement is None:
@@ -613,6 +680,7 @@ class Controller:
             self._predicted[job.job_id] = choice.seconds
             decided.append(self._decide(job, tag, choice.placement, f"moldable-{self.config.policy}"))
             self._use_room(choice.placement.host, job.cpus)  # a node it fills takes no more of this pass's starts
+        self._confine(None)
         return decided, planner.reserved
 
     def _moldable_times(self, tag: JobTag) -> dict[str, dict[str, float]] | str:
@@ -631,11 +699,15 @@ class Controller:
                 record = self.chains.register(job, tag, self._declared_mib(tag))
             if record.state in ("waiting", "granted"):
                 candidates.append((job, tag, record))
-        return [d for d, _ in self.chains.offer(candidates, timelines, now, steers, self._take_room)]
+        hosts = {job.job_id: frozenset(self.config.nodes) - outside for job, _, _ in candidates
+                 if (outside := self._outside_partitions(job.partitions))}  # fmt: skip
+        return [d for d, _ in self.chains.offer(candidates, timelines, now, steers, self._take_room, hosts)]
 
     def _take_room(self, job: BatchJob, node: str) -> bool:
-        """Whether ``node`` may take ``job`` in this pass, its CPUs then taken: not a node this pass has
-        filled, unless every node is full (the job then waits for a CPU wherever it goes)."""
+        """Whether ``node`` may take ``job`` in this pass, its CPUs then taken: one of its partitions, and not
+        a node this pass has filled unless every node is full (the job then waits for a CPU wherever it goes)."""
+        if node in self._outside_partitions(job.partitions):
+            return False
         if not self._overflow and self._room.get(node, 1) <= 0:
             return False
         self._use_room(node, job.cpus)
@@ -660,7 +732,8 @@ class Controller:
         end = now + limit if 0 < limit < math.inf else None  # the time limit bounds the end (end-aware policies)
         request = PlacementRequest(job.job_id, profiles, now, end)
         decision = self._on_the_least_loaded_nodes_where_it_fits(lambda: self.policy.decide(self.view, request),
-                                                                 Placement, (frozenset(profiles.items()), 1))
+                                                                 Placement, (frozenset(profiles.items()), 1,
+                                                                             job.partitions))
         if not isinstance(decision, Placement):
             return None
         self._use_room(decision.host, job.cpus)
@@ -676,7 +749,7 @@ class Controller:
         decision = self._on_the_least_loaded_nodes_where_it_fits(
             lambda: self.multi.decide(self.view, profiles, tag.instances),
             MultiPlacement,
-            (frozenset(profiles.items()), tag.instances),
+            (frozenset(profiles.items()), tag.instances, job.partitions),
         )
         if not isinstance(decision, MultiPlacement):
             self._waiting(job.job_id, decision.reason)
@@ -684,6 +757,13 @@ class Controller:
         self._why_waiting.pop(job.job_id, None)
         self._use_room(decision.host, job.cpus)
         return self._decide_multi(job, tag, decision, f"multi-{self.multi.name}")
+
+    def _in_some_partition(self, job: BatchJob) -> bool:
+        """Whether a node of the inventory is in one of the job's partitions; if not, it waits, said once."""
+        if not job.partitions or len(self._outside_partitions(job.partitions)) < len(self.config.nodes):
+            return True
+        self._waiting(job.job_id, f"none of mig_batch's nodes is in its partition(s) {','.join(job.partitions)}")
+        return False
 
     def _waiting(self, job: str, reason: str) -> None:
         if self._why_waiting.get(job) != reason:

@@ -18,7 +18,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mig_batch.batch.system import BatchError, BatchJob, JobState, NodeStatus, Pin
@@ -99,7 +99,7 @@ def _exit_status(wait_status: int) -> int:
 # One line per job, admin_comment last so that it may hold any character; epoch times through
 # SLURM_TIME_FORMAT. squeue --json is ~4 KB a job and ignores --jobs in 22.05: too slow to poll.
 FIELDS = ("JobID", "State", "PriorityLong", "UserID", "NodeList", "SubmitTime", "StartTime", "EndTime",
-          "TimeLimit", "exit_code", "Reason", "NumCPUs", "admin_comment")  # fmt: skip
+          "TimeLimit", "exit_code", "Reason", "NumCPUs", "Partition", "admin_comment")  # fmt: skip
 FORMAT = ",".join(f"{f}:|" for f in FIELDS)
 
 
@@ -108,7 +108,7 @@ def parse_job_line(line: str) -> BatchJob:
     f = line.split("|", len(FIELDS) - 1)
     if len(f) != len(FIELDS):
         raise SlurmError(f"squeue printed an unexpected line: {line!r}")
-    job_id, state, priority, uid, nodes, submit, start, end, limit, exit_code, reason, cpus, comment = f
+    job_id, state, priority, uid, nodes, submit, start, end, limit, exit_code, reason, cpus, partitions, comment = f
     comment = comment[:-1] if comment.endswith("|") else comment
     pending = state in WAITING  # its start time is a forecast
     return BatchJob(
@@ -125,6 +125,7 @@ def parse_job_line(line: str) -> BatchJob:
         outcome=state,
         reason=reason,
         cpus=max(1, _int(cpus, 1)),
+        partitions=tuple(p for p in partitions.split(",") if p and p != "(null)"),  # pending: every one it named
     )
 
 
@@ -133,21 +134,22 @@ def job_in(lines: str, job: str) -> BatchJob | None:
     return next((j for j in map(parse_job_line, filter(str.strip, lines.splitlines())) if j.job_id == job), None)
 
 
-NODE_FIELDS = ("NodeList", "StateComplete", "CPUsState", "Comment")  # the comment last: any character
+NODE_FIELDS = ("NodeList", "StateComplete", "CPUsState", "PartitionName", "Comment")  # the comment last: any character
 NODE_FORMAT = ",".join(f"{f}:|" for f in NODE_FIELDS)
 
 
 def parse_node_line(line: str) -> NodeStatus:
-    """One line of ``sinfo -h -N -O NODE_FORMAT``: ``n1|idle+drain|0/0/16/16|<comment>|``."""
+    """One line of ``sinfo -h -N -O NODE_FORMAT``: ``n1|idle+drain|0/0/16/16|gpu|<comment>|`` (a node in
+    several partitions has a line in each)."""
     f = line.split("|", len(NODE_FIELDS) - 1)
     if len(f) != len(NODE_FIELDS):
         raise SlurmError(f"sinfo printed an unexpected line: {line!r}")
-    name, state, cpus, comment = f
+    name, state, cpus, partition, comment = f
     comment = comment[:-1] if comment.endswith("|") else comment
     base, *flags = state.upper().rstrip("*~#!%$@^-").split("+")
     counts = cpus.split("/")  # allocated/idle/other/total
     return NodeStatus(name, base in NODE_UP and not set(flags) & NODE_TROUBLE, "" if comment == "(null)" else comment,
-                      _int(counts[1], 0) if len(counts) == 4 else None)  # fmt: skip
+                      _int(counts[1], 0) if len(counts) == 4 else None, (partition,) if partition else ())  # fmt: skip
 
 
 def _int(text: str, default: int = 0) -> int:
@@ -276,9 +278,13 @@ class SlurmCli:
         return list(self._parsed.values())
 
     def nodes(self) -> list[NodeStatus]:
-        """Every node once (sinfo -N lists a node once per partition)."""
+        """Every node once, with all its partitions (sinfo -N lists a node once per partition)."""
         out = self._run("sinfo", "-h", "-N", "-O", NODE_FORMAT)
-        return list({n.node: n for n in map(parse_node_line, filter(str.strip, out.splitlines()))}.values())
+        merged: dict[str, NodeStatus] = {}
+        for n in map(parse_node_line, filter(str.strip, out.splitlines())):
+            seen = merged.get(n.node)
+            merged[n.node] = n if seen is None else replace(seen, partitions=seen.partitions + n.partitions)
+        return list(merged.values())
 
     def pin_and_release(self, pins: Sequence[Pin]) -> dict[str, str]:
         """Pin and release; the jobs that failed, with Slurm's message. Through libslurm, a job at a time (see
