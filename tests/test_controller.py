@@ -121,21 +121,6 @@ def test_a_job_its_owner_moved_after_the_release_is_followed_on_the_node_it_runs
     assert not any(job in g.instances for g in c.view.gpus if g.host == decided)
 
 
-def test_a_released_job_held_again_before_it_ran_is_decided_again(site, batch):
-    """Slurm requeue-holds a job whose launch failed, before any pass saw it run: its slot must not stay taken
-    by a job that waits, nor the job stay held for ever."""
-    store = Store(site.state)
-    c = Controller(site, store, batch)
-    job = batch.add(BIG)
-    c.step()
-    assert store.decision(job).state == "released"
-    batch.hold(job)  # the launch failed: held again
-    c.step()
-    assert store.decision(job).state == "released" and not batch.job(job).held  # decided and released again
-    assert store.events(job, "requeued")
-    assert sum(job in g.instances for g in c.view.gpus) == 1
-
-
 def test_a_down_node_is_fenced_until_its_agent_reconciled(site, batch):
     store = Store(site.state)
     c = Controller(site, store, batch)
@@ -647,3 +632,17 @@ def test_a_pin_refused_three_times_on_a_node_is_decided_again_elsewhere(site, ba
     [event] = store.events(job, "pin-refused")
     assert event["node"] == refusing and "not available" in event["reason"]
     assert sum(job in g.instances for g in c.view.gpus) == 1
+
+
+def test_a_pin_without_an_answer_is_not_a_refusal(site, batch):
+    """A slurmctld too busy to answer must not send every job of three passes elsewhere."""
+    from mig_batch.batch.system import Unanswered
+
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    job = batch.add(BIG)
+    batch.pin_and_release = lambda pins: {p.job_id: Unanswered("Socket timed out on send/recv operation") for p in pins}
+    for _ in range(4):
+        c.step()
+    first = store.decision(job)
+    assert first.state == "decided" and not store.events(job, "pin-refused")

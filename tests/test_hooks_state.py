@@ -108,7 +108,7 @@ def test_a_report_slurm_did_not_take_is_sent_again_at_the_next_reconcile(site, g
         batch.blind = 2  # the decision's read and the one after that failure: the node asks for a requeue
     a.prolog(job)
     assert parse_report(batch.job(job).admin_tag) is None and job in a.unsent
-    sent = a.unsent[job]
+    sent = a.unsent[job][0]
     a.reconcile()
     assert parse_report(batch.job(job).admin_tag) == sent and not a.unsent
     assert sent.kind == ("made" if lost == "report" else "requeue")

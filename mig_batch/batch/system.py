@@ -75,6 +75,11 @@ class BatchJob:
         return self.submit_time, int(self.job_id.split("_")[0].split(".")[0])
 
 
+class Unanswered(str):
+    """A failure message of a call the batch system gave no answer to (a timeout, a lost connection): its
+    fate is unknown, so it is not a refusal of the job."""
+
+
 @dataclass(frozen=True)
 class NodeStatus:
     node: str

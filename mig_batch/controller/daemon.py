@@ -26,7 +26,7 @@ from typing import TypeVar
 from mig_batch.atomize.defrag import Steer, keep_windows
 from mig_batch.atomize.gaps import GpuTimeline, Hold, cluster_timelines, reservation, with_hold
 from mig_batch.batch.states import CHAIN_OVER, DECIDABLE, DecisionState
-from mig_batch.batch.system import BatchError, BatchJob, BatchSystem, JobState, NodeStatus, Pin
+from mig_batch.batch.system import BatchError, BatchJob, BatchSystem, JobState, NodeStatus, Pin, Unanswered
 from mig_batch.batch.tags import (
     AgentTag,
     JobTag,
@@ -35,6 +35,7 @@ from mig_batch.batch.tags import (
     job_of,
     moldable_times,
     parse_agent_tag,
+    parse_place,
     parse_report,
     parse_tag,
     placed_tag,
@@ -149,6 +150,8 @@ class Controller:
         stats = PassStats()
         jobs = {j.job_id: j for j in self.batch.jobs()}
         nodes = self.batch.nodes()
+        for gone in [j for j in self._refused if j not in jobs]:
+            del self._refused[gone]
         self._watch_nodes(nodes)
         pins = self._follow(jobs, stats)
         self._measure_room(nodes, jobs)
@@ -250,9 +253,11 @@ class Controller:
             if d.job not in failed:
                 self._refused.pop(d.job, None)
                 continue
+            if isinstance(failed[d.job], Unanswered):  # no answer: its fate is unknown, not a refusal
+                continue
             tries = self._refused.setdefault(d.job, {}).setdefault(d.node, [0, 0.0])
             tries[0] += 1
-            if tries[0] >= PIN_TRIES and self.store.decision(d.job) is not None:
+            if tries[0] >= PIN_TRIES and self._still_unpinned(d):
                 tries[:] = [0, now + REFUSED_FOR_S]
                 self.store.event(d.job, "pin-refused", node=d.node, reason=failed[d.job], tries=PIN_TRIES)
                 log.warning("job %s: %s refused its pin %d times (%s); it is decided again elsewhere", d.job,
@@ -260,6 +265,19 @@ class Controller:
                 self._free(d.job)
                 self.store.set_state(d.job, DecisionState.REQUEUED, reason=f"pin refused on {d.node}: {failed[d.job]}",
                                      node=d.node)  # fmt: skip
+
+    def _still_unpinned(self, d: Decision) -> bool:
+        """Whether the batch system holds ``d``'s job without its pin applied (read again: a refusal it
+        answered may still have come after the pin took effect)."""
+        try:
+            job = self.batch.job(d.job)
+        except BatchError:
+            return False
+        if job is None or not job.held:
+            return False
+        place = parse_place(job.admin_tag)  # an earlier decision's placement may still be there
+        decided = (d.node, d.gpu, d.profile, d.start)
+        return place is None or (place.node, place.gpu, place.profile, place.start) != decided
 
     def _refused_nodes(self, job: str) -> frozenset[str]:
         now = time.time()
@@ -339,14 +357,15 @@ class Controller:
             self._outside_of[partitions] = outside
         return outside
 
+    def _outside_of_job(self, job: BatchJob) -> frozenset[str]:
+        """The nodes ``job`` may not go to now: outside its partitions, or refusing its pins lately."""
+        outside = self._outside_partitions(job.partitions)
+        return outside | self._refused_nodes(job.job_id) if job.job_id in self._refused else outside
+
     def _confine(self, job: BatchJob | None) -> None:
         """Fence the nodes outside ``job``'s partitions, and those that refused its pins lately, while it is
         decided (None: lift that fence)."""
-        outside = frozenset()
-        if job is not None:
-            outside = self._outside_partitions(job.partitions)
-            if job.job_id in self._refused:
-                outside |= self._refused_nodes(job.job_id)
+        outside = self._outside_of_job(job) if job is not None else frozenset()
         if outside != self._outside:
             self._outside = outside
             self._apply_fences()
@@ -441,10 +460,6 @@ class Controller:
                     self._running(d, job)
                 elif job.held and d.state == DecisionState.DECIDED and not job.held_by_user:
                     again.append(d)
-                elif job.held and d.state == DecisionState.RELEASED and not job.held_by_user:
-                    # held again before any pass saw it run (Slurm requeue-holds a job whose launch failed):
-                    # its slot would stay taken for a job that waits; it is decided again
-                    self._requeue(d, job, "held again after its release (e.g. its launch failed)")
                 elif d.state == DecisionState.RUNNING or d.node in self._down_since or \
                         (job.held_by_user and d.state in (DecisionState.DECIDED, DecisionState.RELEASED)):
                     self._requeue(d, job, "held by its owner" if job.held_by_user
@@ -528,7 +543,6 @@ class Controller:
         log.warning("job %s: the prolog on %s could not place it: %s", d.job, d.node, report.reason)
 
     def _ended(self, d: Decision, job: BatchJob | None, jobs: Mapping[str, BatchJob]) -> None:
-        self._refused.pop(d.job, None)
         if job is not None and d.job not in self._reported:  # it ended before a pass saw it run
             try:
                 report = parse_report(job.admin_tag)
@@ -694,19 +708,21 @@ class Controller:
         """Offer gaps to the waiting chains; the granted subjobs, recorded (the caller pins and releases)."""
         candidates = []
         for job, tag in waiting:
+            if not self._in_some_partition(job):
+                continue
             record = self.store.chain(job.job_id)
             if record is None:
                 record = self.chains.register(job, tag, self._declared_mib(tag))
             if record.state in ("waiting", "granted"):
                 candidates.append((job, tag, record))
         hosts = {job.job_id: frozenset(self.config.nodes) - outside for job, _, _ in candidates
-                 if (outside := self._outside_partitions(job.partitions))}  # fmt: skip
+                 if (outside := self._outside_of_job(job))}  # fmt: skip
         return [d for d, _ in self.chains.offer(candidates, timelines, now, steers, self._take_room, hosts)]
 
     def _take_room(self, job: BatchJob, node: str) -> bool:
         """Whether ``node`` may take ``job`` in this pass, its CPUs then taken: one of its partitions, and not
         a node this pass has filled unless every node is full (the job then waits for a CPU wherever it goes)."""
-        if node in self._outside_partitions(job.partitions):
+        if node in self._outside_of_job(job):
             return False
         if not self._overflow and self._room.get(node, 1) <= 0:
             return False
@@ -733,7 +749,7 @@ class Controller:
         request = PlacementRequest(job.job_id, profiles, now, end)
         decision = self._on_the_least_loaded_nodes_where_it_fits(lambda: self.policy.decide(self.view, request),
                                                                  Placement, (frozenset(profiles.items()), 1,
-                                                                             job.partitions))
+                                                                             self._outside))
         if not isinstance(decision, Placement):
             return None
         self._use_room(decision.host, job.cpus)
@@ -749,7 +765,7 @@ class Controller:
         decision = self._on_the_least_loaded_nodes_where_it_fits(
             lambda: self.multi.decide(self.view, profiles, tag.instances),
             MultiPlacement,
-            (frozenset(profiles.items()), tag.instances, job.partitions),
+            (frozenset(profiles.items()), tag.instances, self._outside),
         )
         if not isinstance(decision, MultiPlacement):
             self._waiting(job.job_id, decision.reason)

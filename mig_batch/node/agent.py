@@ -131,7 +131,7 @@ class NodeAgent:
         self.mig_off: tuple[int, ...] = ()  # GPUs found with MIG mode off: the controller places nothing there
         # reports the batch system did not take (or jobs it could not be asked about): sent again at each
         # reconcile while their job runs here, else a job the node asked to requeue would run unbound to its end
-        self.unsent: dict[str, NodeReport] = {}
+        self.unsent: dict[str, tuple[NodeReport, float]] = {}  # job -> (its report, when it was not taken)
 
     # --- job start --------------------------------------------------------------------------
     def prolog(self, job_id: str) -> PrologResult:
@@ -322,21 +322,24 @@ class NodeAgent:
         if report is None:
             return
         if job is None:  # its record could not be read: the reconcile sends the report once it can be
-            self.unsent[job_id] = report
+            self.unsent[job_id] = (report, self.clock())
             return
         try:
             self.channel.set_job_tag(job_id, with_report(job.admin_tag, report))
         except BatchError as exc:  # the job runs anyway; the node's field tells the controller meanwhile
-            self.unsent[job_id] = report
+            self.unsent[job_id] = (report, self.clock())
             with self.lock:
                 self._note_problem(NodeProblem("prolog", job_id, f"could not report {report.text()}: {exc} "
                                                "(sent again at the next reconcile)"))  # fmt: skip
             self._publish()
 
-    def _send_unsent(self, live: dict[str, BatchJob]) -> None:
-        """The reports not taken at their Prolog, for jobs that still run here (the others are dropped)."""
-        for job_id, report in list(self.unsent.items()):
+    def _send_unsent(self, live: dict[str, BatchJob], asked: float) -> None:
+        """The reports not taken at their Prolog, for jobs that still run here (those the listing of
+        ``asked`` does not show running are dropped, unless the report is newer than the listing)."""
+        for job_id, (report, since) in list(self.unsent.items()):
             job = live.get(job_id)
+            if job is None and since >= asked:
+                continue  # its job may have started after the listing: the next reconcile sees it
             if job is None or not job.managed or _reported(job.admin_tag):
                 self.unsent.pop(job_id, None)  # ended, not ours, or reported since
                 continue
@@ -444,7 +447,7 @@ class NodeAgent:
         except BatchError as exc:
             log.warning("reconcile skipped: the batch system did not answer (%s)", exc)
             return []
-        self._send_unsent(running)
+        self._send_unsent(running, asked)
         with self.lock:
             strays = []
             for entry in self.journal.entries():

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from mig_batch.batch.system import BatchError, BatchJob, JobState, NodeStatus, Pin
+from mig_batch.batch.system import BatchError, BatchJob, JobState, NodeStatus, Pin, Unanswered
 from mig_batch.slurm.native import SlurmApi, SlurmApiError
 from mig_batch.slurm.session import ScontrolSession, SessionBroken, SessionError
 
@@ -317,7 +317,7 @@ class SlurmCli:
             try:
                 self._send_pin(api, update)
             except SlurmApiError as exc:
-                failed[update.job_id] = str(exc)
+                failed[update.job_id] = str(exc) if exc.answered else Unanswered(str(exc))
                 if not exc.answered:
                     self._pause_api(exc)
                     return list(updates[i + 1 :])
@@ -369,7 +369,7 @@ class SlurmCli:
         try:
             self.release(pinned)
         except SlurmError as exc:
-            failed.update({job: str(exc) for job in pinned})
+            failed.update({job: Unanswered(str(exc)) for job in pinned})
         return failed
 
     def _update_jobs(self, job_updates: Sequence[JobUpdate]) -> dict[str, str]:
@@ -406,7 +406,7 @@ class SlurmCli:
             try:
                 answer = self._session_update(args, deadline)
             except SessionError as exc:  # no answer in time: Slurm is not answering, the rest would wait too
-                failed.update({j: str(exc) for j, _ in updates[i:]})
+                failed.update({j: Unanswered(str(exc)) for j, _ in updates[i:]})
                 return []
             if answer is None:
                 return updates[i:]
@@ -439,14 +439,14 @@ class SlurmCli:
         try:
             errors = self._run("scontrol", stdin=lines, check=False)
         except SlurmError as exc:
-            return {job: str(exc) for job, _ in updates}
+            return {job: Unanswered(str(exc)) for job, _ in updates}
         failed = {}
         for line in errors.splitlines():
             match = _FAILED_JOB.search(line)
             if match:
                 failed[match.group(1)] = line.strip()
             elif line.strip():  # an error scontrol did not attribute to a job: trust none of them
-                return {job: f"scontrol: {line.strip()}" for job, _ in updates}
+                return {job: Unanswered(f"scontrol: {line.strip()}") for job, _ in updates}
         return failed
 
     def _tres_per_node(self, jobs: Sequence[str]) -> dict[str, str]:
