@@ -344,13 +344,18 @@ def test_a_chain_runs_its_subjobs_as_linked_slurm_jobs(site):
     assert store.chain("10").subjobs == 1 and store.chain("999") is None
 
 
-def test_a_schema_2_store_gains_chain_links(tmp_path):
+def schema_2_store(tmp_path):
     path = tmp_path / "old.db"
     db = sqlite3.connect(path)
     db.execute("CREATE TABLE chains (job TEXT PRIMARY KEY)")
     db.execute("PRAGMA user_version=2")
     db.commit()
     db.close()
+    return path
+
+
+def test_a_schema_2_store_gains_chain_links(tmp_path):
+    path = schema_2_store(tmp_path)
     store = Store(path)
     assert store.chain_jobs("1") == []
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
@@ -359,12 +364,7 @@ def test_a_schema_2_store_gains_chain_links(tmp_path):
 def test_a_reader_does_not_migrate_an_older_store(tmp_path):
     """`mig-batch status` run between installing a new version and restarting mig-batchd must leave the
     store to the running (older) mig-batchd; the daemon's own open migrates it."""
-    path = tmp_path / "old.db"
-    db = sqlite3.connect(path)
-    db.execute("CREATE TABLE chains (job TEXT PRIMARY KEY)")
-    db.execute("PRAGMA user_version=2")
-    db.commit()
-    db.close()
+    path = schema_2_store(tmp_path)
     with pytest.raises(StateError, match="restart mig-batchd with this version first"):
         Store(path, create=False)
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 2
