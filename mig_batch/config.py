@@ -156,7 +156,7 @@ def load_config(explicit: str | os.PathLike | None = None) -> SiteConfig:
         slice_gres=_slice_gres(raw, path),
         atomize=_atomize(raw.get("atomize") or {}, path),
         moldable=_moldable(raw.get("moldable") or {}, path),
-        flex=_flex(raw.get("flex") or {}, path),
+        flex=_section(raw.get("flex") or {}, path, "flex", FlexConfig),
         path=str(path),
     )
 
@@ -167,11 +167,7 @@ BATCH_SYSTEMS = ("slurm", "htcondor")
 def _text(raw: dict, key: str, default: str, path: Path) -> str:
     """A text setting; left out or empty: ``default``."""
     value = raw.get(key)
-    if value is None or value == "":
-        return default
-    if not isinstance(value, str):
-        raise ConfigError(f"{path}: {key} must be text, e.g. a path (got {value!r})")
-    return value
+    return default if value is None or value == "" else _typed(value, str, f"{path}: {key}")
 
 
 def _path(raw: dict, key: str, default: Path, path: Path) -> Path:
@@ -229,12 +225,10 @@ _KINDS = {bool: "true or false", int: "a whole number", float: "a finite number"
 def _typed(value: Any, kind: type, where: str) -> Any:
     """``value`` as ``kind`` where YAML gave it that type (an int for a float too); else an error naming
     what is accepted. No coercion: 2.7 is not a count, "yes" is not true."""
-    fits = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        fits, value = True, float(value)
-    if kind is float and fits and not math.isfinite(value):
-        fits = False
-    if not fits:
+        value = float(value)
+    if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind) or \
+            (kind is float and not math.isfinite(value)):  # fmt: skip
         raise ConfigError(f"{where} must be {_KINDS.get(kind, kind.__name__)} (got {value!r})")
     return value
 
@@ -246,10 +240,6 @@ def _moldable(raw: Any, path: Path) -> MoldableConfig:
     if config.max_reservations < 0:
         raise ConfigError(f"{path}: moldable.max_reservations must be 0 or more (got {config.max_reservations})")
     return config
-
-
-def _flex(raw: Any, path: Path) -> FlexConfig:
-    return _section(raw, path, "flex", FlexConfig)
 
 
 def _atomize(raw: Any, path: Path) -> AtomizeConfig:
