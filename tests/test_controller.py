@@ -6,7 +6,7 @@ import time
 import pytest
 
 from mig_batch.batch.fake import FakeBatch
-from mig_batch.batch.system import JobState
+from mig_batch.batch.system import After, Awaits, JobState
 from mig_batch.batch.tags import AgentTag, NodeReport, parse_place
 from mig_batch.config import SiteConfig
 from mig_batch.controller.daemon import Controller
@@ -646,3 +646,65 @@ def test_a_pin_without_an_answer_is_not_a_refusal(site, batch):
         c.step()
     first = store.decision(job)
     assert first.state == "decided" and not store.events(job, "pin-refused")
+
+
+def test_a_job_is_decided_only_once_its_begin_time_comes(site, batch):
+    """Pinned and released before its --begin, its slice would idle until then."""
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    later = batch.add(RIGID, not_before=time.time() + 3600)
+    soon = batch.add(RIGID, not_before=time.time() - 1)
+    assert c.step().placed == 1
+    assert store.decision(later) is None and store.decision(soon).state == "released"
+    assert [e["reason"] for e in store.events(job=later)] == [
+        f"its begin time, {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(batch.job(later).not_before))}"
+    ]
+    batch._set(later, not_before=time.time() - 1)
+    assert c.step().placed == 1 and store.decision(later).state == "released"
+
+
+@pytest.mark.parametrize("awaits, outcome, decided", [
+    ("end", "FAILED", True), ("success", "COMPLETED", True), ("success", "FAILED", False),
+    ("failure", "FAILED", True), ("failure", "COMPLETED", False),
+])  # fmt: skip
+def test_a_job_waits_for_the_jobs_it_depends_on_and_never_for_a_dependency_that_failed(site, batch, awaits,
+                                                                                      outcome, decided):  # fmt: skip
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    first = batch.add("a user's job")
+    job = batch.add(RIGID, after=[After(first, Awaits(awaits))])
+    c.step()
+    assert store.decision(job) is None
+    assert store.events(job=job)[-1]["reason"] == f"job {first} to end"
+    batch.start(first)
+    c.step()
+    assert store.decision(job) is None
+    batch.finish(first, exit_status=0 if outcome == "COMPLETED" else 1, outcome=outcome)
+    c.step()
+    assert (store.decision(job) is not None) is decided
+    if not decided:
+        assert store.events(job=job)[-1]["reason"] == (
+            f"its dependency on job {first}, which can never be met: that job ended {outcome}")
+
+
+def test_a_job_after_another_started_waits_for_its_start_and_a_purged_one_for_nothing(site, batch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    first, gone = batch.add("a user's job"), batch.add("another")
+    job = batch.add(RIGID, after=[After(first, Awaits.START), After(gone, Awaits.SUCCESS)])
+    batch.forget(gone)  # its record is purged: it ended long ago, as the dependency wanted or not
+    c.step()
+    assert store.decision(job) is None and store.events(job=job)[-1]["reason"] == f"job {first} to start"
+    batch.start(first)
+    assert c.step().placed == 1
+
+
+def test_a_dependency_the_batch_system_says_never_holds_keeps_the_job_waiting(site, batch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    job = batch.add(RIGID, after=[After("77", Awaits.NEVER)])
+    for _ in range(2):
+        assert c.step().placed == 0
+    assert store.decision(job) is None
+    assert [e["reason"] for e in store.events(job=job)] == [
+        "its dependency on job 77, which the batch system says can never be met"]  # said once

@@ -6,13 +6,24 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from mig_batch.batch.system import JobState
-from mig_batch.slurm.commands import FIELDS, SlurmError, _limit_s, parse_job_line, parse_node_line, stdin_safe
+from mig_batch.batch.system import After, Awaits, JobState
+from mig_batch.slurm.commands import (
+    FIELDS,
+    SlurmError,
+    _limit_s,
+    parse_dependency,
+    parse_job_line,
+    parse_node_line,
+    stdin_safe,
+)
 
-FAILED = "2|FAILED|4294901758|0|n1|1795407940|1795407942|1795407942|UNLIMITED|768|NonZeroExitCode|1|gpu|(null)|"
-KILLED = "3|FAILED|4294901757|0|n1|1795407940|1795407942|1795407942|UNLIMITED|9|JobLaunchFailure|1|gpu|(null)|"
-HELD = "4|PENDING|0|0||1795407940|N/A|N/A|1-02:03:00|0|JobHeldUser|4|gpu,debug|mig-batch:v1;gres=mig:1g.10gb|"
-RUNNING = "1|RUNNING|4294901759|1000|n1|1795407940|1795407942|NONE|30:00|0|None|1|gpu|x|"
+FAILED = ("2|FAILED|4294901758|0|n1|1795407940|1795407942|1795407942|UNLIMITED|768|NonZeroExitCode|1|gpu|1795407940|"
+          "(null)|(null)|")
+KILLED = ("3|FAILED|4294901757|0|n1|1795407940|1795407942|1795407942|UNLIMITED|9|JobLaunchFailure|1|gpu|1795407940|"
+          "(null)|(null)|")
+HELD = ("4|PENDING|0|0||1795407940|N/A|N/A|1-02:03:00|0|JobHeldUser|4|gpu,debug|N/A|(null)|"
+        "mig-batch:v1;gres=mig:1g.10gb|")
+RUNNING = "1|RUNNING|4294901759|1000|n1|1795407940|1795407942|NONE|30:00|0|None|1|gpu|1795407942|(null)|x|"
 
 
 def test_a_finished_job_has_its_exit_status_and_times():
@@ -30,6 +41,27 @@ def test_a_held_job_has_no_forecast_start_and_its_tag():
     assert job.state == JobState.HELD and job.start_time == 0.0 and job.node == ""
     assert job.admin_tag == "mig-batch:v1;gres=mig:1g.10gb" and job.time_limit_s == 26 * 3600 + 3 * 60
     assert job.cpus == 4 and job.partitions == ("gpu", "debug")  # pending: every partition it named
+    assert job.not_before == 0.0 and job.after == ()
+
+
+def test_a_waiting_jobs_begin_time_and_dependencies():
+    job = parse_job_line(HELD.replace("|N/A|(null)|", "|1795500000|afterok:12(unfulfilled),after:13+5(unfulfilled)|"))
+    assert job.not_before == 1795500000.0
+    assert job.after == (After("12", Awaits.SUCCESS), After("13", Awaits.START))
+    running = parse_job_line(RUNNING.replace("|1795407942|(null)|", "|1795407942|afterok:12(unfulfilled)|"))
+    assert running.not_before == 0.0 and running.after == ()  # started: what it waited for is past
+
+
+@pytest.mark.parametrize(("text", "after"), [
+    ("(null)", ()),
+    ("afterany:7_*(unfulfilled),afternotok:8_2(failed)", (After("7", Awaits.END), After("8", Awaits.NEVER))),
+    ("aftercorr:9(unfulfilled)", (After("9", Awaits.SUCCESS),)),
+    ("afterok:12(unfulfilled)?afterok:13(unfulfilled)", ()),  # one of several: Slurm's to judge
+    ("singleton(unfulfilled),afterok:12(unfulfilled)", (After("12", Awaits.SUCCESS),)),
+    ("expand:5(unfulfilled)", ()),
+])  # fmt: skip
+def test_dependencies_as_slurm_prints_them(text, after):
+    assert parse_dependency(text) == after
 
 
 @given(st.text(max_size=1100) | st.text(alphabet=st.characters(max_codepoint=127), max_size=1100))

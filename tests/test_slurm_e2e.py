@@ -7,6 +7,7 @@ emulated library's history files are the audit trail for overlaps and leaks.
 
 import random
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -272,3 +273,44 @@ def test_the_agents_scontrol_session_updates_a_long_tag_and_names_a_refused_job(
         bed.cluster.run("scancel", job, check=False)
         if cli._session is not None:
             cli._session.close()
+
+
+def test_a_users_mig_job_waits_unplaced_for_its_dependency_and_only_mig_batchd_releases_it(bed, tmp_path):
+    """Slurm 22.05 shows the submission hold as JobHeldUser, which the job's owner may release: released
+    before mig-batchd placed it, a job ran with no MIG instance. Placed before a job it depends on ended,
+    its slice idled until then."""
+    shared = tmp_path / "user"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    for folder in (*shared.parents, *bed.cluster.conf.parents):  # pytest's folders are root's alone
+        if folder.is_relative_to(tempfile.gettempdir()):
+            folder.chmod(folder.stat().st_mode | 0o001)  # another user may pass through, not list
+    bed.cluster.conf.chmod(0o644)  # slurm.conf: what the user's commands read
+
+    def as_user(*argv):
+        return bed.cluster.run("runuser", "-u", "nobody", "--", *argv, check=False, timeout=15)
+
+    def sbatch(*args, seconds):
+        proc = as_user("sbatch", "--parsable", f"--chdir={shared}", f"--output={shared}/%j.out", *args, "--wrap",
+                       f'echo "$SLURM_JOB_ID|$CUDA_VISIBLE_DEVICES"; sleep {seconds}')  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    first = sbatch(seconds=8)  # no MIG: Slurm starts it at once
+    job = sbatch("--gres=mig:1g.10gb", f"--dependency=afterok:{first}", seconds=0.5)
+    refused = as_user("sbatch", "-H", "--gres=mig:1g.10gb", "--wrap", "true")
+    assert refused.returncode != 0 and "cannot be submitted held (-H)" in refused.stderr
+    for argv in (("scontrol", "release", job), ("scontrol", "hold", job), ("scontrol", "update", f"jobid={job}",
+                                                                         "priority=1")):  # fmt: skip
+        proc = as_user(*argv)
+        assert proc.returncode != 0 and "Job is in held state, pending scheduler release" in proc.stderr, argv
+    time.sleep(3)  # several passes of mig-batchd while the job it depends on runs
+    store = Store(bed.store_path)
+    assert store.decision(job) is None
+    assert [e["reason"] for e in store.events(job=job, kind="waiting")] == [f"job {first} to end"]
+    assert bed.cluster.run("squeue", "-h", "-j", job, "-o", "%r").stdout.strip() == "JobHeldUser"
+    wait_done(bed, [first, job], timeout=60)
+    out = (shared / f"{job}.out").read_text()
+    assert out.startswith(f"{job}|MIG-"), out
+    assert store.decision(job).state == "ended"
+    assert_no_overlap_and_no_leak(bed)

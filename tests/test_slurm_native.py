@@ -63,13 +63,14 @@ def test_a_job_reads_the_same_through_libslurm_as_through_squeue(cluster, clis, 
     failed = submit(cluster, tmp_path, body="exit 3")
     done = submit(cluster, tmp_path, "-t", "2:30:00", body="true")
     array = submit(cluster, tmp_path, "-H", "--array=1-2")
+    later = submit(cluster, tmp_path, "-H", "--begin=now+1hour", f"--dependency=afterok:{running},afterany:{array}_*")
     wait_for(clis, running, JobState.RUNNING)
     for job in (failed, done):
         wait_for(clis, job, JobState.FINISHED)
-    for job in (held, running, failed, done, array, f"{array}_1", "999999"):
+    for job in (held, running, failed, done, array, f"{array}_1", later, "999999"):
         assert api.job(job) == commands.job(job), job
     env = {**cluster.env(), "SLURM_TIME_FORMAT": "%s"}
-    for job in (held, running, failed, done, array):  # every record of the id (an array's tasks too), verbatim
+    for job in (held, running, failed, done, array, later):  # every record of the id (an array's tasks too), verbatim
         squeue = subprocess.run(["squeue", "--local", "-h", "-t", "all", "-O", FORMAT, "-j", job], env=env,
                                 capture_output=True, text=True, check=True).stdout  # fmt: skip
         assert api.api.job_lines(int(job)) == squeue, job
@@ -77,6 +78,8 @@ def test_a_job_reads_the_same_through_libslurm_as_through_squeue(cluster, clis, 
     assert api.job(held).admin_tag == "mig-batch:v1;gres=mig:1g.10gb é=x y"
     assert api.job(held).state == JobState.HELD and api.job(held).cpus == 2
     assert api.job(failed).exit_status == 3 and api.job("999999") is None
+    assert api.job(later).not_before > time.time() + 3000
+    assert {a.job_id for a in api.job(later).after} == {running, array}
 
 
 def test_a_pin_and_its_release_are_one_rpc_and_a_refused_pin_is_never_released(cluster, clis, tmp_path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from mig_batch.batch.system import BatchError, BatchJob, JobState, NodeStatus, Pin
+from mig_batch.batch.system import MANAGED_PREFIX, After, BatchError, BatchJob, JobState, NodeStatus, Pin
 from mig_batch.batch.tags import NodeReport, parse_place, with_report
 
 
@@ -89,12 +89,15 @@ class FakeBatch:
 
     # the scheduler's side, for tests
     def add(self, tag: str, user_id: int = 1000, time_limit_s: float = 3600.0, cpus: int = 1,
-            partitions: Sequence[str] = ()) -> str:  # fmt: skip
+            partitions: Sequence[str] = (), not_before: float = 0.0, after: Sequence[After] = ()) -> str:  # fmt: skip
+        """A job as submitted: held when ``tag`` is a managed job's (as job_submit.lua holds it), else pending."""
         job = str(self._next)
         self._next += 1
         self.clock += 1
-        self._jobs[job] = BatchJob(job, JobState.HELD, tag, user_id, submit_time=self.clock, time_limit_s=time_limit_s,
-                                   cpus=cpus, partitions=tuple(partitions))  # fmt: skip
+        state = JobState.HELD if tag.startswith(MANAGED_PREFIX) else JobState.PENDING
+        self._jobs[job] = BatchJob(job, state, tag, user_id, submit_time=self.clock, time_limit_s=time_limit_s,
+                                   cpus=cpus, partitions=tuple(partitions), not_before=not_before,
+                                   after=tuple(after))  # fmt: skip
         return job
 
     def job(self, job: str) -> BatchJob | None:
@@ -102,9 +105,9 @@ class FakeBatch:
 
     def start(self, job: str, report: NodeReport | None = None, node: str | None = None) -> None:
         """The scheduler starts a released job on its pinned node (or ``node``: its owner moved it after the
-        release); the Prolog's report, if given."""
+        release; an unmanaged job: there); the Prolog's report, if given."""
         j = self._jobs[job]
-        if j.state is not JobState.PENDING or parse_place(j.admin_tag) is None:
+        if j.state is not JobState.PENDING or (j.managed and parse_place(j.admin_tag) is None):
             raise BatchError(f"job {job} is not released with a placement ({j.state}, {j.admin_tag!r})")
         tag = with_report(j.admin_tag, report) if report is not None else j.admin_tag
         self._set(job, state=JobState.RUNNING, start_time=self.clock, end_time=self.clock + j.time_limit_s,

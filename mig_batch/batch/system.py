@@ -31,6 +31,24 @@ class JobState(enum.StrEnum):
     FINISHED = "finished"
 
 
+class Awaits(enum.StrEnum):
+    """What a job waits for of another before the batch system may start it."""
+
+    START = "start"  # that it started (or ended)
+    END = "end"  # that it ended, however
+    SUCCESS = "success"  # that it completed
+    FAILURE = "failure"  # that it ended otherwise
+    NEVER = "never"  # nothing: the batch system found it can never be met
+
+
+@dataclass(frozen=True)
+class After:
+    """Another job this one depends on (Slurm's ``--dependency=afterok:<job>`` and the like)."""
+
+    job_id: str
+    awaits: Awaits
+
+
 @dataclass(frozen=True)
 class BatchJob:
     job_id: str
@@ -48,6 +66,8 @@ class BatchJob:
     cpus: int = 1  # CPUs it asked for: a node without them idle cannot start it
     held_by_user: bool = False  # held by its owner or an operator, not by mig_batch: left held until they release it
     partitions: tuple[str, ...] = ()  # where it may run (Slurm: its partitions); (): anywhere
+    not_before: float = 0.0  # the batch system starts it no sooner (epoch s; Slurm's --begin); 0: no such time
+    after: tuple[After, ...] = ()  # the jobs it depends on, all of them (one of several alternatives: none)
 
     @property
     def managed(self) -> bool:
@@ -64,6 +84,10 @@ class BatchJob:
     @property
     def finished(self) -> bool:
         return self.state is JobState.FINISHED
+
+    @property
+    def succeeded(self) -> bool:
+        return self.finished and self.outcome == "COMPLETED"
 
     @property
     def cancelled(self) -> bool:

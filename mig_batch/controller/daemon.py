@@ -26,7 +26,7 @@ from typing import TypeVar
 from mig_batch.atomize.defrag import Steer, keep_windows
 from mig_batch.atomize.gaps import GpuTimeline, Hold, cluster_timelines, reservation, with_hold
 from mig_batch.batch.states import CHAIN_OVER, DECIDABLE, DecisionState
-from mig_batch.batch.system import BatchError, BatchJob, BatchSystem, JobState, NodeStatus, Pin, Unanswered
+from mig_batch.batch.system import Awaits, BatchError, BatchJob, BatchSystem, JobState, NodeStatus, Pin, Unanswered
 from mig_batch.batch.tags import (
     AgentTag,
     JobTag,
@@ -152,11 +152,15 @@ class Controller:
         nodes = self.batch.nodes()
         for gone in [j for j in self._refused if j not in jobs]:
             del self._refused[gone]
+        for gone in [j for j in self._why_waiting if j not in jobs]:
+            del self._why_waiting[gone]
         self._watch_nodes(nodes)
         pins = self._follow(jobs, stats)
         self._measure_room(nodes, jobs)
+        now = time.time()
         waiting = sorted((j for j in jobs.values()
-                          if j.managed and j.held and not j.held_by_user and self._needs_decision(j.job_id)),
+                          if j.managed and j.held and not j.held_by_user and self._needs_decision(j.job_id)
+                          and not self._not_yet(j, jobs, now)),
                          key=lambda j: j.order)  # fmt: skip
         decided: list[Decision] = []
         chains: list[tuple[BatchJob, JobTag]] = []
@@ -199,7 +203,6 @@ class Controller:
             if self._balanced_out:  # their planners weigh GPU time on every node, as before
                 self._floor = -math.inf
                 self._apply_fences()
-            now = time.time()
             timelines = self.timelines(jobs, now, blocked)
             kept_for_moldable: list[tuple[int, Hold]] = []
             if moldable:
@@ -441,6 +444,14 @@ class Controller:
             self.store.event(job.job_id, "chain-job-cancelled", chain=chain, why=f"the chain is {known.state}")
             self.batch.cancel(job.job_id)
         return known is not None
+
+    def _not_yet(self, job: BatchJob, jobs: Mapping[str, BatchJob], now: float) -> bool:
+        """Whether the batch system would not start it yet, so that a slot decided now would idle (said once, as
+        a ``waiting`` event)."""
+        why = _why_not_yet(job, jobs, now)
+        if why is not None:
+            self._waiting(job.job_id, why)
+        return why is not None
 
     def _needs_decision(self, job: str) -> bool:
         d = self.store.decision(job)
@@ -845,3 +856,24 @@ class Controller:
             except Exception:  # a bug in one pass must not stop placement for everyone: log it, go on
                 log.exception("pass failed")
             time.sleep(self.config.poll_interval_s)
+
+
+def _why_not_yet(job: BatchJob, jobs: Mapping[str, BatchJob], now: float) -> str | None:
+    """What the job waits for before the batch system may start it: its begin time, or a job it depends on
+    (None: nothing)."""
+    if job.not_before > now:
+        return f"its begin time, {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(job.not_before))}"
+    for after in job.after:
+        other = jobs.get(after.job_id)
+        if after.awaits is Awaits.NEVER:
+            return f"its dependency on job {after.job_id}, which the batch system says can never be met"
+        if other is None:  # gone from the batch system: it ended long ago
+            continue
+        if after.awaits is Awaits.START:
+            if not (other.running or other.finished):
+                return f"job {after.job_id} to start"
+        elif not other.finished:
+            return f"job {after.job_id} to end"
+        elif after.awaits is not Awaits.END and (after.awaits is Awaits.SUCCESS) != other.succeeded:
+            return f"its dependency on job {after.job_id}, which can never be met: that job ended {other.outcome}"
+    return None

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from mig_batch.batch.system import BatchError, BatchJob, JobState, NodeStatus, Pin, Unanswered
+from mig_batch.batch.system import After, Awaits, BatchError, BatchJob, JobState, NodeStatus, Pin, Unanswered
 from mig_batch.slurm.native import SlurmApi, SlurmApiError
 from mig_batch.slurm.session import ScontrolSession, SessionBroken, SessionError
 
@@ -99,7 +99,8 @@ def _exit_status(wait_status: int) -> int:
 # One line per job, admin_comment last so that it may hold any character; epoch times through
 # SLURM_TIME_FORMAT. squeue --json is ~4 KB a job and ignores --jobs in 22.05: too slow to poll.
 FIELDS = ("JobID", "State", "PriorityLong", "UserID", "NodeList", "SubmitTime", "StartTime", "EndTime",
-          "TimeLimit", "exit_code", "Reason", "NumCPUs", "Partition", "admin_comment")  # fmt: skip
+          "TimeLimit", "exit_code", "Reason", "NumCPUs", "Partition", "EligibleTime", "Dependency",
+          "admin_comment")  # fmt: skip
 FORMAT = ",".join(f"{f}:|" for f in FIELDS)
 
 
@@ -108,7 +109,8 @@ def parse_job_line(line: str) -> BatchJob:
     f = line.split("|", len(FIELDS) - 1)
     if len(f) != len(FIELDS):
         raise SlurmError(f"squeue printed an unexpected line: {line!r}")
-    job_id, state, priority, uid, nodes, submit, start, end, limit, exit_code, reason, cpus, partitions, comment = f
+    (job_id, state, priority, uid, nodes, submit, start, end, limit, exit_code, reason, cpus, partitions, begin,
+     dependency, comment) = f  # fmt: skip
     comment = comment[:-1] if comment.endswith("|") else comment
     pending = state in WAITING  # its start time is a forecast
     return BatchJob(
@@ -126,7 +128,33 @@ def parse_job_line(line: str) -> BatchJob:
         reason=reason,
         cpus=max(1, _int(cpus, 1)),
         partitions=tuple(p for p in partitions.split(",") if p and p != "(null)"),  # pending: every one it named
+        not_before=float(_int(begin)) if pending else 0.0,
+        after=parse_dependency(dependency) if pending else (),
     )
+
+
+# What each kind of --dependency waits for (Slurm's _depend_type2str). singleton and expand name no job
+# whose state tells: a job with them is placed when its turn comes, as before.
+_AWAITS = {"after": Awaits.START, "afterany": Awaits.END, "afterburstbuffer": Awaits.END,
+           "afterok": Awaits.SUCCESS, "aftercorr": Awaits.SUCCESS, "afternotok": Awaits.FAILURE}  # fmt: skip
+_DEPENDENCY = re.compile(r"(\w+):(\d+)(?:_(?:\d+|\*))?(?:\+\d+)?\((\w+)\)")
+
+
+def parse_dependency(text: str) -> tuple[After, ...]:
+    """The jobs squeue's Dependency names, all of which the job waits for: ``afterok:12(unfulfilled),after:13+5
+    (unfulfilled)``. Slurm shows only what is not yet met, and does not look again while the job is held, so
+    "unfulfilled" may be stale; "failed" is final. Alternatives (``?``) are left to Slurm: none. An array task
+    stands for its array (its first record's id)."""
+    if "?" in text:
+        return ()
+    found = []
+    for item in text.split(","):
+        match = _DEPENDENCY.fullmatch(item.strip())
+        if match is None or match.group(1) not in _AWAITS:
+            continue
+        kind, job, state = match.groups()
+        found.append(After(job, Awaits.NEVER if state == "failed" else _AWAITS[kind]))
+    return tuple(found)
 
 
 def job_in(lines: str, job: str) -> BatchJob | None:

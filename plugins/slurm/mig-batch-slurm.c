@@ -24,7 +24,7 @@ extern char *slurm_job_state_string(uint32_t inx);
 extern char *slurm_job_reason_string(enum job_state_reason inx);
 
 /* the interface below; mig_batch/slurm/native.py refuses a library of another */
-int mb_abi_version(void) { return 2; }
+int mb_abi_version(void) { return 3; }
 long mb_built_version(void) { return SLURM_VERSION_NUMBER; }
 void mb_init(const char *conf) { slurm_init(conf && *conf ? conf : NULL); }
 void mb_free(char *text) { free(text); }
@@ -83,6 +83,8 @@ static void put_job(FILE *f, const slurm_job_info_t *job)
 	put_text(f, job->state_desc ? job->state_desc : slurm_job_reason_string(job->state_reason));
 	fprintf(f, "%u|", job->num_cpus);
 	put_text(f, job->partition);
+	put_time(f, job->eligible_time);  /* -O EligibleTime: the job's begin time (--begin) */
+	put_text(f, job->dependency);
 	put_text(f, job->admin_comment);
 	fputc('\n', f);
 }
