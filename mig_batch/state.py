@@ -518,6 +518,10 @@ class Store:
             rows = self.db.execute(sql + " ORDER BY id", args).fetchall()
         return [{"time": t, "job": j, "kind": k, **json.loads(d)} for t, j, k, d in rows]
 
+    def event_kinds(self) -> list[str]:
+        """The kinds of the events recorded, sorted."""
+        return [k for (k,) in self.db.execute("SELECT DISTINCT kind FROM events ORDER BY kind")]
+
     @staticmethod
     def _event(db: sqlite3.Connection, job: str | None, kind: str, detail: dict[str, Any]) -> None:
         db.execute("INSERT INTO events (time, job, kind, detail) VALUES (?,?,?,?)",

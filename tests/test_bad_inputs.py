@@ -167,7 +167,12 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("migsub", ["--dry-run", "{t}/gres_job.sh"], "asks for GPUs too"),
     ("migsub", ["--dry-run", "--gpu-mem", "900G", "{t}/job.sh"], "no MIG profile"),
     ("migsub", ["--dry-run", "--atomize", "--gpu-mem", "10G", "{t}/job.sh"], "--checkpoint-dir"),
-    ("migsub", ["--dry-run", "--mig", "1g.10gb", "--instances", "0", "{t}/job.sh"], "at least 1"),
+    ("migsub", ["--dry-run", "--mig", "1g.10gb", "--instances", "0", "{t}/job.sh"],
+     "--instances: must be a whole number of at least 1, or auto; got '0'"),
+    ("migsub", ["--dry-run", "--mig", "foo", "{t}/job.sh"], "--mig: 'foo' is not a MIG profile of A100-40GB, "),
+    ("migsub", ["--dry-run", "--mig", "3g.40gb", "--gpu", "A100-40GB", "{t}/job.sh"],
+     "'3g.40gb' is not a MIG profile of A100-40GB; they have 1g.5gb, 1g.5gb+me, 1g.10gb, 2g.10gb, 3g.20gb, 4g.20gb, "
+     "7g.40gb"),
     ("migsub", ["--dry-run", "--mig", "1g.10gb", "--instances", "two", "{t}/job.sh"], "whole number"),
     ("migsub", ["--dry-run", "--mig", "1g.10gb", "--instances", "4", "{t}/tasks3_job.sh"], "contradicts --instances 4"),
     ("migsub", ["--dry-run", "--moldable", "1g=60", "--instances", "2", "{t}/job.sh"], "exclude each other"),

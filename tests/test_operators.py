@@ -102,6 +102,17 @@ def test_an_unwritable_journal_reaches_the_events_of_the_job_with_the_reason(sit
     assert requeued and requeued[-1]["node"] == "n1" and "IsADirectoryError" in requeued[-1]["reason"]
 
 
+def test_events_of_a_kind_never_recorded_name_the_kinds_there_are(site, batch, capsys):
+    controller = Controller(site, Store(site.state), batch)
+    released(controller, batch)
+    code, out = events(site, capsys, "--kind", "decide")
+    assert code == 0 and "no event of kind 'decide' was ever recorded here; the store holds decided" in out, out
+    code, out = events(site, capsys, "--kind", "decided")
+    assert code == 0 and "was ever recorded" not in out
+    code, out = events(site, capsys, "--kind", "decide", "--json")
+    assert code == 0 and json.loads(out) == []
+
+
 def test_a_journal_folder_that_is_a_file_reaches_the_events_too(site, batch, gpus, capsys):
     controller = Controller(site, Store(site.state), batch)
     job = released(controller, batch)

@@ -23,7 +23,7 @@ from pathlib import Path
 from mig_batch.cli.output import console, fail
 from mig_batch.entry import DEBUG_HELP, CommandParser, run_guarded
 from mig_batch.errors import MigBatchError
-from mig_batch.mig.models import UnknownModelError, all_models, get_model
+from mig_batch.mig.models import GpuModel, UnknownModelError, all_models, get_model
 from mig_batch.request import (
     MigRequest,
     MoldableRequest,
@@ -152,12 +152,22 @@ def instances_of(options: dict[str, str], sources: dict[str, str]) -> int:
         return 1
     text = options["instances"].strip()
     if text.lower() != "auto" and (not text.isdigit() or int(text) < 1):
-        raise DirectiveError(f"{sources['instances']}: --instances must be a whole number of at least 1 or auto, "
+        raise DirectiveError(f"{sources['instances']}: must be a whole number of at least 1, or auto; "
                              f"got {options['instances']!r}")  # fmt: skip
     for other in ("moldable", "atomize"):
         if other in options:
             raise DirectiveError(f"{sources['instances']}: --instances and --{other} exclude each other")
     return 1 if text.lower() == "auto" else int(text)
+
+
+def unknown_profile(request: MigRequest, models: Sequence[GpuModel], sources: dict[str, str]) -> None:
+    """Refuse ``--mig`` with a name no model has (a typo reads better so than as an unmet request)."""
+    names = {p.name: p for m in models for p in m.profiles}
+    for name in request.profiles:
+        if name not in names:
+            known = ", ".join(p.name for p in sorted(names.values(), key=lambda p: (p.compute_slices, p.memory_mib)))
+            of = ", ".join(m.name for m in models)
+            raise DirectiveError(f"{sources['mig']}: {name!r} is not a MIG profile of {of}; they have {known}")
 
 
 def wants_auto(options: dict[str, str]) -> bool:
@@ -484,6 +494,7 @@ def _run(argv: list[str]) -> int:
                 per_model = {leaves.chosen.model: leaves.chosen.leaf.name}
                 leaf_plans = {p.model: {"leaf": p.leaf.name, "count": p.count} for p in leaves.plans}
             if not any(per_model.values()):
+                unknown_profile(request, models, sources)
                 if len(models) == 1:
                     raise RequestError(f"{results[models[0].name]}{hint}")
                 largest = max(models, key=lambda m: m.largest_profile.memory_mib)
