@@ -87,6 +87,7 @@ def test_a_requeue_report_holds_the_job_and_decides_it_again(site, batch):
     batch.start(job, NodeReport("requeue", reason="decided spot taken; nothing fits on n1"))
     c.step()
     assert ("requeue_hold", job) in batch.calls
+    assert batch.job(job).admin_tag == RIGID  # no placement nor report: its owner's release starts nothing
     c.step()  # held again: decided anew
     assert store.count_decisions(job) == 2 and store.decision(job).state == "released"
 
@@ -223,7 +224,7 @@ def test_a_job_released_to_a_node_that_then_goes_down_is_decided_again_elsewhere
     node = parse_place(batch.job(job).admin_tag).node
     batch.set_node_up(node, False)  # drained before the job could start there
     c.step()
-    assert store.decision(job).state == "requeued" and batch.job(job).held
+    assert store.decision(job).state == "requeued" and batch.job(job).held and batch.job(job).admin_tag == RIGID
     c.step()
     assert parse_place(batch.job(job).admin_tag).node != node and store.count_decisions(job) == 2
 
@@ -685,6 +686,30 @@ def test_a_job_waits_for_the_jobs_it_depends_on_and_never_for_a_dependency_that_
     if not decided:
         assert store.events(job=job)[-1]["reason"] == (
             f"its dependency on job {first}, which can never be met: that job ended {outcome}")
+
+
+def test_a_job_after_another_started_plus_minutes_waits_that_long(site, batch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    first = batch.add("a user's job")
+    job = batch.add(RIGID, after=[After(first, Awaits.START, 600.0)])
+    batch.start(first)
+    batch._set(first, start_time=time.time() - 60)
+    c.step()
+    assert store.decision(job) is None and store.events(job=job)[-1]["reason"] == f"job {first} to have run 10 min"
+    batch._set(first, start_time=time.time() - 601)
+    assert c.step().placed == 1
+
+
+def test_a_subjobs_begin_time_does_not_hold_it_back(site, batch):
+    """Slurm sets a requeued job's begin time ahead (its credential's lifetime); a subjob's pin starts it at
+    once, so that it keeps its gap."""
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    subjob = batch.add("mig-batch:v1;req=1g.10gb;atomize=1;ckpt=/ckpt;smin=60;smax=600", not_before=time.time() + 120)
+    rigid = batch.add(RIGID, not_before=time.time() + 120)
+    c.step()
+    assert store.decision(subjob) is not None and store.decision(rigid) is None
 
 
 def test_a_job_after_another_started_waits_for_its_start_and_a_purged_one_for_nothing(site, batch):

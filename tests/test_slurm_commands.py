@@ -47,14 +47,15 @@ def test_a_held_job_has_no_forecast_start_and_its_tag():
 def test_a_waiting_jobs_begin_time_and_dependencies():
     job = parse_job_line(HELD.replace("|N/A|(null)|", "|1795500000|afterok:12(unfulfilled),after:13+5(unfulfilled)|"))
     assert job.not_before == 1795500000.0
-    assert job.after == (After("12", Awaits.SUCCESS), After("13", Awaits.START))
+    assert job.after == (After("12", Awaits.SUCCESS), After("13", Awaits.START, 300.0))
     running = parse_job_line(RUNNING.replace("|1795407942|(null)|", "|1795407942|afterok:12(unfulfilled)|"))
     assert running.not_before == 0.0 and running.after == ()  # started: what it waited for is past
 
 
 @pytest.mark.parametrize(("text", "after"), [
     ("(null)", ()),
-    ("afterany:7_*(unfulfilled),afternotok:8_2(failed)", (After("7", Awaits.END), After("8", Awaits.NEVER))),
+    ("afterany:7(unfulfilled),afternotok:8(failed)", (After("7", Awaits.END), After("8", Awaits.NEVER))),
+    ("afterany:7_*(unfulfilled),afterok:8_2(unfulfilled)", ()),  # an array's tasks: Slurm's to judge
     ("aftercorr:9(unfulfilled)", (After("9", Awaits.SUCCESS),)),
     ("afterok:12(unfulfilled)?afterok:13(unfulfilled)", ()),  # one of several: Slurm's to judge
     ("singleton(unfulfilled),afterok:12(unfulfilled)", (After("12", Awaits.SUCCESS),)),

@@ -300,8 +300,8 @@ def test_a_users_mig_job_waits_unplaced_for_its_dependency_and_only_mig_batchd_r
     job = sbatch("--gres=mig:1g.10gb", f"--dependency=afterok:{first}", seconds=0.5)
     refused = as_user("sbatch", "-H", "--gres=mig:1g.10gb", "--wrap", "true")
     assert refused.returncode != 0 and "cannot be submitted held (-H)" in refused.stderr
-    for argv in (("scontrol", "release", job), ("scontrol", "hold", job), ("scontrol", "update", f"jobid={job}",
-                                                                         "priority=1")):  # fmt: skip
+    update, scontrol = ("scontrol", "update", f"jobid={job}"), "scontrol"
+    for argv in ((scontrol, "release", job), (scontrol, "hold", job), (*update, "priority=1"), (*update, "nice=10")):
         proc = as_user(*argv)
         assert proc.returncode != 0 and "Job is in held state, pending scheduler release" in proc.stderr, argv
     time.sleep(3)  # several passes of mig-batchd while the job it depends on runs

@@ -79,7 +79,7 @@ def test_a_job_reads_the_same_through_libslurm_as_through_squeue(cluster, clis, 
     assert api.job(held).state == JobState.HELD and api.job(held).cpus == 2
     assert api.job(failed).exit_status == 3 and api.job("999999") is None
     assert api.job(later).not_before > time.time() + 3000
-    assert {a.job_id for a in api.job(later).after} == {running, array}
+    assert [a.job_id for a in api.job(later).after] == [running]  # an array's tasks are left to Slurm
 
 
 def test_a_pin_and_its_release_are_one_rpc_and_a_refused_pin_is_never_released(cluster, clis, tmp_path):

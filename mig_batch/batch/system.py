@@ -47,6 +47,7 @@ class After:
 
     job_id: str
     awaits: Awaits
+    delay_s: float = 0.0  # START: that long after it started (Slurm's after:<job>+<minutes>)
 
 
 @dataclass(frozen=True)

@@ -159,8 +159,7 @@ class Controller:
         self._measure_room(nodes, jobs)
         now = time.time()
         waiting = sorted((j for j in jobs.values()
-                          if j.managed and j.held and not j.held_by_user and self._needs_decision(j.job_id)
-                          and not self._not_yet(j, jobs, now)),
+                          if j.managed and j.held and not j.held_by_user and self._needs_decision(j.job_id)),
                          key=lambda j: j.order)  # fmt: skip
         decided: list[Decision] = []
         chains: list[tuple[BatchJob, JobTag]] = []
@@ -172,6 +171,9 @@ class Controller:
                 tag = parse_tag(job.admin_tag)
             except ValueError as exc:
                 self.store.event(job.job_id, "bad-tag", error=str(exc))
+                continue
+            # a subjob's pin starts it at once (Slurm's begin time after a requeue would cost it its gap)
+            if self._not_yet(job, jobs, now, begin=tag.atomize is None):
                 continue
             if tag.instances > 1 and (tag.atomize is not None or tag.moldable is not None):
                 self._waiting(job.job_id, "a job over several instances cannot be a subjob chain or moldable")
@@ -445,10 +447,10 @@ class Controller:
             self.batch.cancel(job.job_id)
         return known is not None
 
-    def _not_yet(self, job: BatchJob, jobs: Mapping[str, BatchJob], now: float) -> bool:
+    def _not_yet(self, job: BatchJob, jobs: Mapping[str, BatchJob], now: float, begin: bool) -> bool:
         """Whether the batch system would not start it yet, so that a slot decided now would idle (said once, as
-        a ``waiting`` event)."""
-        why = _why_not_yet(job, jobs, now)
+        a ``waiting`` event); its begin time only where ``begin``."""
+        why = _why_not_yet(job, jobs, now, begin)
         if why is not None:
             self._waiting(job.job_id, why)
         return why is not None
@@ -543,6 +545,12 @@ class Controller:
                 self.batch.requeue_hold(d.job, reason)
             else:
                 self.batch.hold(d.job)
+            # its old placement and report out of its tag: released by its owner, it must not start on the freed
+            # slot (job_submit.lua lets a placed job go), nor its old report be read again
+            try:
+                self.batch.set_job_tag(d.job, d.request)
+            except BatchError as exc:  # the requeue stands; only that release stays possible
+                log.warning("job %s: its placement could not be taken out of its tag: %s", d.job, exc)
         self._free(d.job)
         self._reported.discard(d.job)
         if self.store.instance(d.job) is not None:
@@ -858,10 +866,10 @@ class Controller:
             time.sleep(self.config.poll_interval_s)
 
 
-def _why_not_yet(job: BatchJob, jobs: Mapping[str, BatchJob], now: float) -> str | None:
-    """What the job waits for before the batch system may start it: its begin time, or a job it depends on
-    (None: nothing)."""
-    if job.not_before > now:
+def _why_not_yet(job: BatchJob, jobs: Mapping[str, BatchJob], now: float, begin: bool = True) -> str | None:
+    """What the job waits for before the batch system may start it: its begin time (where ``begin``), or a
+    job it depends on (None: nothing)."""
+    if begin and job.not_before > now:
         return f"its begin time, {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(job.not_before))}"
     for after in job.after:
         other = jobs.get(after.job_id)
@@ -872,6 +880,8 @@ def _why_not_yet(job: BatchJob, jobs: Mapping[str, BatchJob], now: float) -> str
         if after.awaits is Awaits.START:
             if not (other.running or other.finished):
                 return f"job {after.job_id} to start"
+            if other.running and other.start_time + after.delay_s > now:
+                return f"job {after.job_id} to have run {after.delay_s / 60:g} min"
         elif not other.finished:
             return f"job {after.job_id} to end"
         elif after.awaits is not Awaits.END and (after.awaits is Awaits.SUCCESS) != other.succeeded:

@@ -137,14 +137,14 @@ def parse_job_line(line: str) -> BatchJob:
 # whose state tells: a job with them is placed when its turn comes, as before.
 _AWAITS = {"after": Awaits.START, "afterany": Awaits.END, "afterburstbuffer": Awaits.END,
            "afterok": Awaits.SUCCESS, "aftercorr": Awaits.SUCCESS, "afternotok": Awaits.FAILURE}  # fmt: skip
-_DEPENDENCY = re.compile(r"(\w+):(\d+)(?:_(?:\d+|\*))?(?:\+\d+)?\((\w+)\)")
+_DEPENDENCY = re.compile(r"(\w+):(\d+)(?:\+(\d+))?\((\w+)\)")
 
 
 def parse_dependency(text: str) -> tuple[After, ...]:
     """The jobs squeue's Dependency names, all of which the job waits for: ``afterok:12(unfulfilled),after:13+5
     (unfulfilled)``. Slurm shows only what is not yet met, and does not look again while the job is held, so
-    "unfulfilled" may be stale; "failed" is final. Alternatives (``?``) are left to Slurm: none. An array task
-    stands for its array (its first record's id)."""
+    "unfulfilled" may be stale; "failed" is final. Left to Slurm (none here): alternatives (``?``), and an
+    array's tasks (``12_3``, ``12_*``), whose records this line does not tie to their array."""
     if "?" in text:
         return ()
     found = []
@@ -152,8 +152,9 @@ def parse_dependency(text: str) -> tuple[After, ...]:
         match = _DEPENDENCY.fullmatch(item.strip())
         if match is None or match.group(1) not in _AWAITS:
             continue
-        kind, job, state = match.groups()
-        found.append(After(job, Awaits.NEVER if state == "failed" else _AWAITS[kind]))
+        kind, job, minutes, state = match.groups()
+        awaits = Awaits.NEVER if state == "failed" else _AWAITS[kind]
+        found.append(After(job, awaits, 60.0 * int(minutes) if minutes else 0.0))
     return tuple(found)
 
 
