@@ -7,7 +7,7 @@ import pytest
 
 from mig_batch.batch.fake import FakeBatch
 from mig_batch.batch.system import After, Awaits, JobState
-from mig_batch.batch.tags import AgentTag, NodeReport, parse_place
+from mig_batch.batch.tags import AgentTag, NodeReport, parse_place, parse_report
 from mig_batch.config import SiteConfig
 from mig_batch.controller.daemon import Controller
 from mig_batch.state import Store
@@ -174,6 +174,23 @@ def test_a_chain_subjob_is_granted_with_its_window_and_its_next_job_linked(site,
     assert store.chain_jobs(first) == [first, nxt]
     c.step()
     assert parse_place(batch.job(nxt).admin_tag) is not None and store.chain(nxt).job == first
+
+
+def test_a_chain_whose_next_job_is_missing_goes_on_in_its_own_job_unplaced_until_granted(site, batch, tmp_path):
+    """The fallback requeue-holds the ended job: its old placement must go, or its owner's release would start
+    it on a slot given to others."""
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    first = batch.add(f"mig-batch:v1;req=6144M;atomize=1;ckpt={tmp_path / 'ckpt'};smin=30;smax=300")
+    c.step()
+    made(batch, first)
+    c.step()
+    batch.finish(first, exit_status=75)  # checkpointed, and the runner could not submit the next job
+    c.step()
+    assert ("requeue_hold", first) in batch.calls and store.decision(first).state == "requeued"
+    assert parse_place(batch.job(first).admin_tag) is None and parse_report(batch.job(first).admin_tag) is None
+    c.step()
+    assert parse_place(batch.job(first).admin_tag) is not None  # the next subjob's grant
 
 
 def test_a_chain_is_not_planned_on_a_down_node(site, batch):

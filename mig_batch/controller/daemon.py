@@ -545,17 +545,20 @@ class Controller:
                 self.batch.requeue_hold(d.job, reason)
             else:
                 self.batch.hold(d.job)
-            # its old placement and report out of its tag: released by its owner, it must not start on the freed
-            # slot (job_submit.lua lets a placed job go), nor its old report be read again
-            try:
-                self.batch.set_job_tag(d.job, d.request)
-            except BatchError as exc:  # the requeue stands; only that release stays possible
-                log.warning("job %s: its placement could not be taken out of its tag: %s", d.job, exc)
+            self._unplace(d)
         self._free(d.job)
         self._reported.discard(d.job)
         if self.store.instance(d.job) is not None:
             self.store.forget_instance(d.job, reason=reason)
         self.store.set_state(d.job, DecisionState.REQUEUED, reason=reason, node=d.node)
+
+    def _unplace(self, d: Decision) -> None:
+        """Its old placement and report out of a requeued job's tag: released by its owner, it must not start on
+        the freed slot (job_submit.lua lets a placed job go), nor its old report be read again."""
+        try:
+            self.batch.set_job_tag(d.job, d.request)
+        except BatchError as exc:  # the requeue stands; only that release stays possible
+            log.warning("job %s: its placement could not be taken out of its tag: %s", d.job, exc)
 
     def _prolog_problem(self, d: Decision, report: NodeReport) -> None:
         self.store.event(d.job, NODE_PROBLEM, node=d.node, hook="prolog", reason=report.reason)
@@ -592,6 +595,7 @@ class Controller:
             later = later[1:]  # more than one: cancelled below
         if goes_on and not linked:
             self.batch.requeue_hold(d.job, "the chain's next subjob")
+            self._unplace(d)
             self.store.set_state(d.job, DecisionState.REQUEUED, outcome=outcome)
         else:
             self.store.set_state(d.job, DecisionState.ENDED, outcome=outcome)
