@@ -718,6 +718,25 @@ def test_a_job_after_another_started_plus_minutes_waits_that_long(site, batch):
     assert c.step().placed == 1
 
 
+def test_a_released_job_whose_dependency_fails_gives_its_slot_back(site, batch):
+    """Released on a dependency the batch system judges (an array's tasks): when that fails, the batch system
+    never starts the job, so its slot goes back and it waits, held, with the reason."""
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    job = batch.add(RIGID, after=[After("7_*", Awaits.END)])
+    c.step()
+    assert store.decision(job).state == "released" and job in c.view.job_gpu
+    batch.depend(job, [After("7_*", Awaits.NEVER)])
+    c.step()
+    assert store.decision(job).state == "requeued" and job not in c.view.job_gpu
+    assert batch.job(job).held and parse_place(batch.job(job).admin_tag) is None
+    for _ in range(2):
+        c.step()
+    assert store.count_decisions(job) == 1
+    assert [e["reason"] for e in store.events(job=job, kind="waiting")] == [
+        "its dependency on job 7_*, which the batch system says can never be met"]
+
+
 def test_a_subjobs_begin_time_does_not_hold_it_back(site, batch):
     """Slurm sets a requeued job's begin time ahead (its credential's lifetime); a subjob's pin starts it at
     once, so that it keeps its gap."""

@@ -58,6 +58,10 @@ def test_a_waiting_jobs_begin_time_and_dependencies():
     ("afterany:7_*(unfulfilled),afterok:8_2(unfulfilled)", ()),  # an array's tasks: Slurm's to judge
     ("aftercorr:9(unfulfilled)", (After("9", Awaits.SUCCESS),)),
     ("afterok:12(unfulfilled)?afterok:13(unfulfilled)", ()),  # one of several: Slurm's to judge
+    ("afterok:12(failed)?afterok:13(unfulfilled)", ()),  # one may still be met
+    ("afterok:12(failed)?afterany:13_*(failed)", (After("12", Awaits.NEVER),)),  # none can be
+    ("afterok:8_2(failed),afterany:7_*(unfulfilled)", (After("8_2", Awaits.NEVER),)),  # an array task's: final too
+    ("afterok:8_*(failed)", (After("8_*", Awaits.NEVER),)),
     ("singleton(unfulfilled),afterok:12(unfulfilled)", (After("12", Awaits.SUCCESS),)),
     ("expand:5(unfulfilled)", ()),
 ])  # fmt: skip

@@ -26,7 +26,17 @@ from typing import TypeVar
 from mig_batch.atomize.defrag import Steer, keep_windows
 from mig_batch.atomize.gaps import GpuTimeline, Hold, cluster_timelines, reservation, with_hold
 from mig_batch.batch.states import CHAIN_OVER, DECIDABLE, DecisionState
-from mig_batch.batch.system import Awaits, BatchError, BatchJob, BatchSystem, JobState, NodeStatus, Pin, Unanswered
+from mig_batch.batch.system import (
+    After,
+    Awaits,
+    BatchError,
+    BatchJob,
+    BatchSystem,
+    JobState,
+    NodeStatus,
+    Pin,
+    Unanswered,
+)
 from mig_batch.batch.tags import (
     AgentTag,
     JobTag,
@@ -473,6 +483,10 @@ class Controller:
                     self._running(d, job)
                 elif job.held and d.state == DecisionState.DECIDED and not job.held_by_user:
                     again.append(d)
+                elif d.state == DecisionState.RELEASED and (never := _never_met(job)) is not None:
+                    # released on a dependency left to the batch system (an array's tasks) that has failed since:
+                    # it would keep its slot while the batch system never starts it
+                    self._requeue(d, job, f"its dependency on job {never.job_id} can never be met")
                 elif d.state == DecisionState.RUNNING or d.node in self._down_since or \
                         (job.held_by_user and d.state in (DecisionState.DECIDED, DecisionState.RELEASED)):
                     self._requeue(d, job, "held by its owner" if job.held_by_user
@@ -868,6 +882,10 @@ class Controller:
             except Exception:  # a bug in one pass must not stop placement for everyone: log it, go on
                 log.exception("pass failed")
             time.sleep(self.config.poll_interval_s)
+
+
+def _never_met(job: BatchJob) -> After | None:
+    return next((a for a in job.after if a.awaits is Awaits.NEVER), None)
 
 
 def _why_not_yet(job: BatchJob, jobs: Mapping[str, BatchJob], now: float, begin: bool = True) -> str | None:

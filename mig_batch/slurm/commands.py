@@ -137,25 +137,31 @@ def parse_job_line(line: str) -> BatchJob:
 # whose state tells: a job with them is placed when its turn comes, as before.
 _AWAITS = {"after": Awaits.START, "afterany": Awaits.END, "afterburstbuffer": Awaits.END,
            "afterok": Awaits.SUCCESS, "aftercorr": Awaits.SUCCESS, "afternotok": Awaits.FAILURE}  # fmt: skip
-_DEPENDENCY = re.compile(r"(\w+):(\d+)(?:\+(\d+))?\((\w+)\)")
+_DEPENDENCY = re.compile(r"(\w+):(\d+(?:_(?:\d+|\*))?)(?:\+(\d+))?\((\w+)\)")
 
 
 def parse_dependency(text: str) -> tuple[After, ...]:
     """The jobs squeue's Dependency names, all of which the job waits for: ``afterok:12(unfulfilled),after:13+5
     (unfulfilled)``. Slurm shows only what is not yet met, and does not look again while the job is held, so
-    "unfulfilled" may be stale; "failed" is final. Left to Slurm (none here): alternatives (``?``), and an
-    array's tasks (``12_3``, ``12_*``), whose records this line does not tie to their array."""
-    if "?" in text:
-        return ()
+    "unfulfilled" may be stale; "failed" is final, an array task's too, and so is every alternative (``?``)
+    failed. Left to Slurm: alternatives not all failed, and an array's unfulfilled tasks (``12_3``, ``12_*``),
+    whose records this line does not tie to their array."""
+    alternatives = "?" in text
     found = []
-    for item in text.split(","):
+    for item in text.replace("?", ",").split(","):
         match = _DEPENDENCY.fullmatch(item.strip())
         if match is None or match.group(1) not in _AWAITS:
+            if alternatives:
+                return ()
             continue
         kind, job, minutes, state = match.groups()
-        awaits = Awaits.NEVER if state == "failed" else _AWAITS[kind]
-        found.append(After(job, awaits, 60.0 * int(minutes) if minutes else 0.0))
-    return tuple(found)
+        if state == "failed":
+            found.append(After(job, Awaits.NEVER))
+        elif alternatives:
+            return ()
+        elif "_" not in job:
+            found.append(After(job, _AWAITS[kind], 60.0 * int(minutes) if minutes else 0.0))
+    return tuple(found[:1]) if alternatives else tuple(found)
 
 
 def job_in(lines: str, job: str) -> BatchJob | None:
