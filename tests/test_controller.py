@@ -726,7 +726,7 @@ def test_a_released_job_whose_dependency_fails_gives_its_slot_back(site, batch):
     job = batch.add(RIGID, after=[After("7_*", Awaits.END)])
     c.step()
     assert store.decision(job).state == "released" and job in c.view.job_gpu
-    batch.depend(job, [After("7_*", Awaits.NEVER)])
+    batch._set(job, after=(After("7_*", Awaits.NEVER),))
     c.step()
     assert store.decision(job).state == "requeued" and job not in c.view.job_gpu
     assert batch.job(job).held and parse_place(batch.job(job).admin_tag) is None
@@ -735,6 +735,51 @@ def test_a_released_job_whose_dependency_fails_gives_its_slot_back(site, batch):
     assert store.count_decisions(job) == 1
     assert [e["reason"] for e in store.events(job=job, kind="waiting")] == [
         "its dependency on job 7_*, which the batch system says can never be met"]
+
+
+def test_a_released_job_whose_owner_moves_its_begin_time_gives_its_slot_back_until_then(site, batch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    job = batch.add(RIGID)
+    c.step()
+    assert store.decision(job).state == "released"
+    batch._set(job, not_before=time.time() + 3600)  # scontrol update starttime=now+1hour
+    c.step()
+    assert store.decision(job).state == "requeued" and job not in c.view.job_gpu and batch.job(job).held
+    batch._set(job, not_before=time.time() - 1)
+    c.step()
+    assert store.count_decisions(job) == 2 and store.decision(job).state == "released"
+
+
+def test_a_decision_whose_pin_failed_is_not_pinned_again_once_its_dependency_fails(site, batch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    job = batch.add(RIGID, after=[After("7_*", Awaits.END)])
+    batch.refuse.add(job)
+    c.step()
+    assert store.decision(job).state == "decided"
+    batch.refuse.clear()
+    batch._set(job, after=(After("7_*", Awaits.NEVER),))
+    c.step()
+    assert store.decision(job).state == "requeued" and job not in c.view.job_gpu
+    assert batch.job(job).held and parse_place(batch.job(job).admin_tag) is None
+
+
+def test_after_with_a_delay_counts_from_the_start_of_a_job_that_has_ended(site, batch):
+    """Slurm's after:<job>+<minutes> waits that long after the job's start, whether or not it still runs."""
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    first = batch.add("a user's job")
+    job = batch.add(RIGID, after=[After(first, Awaits.START, 600.0)])
+    batch.start(first)
+    batch._set(first, start_time=time.time() - 120)
+    batch.finish(first)
+    c.step()
+    assert store.decision(job) is None
+    assert store.events(job=job)[-1]["reason"] == f"job {first} to have run 10 min"
+    batch._set(first, start_time=time.time() - 601)
+    c.step()
+    assert store.decision(job).state == "released"
 
 
 def test_a_subjobs_begin_time_does_not_hold_it_back(site, batch):

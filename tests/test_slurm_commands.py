@@ -64,6 +64,7 @@ def test_a_waiting_jobs_begin_time_and_dependencies():
     ("afterok:8_*(failed)", (After("8_*", Awaits.NEVER),)),
     ("singleton(unfulfilled),afterok:12(unfulfilled)", (After("12", Awaits.SUCCESS),)),
     ("expand:5(unfulfilled)", ()),
+    ("expand:5(failed)", (After("5", Awaits.NEVER),)),
 ])  # fmt: skip
 def test_dependencies_as_slurm_prints_them(text, after):
     assert parse_dependency(text) == after

@@ -116,10 +116,6 @@ class FakeBatch:
     def finish(self, job: str, exit_status: int = 0, outcome: str = "COMPLETED") -> None:
         self._set(job, state=JobState.FINISHED, exit_status=exit_status, outcome=outcome)
 
-    def depend(self, job: str, after: Sequence[After]) -> None:
-        """The batch system's view of what a waiting job depends on changed (a job it awaits ended)."""
-        self._set(job, after=tuple(after))
-
     def forget(self, job: str) -> None:
         """The batch system purged the job's record."""
         self._jobs.pop(job, None)

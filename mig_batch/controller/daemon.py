@@ -25,9 +25,8 @@ from typing import TypeVar
 
 from mig_batch.atomize.defrag import Steer, keep_windows
 from mig_batch.atomize.gaps import GpuTimeline, Hold, cluster_timelines, reservation, with_hold
-from mig_batch.batch.states import CHAIN_OVER, DECIDABLE, DecisionState
+from mig_batch.batch.states import CHAIN_OVER, DECIDABLE, UNSTARTED, DecisionState
 from mig_batch.batch.system import (
-    After,
     Awaits,
     BatchError,
     BatchJob,
@@ -465,6 +464,12 @@ class Controller:
             self._waiting(job.job_id, why)
         return why is not None
 
+    def _too_early(self, d: Decision, job: BatchJob, jobs: Mapping[str, BatchJob], now: float) -> str | None:
+        """What a decided job still waits for before the batch system may start it (None: nothing)."""
+        if job.not_before <= now and not job.after:
+            return None  # the common case, without reading the tag
+        return _why_not_yet(job, jobs, now, begin=parse_tag(d.request).atomize is None)
+
     def _needs_decision(self, job: str) -> bool:
         d = self.store.decision(job)
         return d is None or d.state in DECIDABLE
@@ -473,6 +478,7 @@ class Controller:
         """Carry every active decision forward from what the batch system shows; the decisions whose
         pin must be applied again (still held: a crash or a refused pin)."""
         again = []
+        now = time.time()
         for d in self.store.decisions():
             job = jobs.get(d.job)
             try:
@@ -481,12 +487,12 @@ class Controller:
                     stats.ended += 1
                 elif job.running:
                     self._running(d, job)
+                elif d.state in UNSTARTED and not job.held_by_user and (why := self._too_early(d, job, jobs, now)):
+                    # its begin time or a dependency moved since the decision (its owner's update, an array's
+                    # tasks failing): its slot would idle until then, or for ever
+                    self._requeue(d, job, f"decided too early: it waits for {why}")
                 elif job.held and d.state == DecisionState.DECIDED and not job.held_by_user:
                     again.append(d)
-                elif d.state == DecisionState.RELEASED and (never := _never_met(job)) is not None:
-                    # released on a dependency left to the batch system (an array's tasks) that has failed since:
-                    # it would keep its slot while the batch system never starts it
-                    self._requeue(d, job, f"its dependency on job {never.job_id} can never be met")
                 elif d.state == DecisionState.RUNNING or d.node in self._down_since or \
                         (job.held_by_user and d.state in (DecisionState.DECIDED, DecisionState.RELEASED)):
                     self._requeue(d, job, "held by its owner" if job.held_by_user
@@ -884,10 +890,6 @@ class Controller:
             time.sleep(self.config.poll_interval_s)
 
 
-def _never_met(job: BatchJob) -> After | None:
-    return next((a for a in job.after if a.awaits is Awaits.NEVER), None)
-
-
 def _why_not_yet(job: BatchJob, jobs: Mapping[str, BatchJob], now: float, begin: bool = True) -> str | None:
     """What the job waits for before the batch system may start it: its begin time (where ``begin``), or a
     job it depends on (None: nothing)."""
@@ -902,7 +904,7 @@ def _why_not_yet(job: BatchJob, jobs: Mapping[str, BatchJob], now: float, begin:
         if after.awaits is Awaits.START:
             if not (other.running or other.finished):
                 return f"job {after.job_id} to start"
-            if other.running and other.start_time + after.delay_s > now:
+            if other.start_time + after.delay_s > now:  # ended too: Slurm still counts from its start
                 return f"job {after.job_id} to have run {after.delay_s / 60:g} min"
         elif not other.finished:
             return f"job {after.job_id} to end"

@@ -142,24 +142,20 @@ _DEPENDENCY = re.compile(r"(\w+):(\d+(?:_(?:\d+|\*))?)(?:\+(\d+))?\((\w+)\)")
 
 def parse_dependency(text: str) -> tuple[After, ...]:
     """The jobs squeue's Dependency names, all of which the job waits for: ``afterok:12(unfulfilled),after:13+5
-    (unfulfilled)``. Slurm shows only what is not yet met, and does not look again while the job is held, so
-    "unfulfilled" may be stale; "failed" is final, an array task's too, and so is every alternative (``?``)
-    failed. Left to Slurm: alternatives not all failed, and an array's unfulfilled tasks (``12_3``, ``12_*``),
-    whose records this line does not tie to their array."""
+    (unfulfilled)``. Slurm shows only what is not yet met, and looks again at a held job's only in its purge
+    pass (once a minute by default), so "unfulfilled" may be stale; "failed" is final, an array task's too,
+    and so is every alternative (``?``) failed. Left to Slurm: alternatives not all failed, and an array's
+    unfulfilled tasks (``12_3``, ``12_*``), whose records this line does not tie to their array."""
     alternatives = "?" in text
     found = []
     for item in text.replace("?", ",").split(","):
         match = _DEPENDENCY.fullmatch(item.strip())
-        if match is None or match.group(1) not in _AWAITS:
-            if alternatives:
-                return ()
-            continue
-        kind, job, minutes, state = match.groups()
-        if state == "failed":
+        kind, job, minutes, state = match.groups() if match is not None else ("", "", None, "")
+        if state == "failed":  # whatever its kind (expand too)
             found.append(After(job, Awaits.NEVER))
         elif alternatives:
             return ()
-        elif "_" not in job:
+        elif kind in _AWAITS and "_" not in job:
             found.append(After(job, _AWAITS[kind], 60.0 * int(minutes) if minutes else 0.0))
     return tuple(found[:1]) if alternatives else tuple(found)
 
