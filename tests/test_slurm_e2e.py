@@ -275,10 +275,8 @@ def test_the_agents_scontrol_session_updates_a_long_tag_and_names_a_refused_job(
             cli._session.close()
 
 
-def test_a_users_mig_job_waits_unplaced_for_its_dependency_and_only_mig_batchd_releases_it(bed, tmp_path):
-    """Slurm 22.05 shows the submission hold as JobHeldUser, which the job's owner may release: released
-    before mig-batchd placed it, a job ran with no MIG instance. Placed before a job it depends on ended,
-    its slice idled until then."""
+def as_nobody(bed, tmp_path):
+    """A shared folder and the ``run``, ``sbatch`` of an unprivileged user (``nobody``)."""
     shared = tmp_path / "user"
     shared.mkdir()
     shared.chmod(0o1777)
@@ -290,12 +288,20 @@ def test_a_users_mig_job_waits_unplaced_for_its_dependency_and_only_mig_batchd_r
     def as_user(*argv):
         return bed.cluster.run("runuser", "-u", "nobody", "--", *argv, check=False, timeout=15)
 
-    def sbatch(*args, seconds):
+    def sbatch(*args, seconds, status=0):
         proc = as_user("sbatch", "--parsable", f"--chdir={shared}", f"--output={shared}/%j.out", *args, "--wrap",
-                       f'echo "$SLURM_JOB_ID|$CUDA_VISIBLE_DEVICES"; sleep {seconds}')  # fmt: skip
+                       f'echo "$SLURM_JOB_ID|$CUDA_VISIBLE_DEVICES"; sleep {seconds}; exit {status}')  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.strip()
 
+    return shared, as_user, sbatch
+
+
+def test_a_users_mig_job_waits_unplaced_for_its_dependency_and_only_mig_batchd_releases_it(bed, tmp_path):
+    """Slurm 22.05 shows the submission hold as JobHeldUser, which the job's owner may release: released
+    before mig-batchd placed it, a job ran with no MIG instance. Placed before a job it depends on ended,
+    its slice idled until then."""
+    shared, as_user, sbatch = as_nobody(bed, tmp_path)
     first = sbatch(seconds=8)  # no MIG: Slurm starts it at once
     job = sbatch("--gres=mig:1g.10gb", f"--dependency=afterok:{first}", seconds=0.5)
     refused = as_user("sbatch", "-H", "--gres=mig:1g.10gb", "--wrap", "true")
@@ -313,4 +319,42 @@ def test_a_users_mig_job_waits_unplaced_for_its_dependency_and_only_mig_batchd_r
     out = (shared / f"{job}.out").read_text()
     assert out.startswith(f"{job}|MIG-"), out
     assert store.decision(job).state == "ended"
+    assert_no_overlap_and_no_leak(bed)
+
+
+def test_a_placed_job_gives_its_slice_back_when_its_dependency_fails_or_its_begin_moves(bed, tmp_path):
+    """A dependency on an array's tasks is Slurm's to judge, so mig-batchd places such a job at once; when the
+    tasks fail, Slurm never starts it. Its owner may also move a placed job's begin time. Either way its
+    slice would idle: mig-batchd holds it again and frees the slice."""
+    _, as_user, sbatch = as_nobody(bed, tmp_path)
+    array = sbatch("--array=0-1", seconds=6, status=1)  # no MIG: both tasks fail after 6 s
+    failing = sbatch("--gres=mig:1g.10gb", f"--dependency=afterok:{array}", seconds=0.5)
+    later = sbatch("--gres=mig:1g.10gb", f"--dependency=afterany:{array}", seconds=0.5)
+    store = Store(bed.store_path)
+    deadline = time.monotonic() + 20
+    while not all((d := store.decision(j)) is not None and d.state == "released" for j in (failing, later)):
+        assert time.monotonic() < deadline, bed.cluster.run("squeue").stdout
+        time.sleep(0.2)
+    moved = as_user("scontrol", "update", f"jobid={later}", "starttime=now+1hour")
+    assert moved.returncode == 0, moved.stderr  # placed: job_submit.lua lets its owner change it
+    deadline = time.monotonic() + 30
+    while not all(store.decision(j).state == "requeued" for j in (failing, later)):
+        assert time.monotonic() < deadline, (bed.cluster.run("squeue").stdout, store.events(job=failing))
+        time.sleep(0.5)
+    time.sleep(2)  # passes enough to decide them again, were they placeable
+    assert store.count_decisions(failing) == 1 and store.count_decisions(later) == 1
+    squeue = bed.cluster.run("squeue", "-h", "-j", f"{failing},{later}", "-O", "JobID:|,PriorityLong:|,admin_comment")
+    lines = squeue.stdout.splitlines()
+    assert len(lines) == 2, squeue.stdout
+    for line in lines:
+        _, priority, tag = line.split("|", 2)
+        assert priority == "0" and ";place=" not in tag, line  # held, unplaced
+    never = store.events(job=failing, kind="waiting")[-1]["reason"]
+    assert never.endswith("which the batch system says can never be met"), never
+    assert store.events(job=later, kind="waiting")[-1]["reason"].startswith("its begin time")
+    bed.cluster.run("scancel", failing, later)
+    deadline = time.monotonic() + 60  # never started: their decisions stay requeued, as for any job cancelled held
+    while {failing, later} & set(bed.cluster.run("squeue", "-h", "-o", "%i").stdout.split()):
+        assert time.monotonic() < deadline, bed.cluster.run("squeue").stdout
+        time.sleep(0.5)
     assert_no_overlap_and_no_leak(bed)
