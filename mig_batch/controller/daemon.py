@@ -66,6 +66,9 @@ log = logging.getLogger("mig-batchd")
 NODE_PROBLEM = "node-problem"  # the event kind of a node's hook or reconcile problem
 PIN_TRIES = 3  # refused pins in a row on one node before its job is decided again elsewhere
 REFUSED_FOR_S = 600.0  # ... and how long that node is not tried again for it
+# A placed job is taken back only when it would wait longer than this: Slurm stamps a released job's begin
+# time with its own clock, which may run ahead of this host's by more than a pass.
+TAKE_BACK_AFTER_S = 60.0
 
 
 @dataclass
@@ -465,10 +468,10 @@ class Controller:
         return why is not None
 
     def _too_early(self, d: Decision, job: BatchJob, jobs: Mapping[str, BatchJob], now: float) -> str | None:
-        """What a decided job still waits for before the batch system may start it (None: nothing)."""
-        if job.not_before <= now and not job.after:
+        """What a placed job still waits for, over TAKE_BACK_AFTER_S, before the batch system may start it."""
+        if job.not_before <= now + TAKE_BACK_AFTER_S and not job.after:
             return None  # the common case, without reading the tag
-        return _why_not_yet(job, jobs, now, begin=parse_tag(d.request).atomize is None)
+        return _why_not_yet(job, jobs, now + TAKE_BACK_AFTER_S, begin=parse_tag(d.request).atomize is None)
 
     def _needs_decision(self, job: str) -> bool:
         d = self.store.decision(job)
