@@ -758,6 +758,22 @@ def test_a_released_job_whose_owner_moves_its_begin_time_gives_its_slot_back_unt
     assert store.count_decisions(job) == 2 and store.decision(job).state == "released"
 
 
+def test_a_released_job_held_again_keeps_its_slot_whatever_it_waits_for(site, batch):
+    """Held after its release (by its owner, an operator, or Slurm after a failed launch), a job is theirs to
+    release; it keeps its slot meanwhile. Taken back, its hold would become mig-batchd's, and mig-batchd would
+    release it."""
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    job = batch.add(RIGID)
+    c.step()
+    batch.hold(job)
+    batch._set(job, not_before=time.time() + 3600)
+    calls = len(batch.calls)
+    for _ in range(2):
+        c.step()
+    assert store.decision(job).state == "released" and job in c.view.job_gpu and batch.calls[calls:] == []
+
+
 def test_a_decision_whose_pin_failed_is_not_pinned_again_once_its_dependency_fails(site, batch):
     store = Store(site.state)
     c = Controller(site, store, batch)

@@ -52,6 +52,17 @@ def test_a_waiting_jobs_begin_time_and_dependencies():
     assert running.not_before == 0.0 and running.after == ()  # started: what it waited for is past
 
 
+@pytest.mark.parametrize(("priority", "reason", "counted"), [
+    ("0", "JobHeldUser", True),  # held: mig-batchd places it only once its begin time comes
+    ("4294901759", "BeginTime", True),  # released: slurmctld says it is not yet time
+    ("4294901759", "Resources", False),  # released: past by slurmctld's clock, whatever this host's says
+])  # fmt: skip
+def test_a_released_jobs_begin_time_counts_only_while_slurm_waits_for_it(priority, reason, counted):
+    line = HELD.replace("|PENDING|0|", f"|PENDING|{priority}|").replace("|JobHeldUser|", f"|{reason}|")
+    job = parse_job_line(line.replace("|N/A|(null)|", "|1795500000|(null)|"))
+    assert job.not_before == (1795500000.0 if counted else 0.0)
+
+
 @pytest.mark.parametrize(("text", "after"), [
     ("(null)", ()),
     ("afterany:7(unfulfilled),afternotok:8(failed)", (After("7", Awaits.END), After("8", Awaits.NEVER))),

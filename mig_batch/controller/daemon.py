@@ -66,8 +66,8 @@ log = logging.getLogger("mig-batchd")
 NODE_PROBLEM = "node-problem"  # the event kind of a node's hook or reconcile problem
 PIN_TRIES = 3  # refused pins in a row on one node before its job is decided again elsewhere
 REFUSED_FOR_S = 600.0  # ... and how long that node is not tried again for it
-# A placed job is taken back only when it would wait longer than this: Slurm stamps a released job's begin
-# time with its own clock, which may run ahead of this host's by more than a pass.
+# A placed job is taken back for its begin time only when that is further away than this: a slot idle that
+# long costs less than a hold and a new decision.
 TAKE_BACK_AFTER_S = 60.0
 
 
@@ -490,10 +490,12 @@ class Controller:
                     stats.ended += 1
                 elif job.running:
                     self._running(d, job)
-                elif d.state in UNSTARTED and not job.held_by_user and (why := self._too_early(d, job, jobs, now)):
+                elif d.state in UNSTARTED and not (job.held and d.state == DecisionState.RELEASED) \
+                        and not job.held_by_user and (why := self._too_early(d, job, jobs, now)):  # fmt: skip
                     # its begin time or a dependency moved since the decision (its owner's update, an array's
-                    # tasks failing): its slot would idle until then, or for ever
-                    self._requeue(d, job, f"decided too early: it waits for {why}")
+                    # tasks failing, a requeue by the batch system): its slot would idle until then, or for ever.
+                    # Held again after its release (by its owner, an operator or Slurm), it is theirs to release.
+                    self._requeue(d, job, f"placed, it waits for {why}")
                 elif job.held and d.state == DecisionState.DECIDED and not job.held_by_user:
                     again.append(d)
                 elif d.state == DecisionState.RUNNING or d.node in self._down_since or \

@@ -113,9 +113,10 @@ def parse_job_line(line: str) -> BatchJob:
      dependency, comment) = f  # fmt: skip
     comment = comment[:-1] if comment.endswith("|") else comment
     pending = state in WAITING  # its start time is a forecast
+    seam_state = job_state(state, _int(priority))
     return BatchJob(
         job_id=job_id,
-        state=job_state(state, _int(priority)),
+        state=seam_state,
         admin_tag="" if comment == "(null)" else comment,
         user_id=_int(uid, -1),
         node=nodes,
@@ -128,7 +129,8 @@ def parse_job_line(line: str) -> BatchJob:
         reason=reason,
         cpus=max(1, _int(cpus, 1)),
         partitions=tuple(p for p in partitions.split(",") if p and p != "(null)"),  # pending: every one it named
-        not_before=float(_int(begin)) if pending else 0.0,
+        # released, it waits for its begin time only as long as slurmctld's clock says so (this host's may lag)
+        not_before=float(_int(begin)) if pending and (seam_state is JobState.HELD or reason == "BeginTime") else 0.0,
         after=parse_dependency(dependency) if pending else (),
     )
 
