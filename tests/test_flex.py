@@ -324,6 +324,9 @@ def test_the_taskprolog_gives_each_task_its_own_rank(tmp_path, kind):
     assert "#rank" not in task(SLURM_LOCALID="1")[1] and "MIG_BATCH_INSTANCES=MIG-a,MIG-b" in task()[1]
     assert task(SLURM_LOCALID="1; rm -rf /")[0] == "MIG-a"
     assert printed(SLURM_JOB_ID="6") == "" and printed(SLURM_JOB_ID="../jobs/5") == ""  # no file; not a job id
+    # a MIG job (job_submit.lua marks its environment) whose Prolog left no file: no GPU, not every one
+    assert printed(SLURM_JOB_ID="6", MIG_BATCH_JOB="1") == "export CUDA_VISIBLE_DEVICES=NoDevFiles\n"
+    assert printed(SLURM_JOB_ID="6", MIG_BATCH_JOB="") == ""  # submitted from a MIG job, not one itself
     (tmp_path / "jobs" / "5").write_text("export A=1\n#rank 0 export B=2")  # no newline at its end
     assert printed() == "export A=1\nexport B=2\n"
     lua = (tmp_path / "etc" / "job_submit.lua").read_text()

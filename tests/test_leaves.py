@@ -229,3 +229,27 @@ def test_the_generated_lua_translates_as_python_does():
         tag = f"req={chosen.leaf.name}" + (f";n={chosen.count}" if chosen.count > 1 else "")
         assert tag in job.admin_comment, (job.admin_comment, chosen)
         assert math.isclose(job.ntasks_per_node, chosen.count) or chosen.count == 1
+
+
+def test_the_generated_lua_marks_a_mig_batch_jobs_environment_and_unmarks_any_other():
+    """The TaskProlog gives a marked job without its Prolog's file no GPU. A job submitted from inside a MIG
+    job inherits the mark: not a MIG job itself, it loses it. Slurm's lua reaches batch jobs' environment only."""
+    lupa = pytest.importorskip("lupa")
+    from mig_batch.slurm.install import job_submit_lua
+
+    source = job_submit_lua([get_model("A100-80GB")], {"n1": ["A100-80GB"]}, True)
+
+    def submitted(tres: str, environment: dict[str, str] | None, script: str | None = "#!/bin/sh"):
+        lua = lupa.LuaRuntime(unpack_returned_tuples=True)
+        lua.execute("slurm = { SUCCESS = 0, ERROR = -1, log_user = function(f, ...) end }")
+        lua.execute(source)
+        fields = {"tres_per_node": tres, "ntasks_per_node": 65534, "num_tasks": 1, "min_nodes": 4294967294,
+                  "script": script, "environment": lua.table_from(environment) if environment is not None else None}
+        job = lua.table_from({k: v for k, v in fields.items() if v is not None})
+        assert lua.globals().slurm_job_submit(job, None, 0) == 0
+        return dict(job.environment) if environment is not None else None
+
+    assert submitted("gres/mig:1g.10gb", {"HOME": "/h"}) == {"HOME": "/h", "MIG_BATCH_JOB": "1"}
+    assert submitted("gres/gpu:1", {"MIG_BATCH_JOB": "1"}) == {"MIG_BATCH_JOB": ""}
+    assert submitted("gres/gpu:1", {"HOME": "/h"}) == {"HOME": "/h"}
+    assert submitted("gres/mig:1g.10gb", None, script=None) is None  # srun, salloc: nothing to mark

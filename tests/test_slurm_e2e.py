@@ -288,9 +288,10 @@ def as_nobody(bed, tmp_path):
     def as_user(*argv):
         return bed.cluster.run("runuser", "-u", "nobody", "--", *argv, check=False, timeout=15)
 
-    def sbatch(*args, seconds, status=0):
-        proc = as_user("sbatch", "--parsable", f"--chdir={shared}", f"--output={shared}/%j.out", *args, "--wrap",
-                       f'echo "$SLURM_JOB_ID|$CUDA_VISIBLE_DEVICES"; sleep {seconds}; exit {status}')  # fmt: skip
+    def sbatch(*args, seconds, status=0, env=()):
+        proc = as_user("env", *env, "sbatch", "--parsable", f"--chdir={shared}", f"--output={shared}/%j.out", *args,
+                       "--wrap", f'echo "$SLURM_JOB_ID|$CUDA_VISIBLE_DEVICES|$MIG_BATCH_JOB"; sleep {seconds}; '
+                       f"exit {status}")  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.strip()
 
@@ -302,7 +303,7 @@ def test_a_users_mig_job_waits_unplaced_for_its_dependency_and_only_mig_batchd_r
     before mig-batchd placed it, a job ran with no MIG instance. Placed before a job it depends on ended,
     its slice idled until then."""
     shared, as_user, sbatch = as_nobody(bed, tmp_path)
-    first = sbatch(seconds=8)  # no MIG: Slurm starts it at once
+    first = sbatch(seconds=8, env=["MIG_BATCH_JOB=1"])  # no MIG: Slurm starts it at once; as if sent from a MIG job
     job = sbatch("--gres=mig:1g.10gb", f"--dependency=afterok:{first}", seconds=0.5)
     refused = as_user("sbatch", "-H", "--gres=mig:1g.10gb", "--wrap", "true")
     assert refused.returncode != 0 and "cannot be submitted held (-H)" in refused.stderr
@@ -317,7 +318,9 @@ def test_a_users_mig_job_waits_unplaced_for_its_dependency_and_only_mig_batchd_r
     assert bed.cluster.run("squeue", "-h", "-j", job, "-o", "%r").stdout.strip() == "JobHeldUser"
     wait_done(bed, [first, job], timeout=60)
     out = (shared / f"{job}.out").read_text()
-    assert out.startswith(f"{job}|MIG-"), out
+    assert out.startswith(f"{job}|MIG-") and out.splitlines()[0].endswith("|1"), out  # marked a MIG job
+    out = (shared / f"{first}.out").read_text()  # job_submit.lua took the mark it inherited away
+    assert out.splitlines()[0] == f"{first}||", out  # (marked, its TaskProlog would have printed NoDevFiles)
     assert store.decision(job).state == "ended"
     assert_no_overlap_and_no_leak(bed)
 

@@ -240,7 +240,7 @@ static int installed_hook(const char *op)
 }
 
 /* The TaskProlog: the job's file's common lines, then those of this task's rank (`#rank R export ...`, R
- * from SLURM_LOCALID, 0 without it), as the shell TaskProlog prints them. */
+ * from SLURM_LOCALID, 0 without it), as the shell TaskProlog prints them; no file: NoDevFiles for a MIG job. */
 static int task_prolog(void)
 {
 	const char *job = getenv("SLURM_JOB_ID"), *rank = getenv("SLURM_LOCALID");
@@ -259,8 +259,12 @@ static int task_prolog(void)
 	snprintf(prefix, sizeof(prefix), "#rank %s ", has_rank ? rank : "");
 	snprintf(path, sizeof(path), "%s/%s", HOOK_JOB_DIR, job);
 	FILE *f = fopen(path, "r");
-	if (!f)
+	if (!f) { /* a MIG job without its file (job_submit.lua marks it): no GPU rather than every one */
+		const char *mig = getenv("MIG_BATCH_JOB");
+		if (mig && *mig)
+			printf("export CUDA_VISIBLE_DEVICES=NoDevFiles\n");
 		return 0;
+	}
 	for (pass = 0; pass < 1 + has_rank; pass++) {
 		rewind(f);
 		while ((len = getline(&line, &cap, f)) > 0) {
