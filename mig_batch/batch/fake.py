@@ -79,6 +79,7 @@ class FakeBatch:
             self._set(job, state=JobState.FINISHED, outcome="CANCELLED")
 
     def set_job_tag(self, job: str, admin_tag: str) -> None:
+        self.calls.append(("set_job_tag", job))
         self._set(job, admin_tag=admin_tag)
 
     def set_node_tag(self, node: str, agent_tag: str) -> None:

@@ -567,10 +567,11 @@ class Controller:
         """Back to the queue, held, to be decided again."""
         if not job.finished:
             if job.running or job.held_by_user:  # unpinned too: released later, it must wait for a new decision
+                self._unplace(d)  # first: Slurm's requeue-hold is one its owner may release, unplaced it starts nothing
                 self.batch.requeue_hold(d.job, reason)
             else:
                 self.batch.hold(d.job)
-            self._unplace(d)
+                self._unplace(d)  # after: unplaced while it may start, it would start with no instance
         self._free(d.job)
         self._reported.discard(d.job)
         if self.store.instance(d.job) is not None:
