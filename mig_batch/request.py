@@ -110,7 +110,7 @@ class MigRequest:
         return f"{self.count} x ({text})" if self.count != 1 else text
 
 
-def _size_key(p: Profile) -> tuple[int, int, int, str]:
+def size_order(p: Profile) -> tuple[int, int, int, str]:
     return (p.memory_slices, p.compute_slices, p.memory_mib, p.name)
 
 
@@ -132,7 +132,7 @@ def candidate_profiles(request: MigRequest, model: GpuModel) -> list[Profile]:
         if (request.memory_mib is None or p.memory_mib >= request.memory_mib)
         and (request.compute is None or request.compute.satisfied_by(p, model))
     ]
-    return sorted(fitting, key=_size_key)
+    return sorted(fitting, key=size_order)
 
 
 def translate(request: MigRequest, model: GpuModel) -> Profile:

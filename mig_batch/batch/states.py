@@ -22,7 +22,6 @@ class DecisionState(enum.StrEnum):
 
 
 ACTIVE = (DecisionState.DECIDED, DecisionState.RELEASED, DecisionState.RUNNING, DecisionState.REQUEUE)
-UNSTARTED = (DecisionState.DECIDED, DecisionState.RELEASED)  # placed, its job not started yet
 DECIDABLE = (DecisionState.ENDED, DecisionState.REQUEUED)  # a job in these states may be decided again
 
 _D = DecisionState

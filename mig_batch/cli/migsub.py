@@ -33,6 +33,7 @@ from mig_batch.request import (
     parse_duration,
     parse_memory,
     parse_moldable,
+    size_order,
     translate_any,
 )
 from mig_batch.subjob import SLURM_SIGNAL_MARGIN_S, next_job_spec
@@ -165,7 +166,7 @@ def unknown_profile(request: MigRequest, models: Sequence[GpuModel], sources: di
     names = {p.name: p for m in models for p in m.profiles}
     for name in request.profiles:
         if name not in names:
-            known = ", ".join(p.name for p in sorted(names.values(), key=lambda p: (p.compute_slices, p.memory_mib)))
+            known = ", ".join(p.name for p in sorted(names.values(), key=size_order))
             of = ", ".join(m.name for m in models)
             raise DirectiveError(f"{sources['mig']}: {name!r} is not a MIG profile of {of}; they have {known}")
 

@@ -82,9 +82,9 @@ def cmd_events(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     with Store.reading(config.state) as store:
         events = store.events(job=args.job, kind=args.kind, node=args.node, since=args.since, last=args.last)
-        kinds = store.event_kinds() if args.kind and not events else []
+        kinds = store.event_kinds() if args.kind and not events else None
     emit(events, args.json, _render_events)
-    if args.kind and not events and args.kind not in kinds and not args.json:  # a typo, most likely
+    if kinds is not None and args.kind not in kinds and not args.json:  # a typo, most likely
         console.print(f"no event of kind {args.kind!r} was ever recorded here; the store holds "
                       f"{', '.join(kinds) or 'none'}", highlight=False)  # fmt: skip
     return 0

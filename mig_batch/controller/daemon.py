@@ -25,7 +25,7 @@ from typing import TypeVar
 
 from mig_batch.atomize.defrag import Steer, keep_windows
 from mig_batch.atomize.gaps import GpuTimeline, Hold, cluster_timelines, reservation, with_hold
-from mig_batch.batch.states import CHAIN_OVER, DECIDABLE, UNSTARTED, DecisionState
+from mig_batch.batch.states import CHAIN_OVER, DECIDABLE, DecisionState
 from mig_batch.batch.system import (
     Awaits,
     BatchError,
@@ -167,9 +167,9 @@ class Controller:
         for gone in [j for j in self._why_waiting if j not in jobs]:
             del self._why_waiting[gone]
         self._watch_nodes(nodes)
-        pins = self._follow(jobs, stats)
-        self._measure_room(nodes, jobs)
         now = time.time()
+        pins = self._follow(jobs, stats, now)
+        self._measure_room(nodes, jobs)
         waiting = sorted((j for j in jobs.values()
                           if j.managed and j.held and not j.held_by_user and self._needs_decision(j.job_id)),
                          key=lambda j: j.order)  # fmt: skip
@@ -477,11 +477,10 @@ class Controller:
         d = self.store.decision(job)
         return d is None or d.state in DECIDABLE
 
-    def _follow(self, jobs: dict[str, BatchJob], stats: PassStats) -> list[Decision]:
+    def _follow(self, jobs: dict[str, BatchJob], stats: PassStats, now: float) -> list[Decision]:
         """Carry every active decision forward from what the batch system shows; the decisions whose
         pin must be applied again (still held: a crash or a refused pin)."""
         again = []
-        now = time.time()
         for d in self.store.decisions():
             job = jobs.get(d.job)
             try:
@@ -490,7 +489,7 @@ class Controller:
                     stats.ended += 1
                 elif job.running:
                     self._running(d, job)
-                elif d.state in UNSTARTED and not (job.held and d.state == DecisionState.RELEASED) \
+                elif (d.state == DecisionState.DECIDED or (d.state == DecisionState.RELEASED and not job.held)) \
                         and not job.held_by_user and (why := self._too_early(d, job, jobs, now)):  # fmt: skip
                     # its begin time or a dependency moved since the decision (its owner's update, an array's
                     # tasks failing, a requeue by the batch system): its slot would idle until then, or for ever.
