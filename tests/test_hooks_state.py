@@ -166,8 +166,9 @@ def test_an_epilog_destroys_the_strays_on_its_jobs_gpu_and_leaves_other_gpus_to_
 def test_an_epilog_keeps_what_another_writer_journaled_and_lists_the_journal_only_for_an_unknown_id(
     site, batch, gpus, monkeypatch
 ):
-    """The epilog's stray check answers from the entries the agent wrote itself; an instance id it does not
-    know (here one a hook's in-process fallback journaled) sends it to the directory, where that entry is."""
+    """The epilog's stray check answers from the entries the agent knows (its own, and those it read with
+    its last look at the journal); an instance another writer journaled (a hook's in-process fallback) is
+    kept."""
     from mig_batch.node.journal import Entry
 
     a = agent(site, batch, gpus)
@@ -183,13 +184,11 @@ def test_an_epilog_keeps_what_another_writer_journaled_and_lists_the_journal_onl
     Journal(site.node_dir / "journal").add(Entry("99", 1, theirs.gi_id, "1g.5gb", 6, theirs.uuid, 1.0))
     done = decide(batch, 1, "2g.10gb", 2)
     a.prolog(done)
-    assert a.epilog(done) == "destroyed 2g.10gb@2 on GPU 1"  # not a stray: the listing found its entry
-    assert listings == [1] and {i.uuid for i in gpus.instances(1)} == {theirs.uuid, a.journal.get(kept).uuid}
+    assert a.epilog(done) == "destroyed 2g.10gb@2 on GPU 1"  # not a stray: the journal has its entry
+    assert {i.uuid for i in gpus.instances(1)} == {theirs.uuid, a.journal.get(kept).uuid}
 
 
-def test_an_entry_another_writer_removed_is_not_held_and_a_stray_on_its_id_goes_at_the_next_epilog(
-    site, batch, gpus
-):
+def test_an_entry_another_writer_removed_is_not_held_and_a_stray_on_its_id_goes_at_the_next_epilog(site, batch, gpus):
     """A hook's in-process fallback ran a job's Epilog (the agent did not answer in time); the agent's own
     run of that Epilog finds nothing and forgets the entry, so an unjournaled instance that reuses its id
     is a stray to the next Epilog on the GPU."""

@@ -5,6 +5,7 @@ Over the fake batch system and emulated GPUs; Slurm's ``scontrol`` is a script p
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -83,23 +84,27 @@ def events(config: SiteConfig, capsys, *options: str) -> tuple[int, str]:
     return run_cli(capsys, ["events", "--config", config.path, *options])
 
 
-def test_an_unwritable_journal_reaches_the_events_of_the_job_with_the_reason(site, batch, gpus, capsys):
+def test_an_unwritable_journal_reaches_the_events_of_the_job_with_the_reason(site, batch, gpus, capsys, monkeypatch):
     controller = Controller(site, Store(site.state), batch)
     job = released(controller, batch)
     a = node_agent(site, batch, gpus[0])
-    (site.node_dir / "journal" / f"{job}.tmp").mkdir()  # the entry cannot be written (root ignores modes)
+
+    def full(self, record):
+        raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+
+    monkeypatch.setattr(Journal, "_append", full)  # the entry cannot be written once the instance is made
     assert a.prolog(job).report.kind == "requeue"
     assert all(gpus[0].instances(g) == [] for g in (0, 1))  # not left as a stray
     controller.step()
     code, out = events(site, capsys, "--job", job)
     assert code == 0
-    assert "node-problem" in out and "IsADirectoryError" in out and "n1" in out, out
+    assert "node-problem" in out and "No space left on device" in out and "n1" in out, out
     code, out = events(site, capsys, "--job", job, "--kind", "node-problem", "--json")
     [problem] = json.loads(out)
     assert (problem["job"], problem["node"], problem["hook"]) == (job, "n1", "prolog")
     assert "journal" in problem["reason"]
     requeued = Store(site.state).events(job=job, kind="requeued")
-    assert requeued and requeued[-1]["node"] == "n1" and "IsADirectoryError" in requeued[-1]["reason"]
+    assert requeued and requeued[-1]["node"] == "n1" and "No space left on device" in requeued[-1]["reason"]
 
 
 def test_events_of_a_kind_never_recorded_name_the_kinds_there_are(site, batch, capsys):
