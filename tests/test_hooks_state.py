@@ -163,9 +163,7 @@ def test_an_epilog_destroys_the_strays_on_its_jobs_gpu_and_leaves_other_gpus_to_
     assert gpus.instances(0) == [elsewhere] and stray.uuid not in {i.uuid for i in gpus.instances(1)}
 
 
-def test_an_epilog_keeps_what_another_writer_journaled_and_lists_the_journal_only_for_an_unknown_id(
-    site, batch, gpus, monkeypatch
-):
+def test_an_epilog_keeps_what_another_writer_journaled(site, batch, gpus, monkeypatch):
     """The epilog's stray check answers from the entries the agent knows (its own, and those it read with
     its last look at the journal); an instance another writer journaled (a hook's in-process fallback) is
     kept."""
@@ -190,7 +188,7 @@ def test_an_epilog_keeps_what_another_writer_journaled_and_lists_the_journal_onl
 
 def test_an_entry_another_writer_removed_is_not_held_and_a_stray_on_its_id_goes_at_the_next_epilog(site, batch, gpus):
     """A hook's in-process fallback ran a job's Epilog (the agent did not answer in time); the agent's own
-    run of that Epilog finds nothing and forgets the entry, so an unjournaled instance that reuses its id
+    run of that Epilog reads the removal and finds nothing, so an unjournaled instance that reuses its id
     is a stray to the next Epilog on the GPU."""
     a = agent(site, batch, gpus)
     kept, gone = decide(batch, 1, "1g.5gb", 0), decide(batch, 1, "1g.5gb", 1)

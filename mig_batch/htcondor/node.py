@@ -285,7 +285,7 @@ def _agent(argv: list[str]) -> int:
     config = load_config(args.config)
     batch = HTCondorBatch(config.htcondor_config or None, agent_file=config.htcondor_agent_file)
     node_dir = Path(str(config.node_dir).format(node=args.node))
-    journal = Journal(node_dir / "journal")
+    journal = Journal(node_dir / "journal", adopt_old_files=True)
     agent = NodeAgent(args.node, open_backend(config, args.node), journal, batch,
                       Path(str(config.job_dir).format(node=args.node)), config.policy,
                       config.atomize.checkpoint_margin_s)  # fmt: skip

@@ -369,7 +369,6 @@ class NodeAgent:
             (self.job_dir / job_id).unlink(missing_ok=True)
             entries = self._entries(job_id)
             if not entries:
-                self.journal.forget(job_id)  # another writer's Epilog may have removed them: not held any more
                 return "nothing to destroy", False
             for entry in entries:
                 for attempt in range(attempts):

@@ -9,10 +9,10 @@ so that a job costs two appends to a file kept open and no file of its own (crea
 file a job cost the agent ~1 ms of CPU a job on a disk, and the disk's other writers as much again).
 Several processes may write it (the agent, a hook's in-process fallback): each line is one ``write``
 to the end of the file, under a shared ``flock``; rewriting the file without its dead lines takes the
-lock exclusively and replaces the file, which the others notice by its inode and open again. A line a
-crash left unfinished is closed by the next writer that opens the file, and skipped by readers. Nothing
-is synced to the disk: a crash that loses the page cache restarts the node, and MIG instances do not
-outlive that either.
+lock exclusively and replaces the file, which the others notice by its inode (or, emptied in place, by
+its size) and read again. A line cut short (a writer killed, a disk full) is ended by the next writer
+and skipped by readers. Nothing is synced to the disk: a crash that loses the page cache restarts the
+node, and MIG instances do not outlive that either.
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-
-from mig_batch.batch.tags import job_of
 
 log = logging.getLogger("mig-batch-agent")
 LOG_NAME = "entries.log"
@@ -45,7 +43,10 @@ class Entry:
 
 
 class Journal:
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, adopt_old_files: bool = False):
+        """``adopt_old_files``: take the entries an earlier release kept as a ``<job>.json`` file each into
+        the log and remove the files (the agent, at start); without it they are read as entries too, and
+        a file is removed with its entry, so that an older agent still running here sees no change."""
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir, 0o700)
@@ -55,10 +56,12 @@ class Journal:
         self._offset = 0  # how far _live has read the file
         self._lines = 0  # lines in the file up to _offset
         self._appended = 0  # lines this process appended since it last read to the end
+        self._compact_at = COMPACT_MIN_LINES  # raised after a rewrite that failed: appending goes on
         self._live: dict[str, Entry] = {}  # the file's entries up to _offset, with this process's changes
+        self._old: dict[str, Entry] = {}  # entries in an earlier release's files, not adopted
         self._mutex = threading.RLock()  # one reader or writer of the fields above at a time
         with self._mutex:
-            self._adopt_files()
+            self._read_old_files(adopt_old_files)
 
     def add(self, entry: Entry) -> None:
         _check_job(entry.job)
@@ -69,6 +72,10 @@ class Journal:
     def remove(self, job: str) -> None:
         _check_job(job)
         with self._mutex:
+            if job in self._old:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.dir / f"{job}.json")
+                del self._old[job]
             if self._live.pop(job, None) is None:
                 self._sync()  # another writer may have added it since this process last read
                 if self._live.pop(job, None) is None:
@@ -79,35 +86,33 @@ class Journal:
         _check_job(job)
         with self._mutex:
             self._sync()
-            return self._live.get(job)
-
-    def forget(self, job: str) -> None:
-        """Drop what this process knows of ``job``'s entries (every rank's): another writer removed them."""
-        with self._mutex:
-            for name in [n for n, e in self._live.items() if job_of(e.job) == job]:
-                del self._live[name]
+            found = self._live.get(job)
+            return found if found is not None else self._old.get(job)
 
     def held_ids(self, gpu: int) -> set[int]:
-        """The GPU instance ids on ``gpu`` that the entries this process knows of name (those it wrote, and
-        those it last read, less those it removed or forgot), without reading the file: an id outside it
-        may still be journaled by another writer (a hook's in-process fallback), which only ``entries``
-        sees."""
+        """The GPU instance ids on ``gpu`` that the entries this process knows of name (as it last read the
+        file, with its own changes since), without reading the file: an id outside it may still be
+        journaled by another writer (a hook's in-process fallback), which ``entries`` sees."""
         with self._mutex:
-            return {e.gi_id for e in self._live.values() if e.gpu == gpu}
+            return {e.gi_id for e in (*self._live.values(), *self._old.values()) if e.gpu == gpu}
 
     def entries(self) -> list[Entry]:
         """Every entry, by job."""
         with self._mutex:
             self._sync()
-            return [self._live[job] for job in sorted(self._live)]
+            every = {**self._old, **self._live}
+            return [every[job] for job in sorted(every)]
 
     # --- the file ---------------------------------------------------------------------------
     def _open(self) -> int:
-        """The log's descriptor, opened again when the file was replaced (or removed) since."""
+        """The log's descriptor, opened again when the file was replaced or removed since (and read again
+        from its start when it was emptied in place)."""
         if self._fd is not None:
             try:
                 st = os.stat(self.path)
                 if (st.st_dev, st.st_ino) == self._identity:
+                    if st.st_size < self._offset:  # truncated: what was read is not the file any more
+                        self._reset()
                     return self._fd
             except FileNotFoundError:
                 pass
@@ -115,12 +120,13 @@ class Journal:
         fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         st = os.fstat(fd)
         self._fd, self._identity = fd, (st.st_dev, st.st_ino)
-        self._offset = self._lines = self._appended = 0
-        self._live = {}  # read again from the start: another writer's rewrite holds every live entry
-        if st.st_size and os.pread(fd, 1, st.st_size - 1) != b"\n":
-            with _locked(fd, fcntl.LOCK_SH):
-                os.write(fd, b"\n")  # a crash cut the last line: the next one starts on a line of its own
+        self._reset()
         return fd
+
+    def _reset(self) -> None:
+        """Read the file again from its start: another writer's rewrite holds every live entry."""
+        self._offset = self._lines = self._appended = 0
+        self._live = {}
 
     def _close(self) -> None:
         if self._fd is not None:
@@ -134,7 +140,7 @@ class Journal:
         fd = self._open()
         while chunk := os.pread(fd, 1 << 16, self._offset):
             whole = chunk.rfind(b"\n") + 1
-            if not whole:  # a line still being written (or cut by a crash): not read yet
+            if not whole:  # a line still being written (or cut short): not read yet
                 if len(chunk) < 1 << 16:
                     break
                 whole = len(chunk)  # a line longer than any entry: not ours, skipped
@@ -162,15 +168,23 @@ class Journal:
         while True:
             fd = self._open()
             with _locked(fd, fcntl.LOCK_SH):
-                if os.fstat(fd).st_nlink == 0:  # replaced while this process waited for the lock
+                st = os.fstat(fd)
+                if st.st_nlink == 0:  # replaced while this process waited for the lock
                     continue
+                if st.st_size and os.pread(fd, 1, st.st_size - 1) != b"\n":
+                    line = b"\n" + line  # the last line was cut short: this one starts on its own
                 written = os.write(fd, line)
             if written != len(line):
                 raise OSError(f"journal {self.path}: wrote {written} of {len(line)} bytes")
             self._appended += 1
             lines = self._lines + self._appended
-            if lines >= COMPACT_MIN_LINES and lines >= 4 * len(self._live):
-                self._compact()
+            if lines >= self._compact_at and lines >= 4 * len(self._live):
+                try:
+                    self._compact()
+                except OSError as exc:  # the line is written: a rewrite only saves space
+                    self._compact_at = lines + COMPACT_MIN_LINES
+                    log.warning("journal %s: could not rewrite it (%s); tried again in %d lines", self.path, exc,
+                                COMPACT_MIN_LINES)  # fmt: skip
             return
 
     def _compact(self) -> None:
@@ -179,42 +193,48 @@ class Journal:
         with _locked(fd, fcntl.LOCK_EX):
             if os.fstat(fd).st_nlink == 0:
                 return  # another writer rewrote it first
-            self._offset = self._lines = 0
-            self._live = {}
+            self._reset()
             self._sync()  # every line, every writer's: none can append now
             tmp = self.dir / (LOG_NAME + ".tmp")
             text = "".join(json.dumps({"add": vars(self._live[job])}) + "\n" for job in sorted(self._live))
             with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600), "w") as f:
                 f.write(text)
             os.replace(tmp, self.path)  # atomic: the old file or the new one, whole
-        live = self._live
-        self._open()  # the new file
-        self._sync()
-        if self._live != live:
-            log.warning("journal %s: rewritten with %d entries, read back %d", self.path, len(live), len(self._live))
+        self._compact_at = COMPACT_MIN_LINES
+        self._sync()  # opens the new file and reads it (with what others appended since)
 
-    def _adopt_files(self) -> None:
-        """Entries an earlier version kept as one ``<job>.json`` file each: appended to the log, then removed."""
+    def _read_old_files(self, adopt: bool) -> None:
+        """Entries an earlier release kept as one ``<job>.json`` file each (and its half-written ``.tmp``
+        files): adopted, or read as they are. A file that cannot be read is left where it is."""
         with os.scandir(self.dir) as found:
             old = sorted(f.path for f in found if f.name.endswith((".json", ".tmp")) and f.name != LOG_NAME + ".tmp")
         for path in old:
-            entry = None
-            if path.endswith(".json"):
-                try:
-                    with open(path, encoding="utf-8") as f:
-                        entry = Entry(**json.loads(f.read()))
-                except FileNotFoundError:
-                    continue  # another process adopted it
-                except (ValueError, TypeError):
-                    log.warning("journal %s: an unreadable entry file skipped: %s", self.dir, path)
-            if entry is not None and self.get(entry.job) != entry:
+            try:
+                if path.endswith(".tmp"):
+                    if adopt:
+                        os.unlink(path)  # an entry the earlier release never finished writing
+                    continue
+                with open(path, encoding="utf-8") as f:
+                    entry = Entry(**json.loads(f.read()))
+                _check_job(entry.job)
+                if os.path.basename(path) != f"{entry.job}.json":
+                    raise ValueError(f"names job {entry.job!r}")
+            except FileNotFoundError:
+                continue  # another process adopted it
+            except (OSError, ValueError, TypeError) as exc:
+                log.warning("journal %s: an earlier release's entry %s left as it is: %s", self.dir, path, exc)
+                continue
+            if not adopt:
+                self._old[entry.job] = entry
+                continue
+            if self.get(entry.job) != entry:
                 self.add(entry)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
 
 
 def _check_job(job: str) -> None:
-    if not job or "\n" in job:
+    if not isinstance(job, str) or not job or "\n" in job or "/" in job:
         raise ValueError(f"not a job id: {job!r}")
 
 

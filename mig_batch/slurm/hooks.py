@@ -28,7 +28,7 @@ def make_agent(config: SiteConfig, node: str, long_lived: bool = False) -> NodeA
     """The node's agent; ``long_lived`` (the service) keeps one scontrol open for its reports and makes its
     per-job Slurm calls through libslurm where the site built the helper (the slow path runs commands)."""
     api = open_api(config.slurm_library) if long_lived else None
-    return NodeAgent(node, open_backend(config, node), Journal(config.node_dir / "journal"),
+    return NodeAgent(node, open_backend(config, node), Journal(config.node_dir / "journal", adopt_old_files=long_lived),
                      SlurmCli(config.slurm_bin, session=long_lived, api=api), config.job_dir, config.policy,
                      config.atomize.checkpoint_margin_s)  # fmt: skip
 
