@@ -154,3 +154,30 @@ def test_writers_interleaved_leave_the_file_each_would_read_alike(tmp_path_facto
     expected = [model[job] for job in sorted(model)]
     assert all(w.entries() == expected for w in writers)
     assert Journal(directory).entries() == expected
+
+
+def test_an_earlier_releases_file_never_outlives_the_logs_newer_record_of_its_job(tmp_path):
+    (tmp_path / "7.json").write_text(json.dumps(vars(entry("7", "MIG-old"))))
+    (tmp_path / "8.json").write_text(json.dumps(vars(entry("8", "MIG-stale"))))
+    hook = Journal(tmp_path)  # read both files before the agent started
+    newer = Journal(tmp_path)
+    newer.add(entry("8", "MIG-new"))  # the new release made job 8 again: its old file goes
+    agent = Journal(tmp_path, adopt_old_files=True)
+    assert agent.entries() == [entry("7", "MIG-old"), entry("8", "MIG-new")]
+    agent.remove("7")
+    assert hook.get("7") is None and hook.entries() == [entry("8", "MIG-new")]
+    assert os.listdir(tmp_path) == [LOG_NAME]
+    (tmp_path / "9.json").write_text(json.dumps(vars(entry("9"))))  # an earlier release's hook, late
+    agent.look_for_old_files()
+    assert [e.job for e in agent.entries()] == ["8", "9"] and os.listdir(tmp_path) == [LOG_NAME]
+
+
+def test_a_line_naming_no_job_is_skipped(tmp_path):
+    journal = Journal(tmp_path)
+    journal.add(entry("1"))
+    with open(tmp_path / LOG_NAME, "a") as f:
+        f.write(json.dumps({"add": {**vars(entry("x")), "job": 5}}) + "\n")
+        f.write(json.dumps({"add": vars(entry("a/b"))}) + "\n")
+    journal.add(entry("2"))
+    assert [e.job for e in Journal(tmp_path).entries()] == ["1", "2"]
+    assert [e.job for e in journal.entries()] == ["1", "2"]

@@ -251,9 +251,10 @@ class NodeAgent:
             for entry in entries:  # before the job can use them: a restart knows what it owns
                 self.journal.add(entry)
         except Exception:
-            for entry in entries:
-                self.journal.remove(entry.job)
             self._destroy_all(made)
+            with contextlib.suppress(OSError):  # an entry left names no instance: the reconcile drops it
+                for entry in entries:
+                    self.journal.remove(entry.job)
             raise
         reports = [NodeReport(kind, i.gpu, i.profile, i.start, i.gi_id, i.uuid) for i in made]
         report = NodeReport(kind, made[0].gpu, made[0].profile, made[0].start, made[0].gi_id, made[0].uuid,
@@ -306,8 +307,10 @@ class NodeAgent:
         lines = [f"export CUDA_VISIBLE_DEVICES={entry.uuid}",
                  f"export MIG_BATCH_INSTANCE={self.node}/{entry.gpu}/{entry.profile}@{entry.start}"]  # fmt: skip
         if len(entries) > 1:
-            lines += [f"export MIG_BATCH_INSTANCES={','.join(e.uuid for e in entries)}",
-                      f"export MIG_BATCH_INSTANCE_COUNT={len(entries)}"]  # torchrun's --nproc-per-node
+            lines += [
+                f"export MIG_BATCH_INSTANCES={','.join(e.uuid for e in entries)}",
+                f"export MIG_BATCH_INSTANCE_COUNT={len(entries)}",
+            ]  # torchrun's --nproc-per-node
             for rank, e in enumerate(entries):
                 spot = f"{self.node}/{e.gpu}/{e.profile}@{e.start}"
                 lines += [f"#rank {rank} export CUDA_VISIBLE_DEVICES={e.uuid}",
@@ -448,6 +451,7 @@ class NodeAgent:
             return []
         self._send_unsent(running, asked)
         with self.lock:
+            self.journal.look_for_old_files()  # an earlier release's hook may have written one since
             strays = []
             for entry in self.journal.entries():
                 if job_of(entry.job) in running or entry.created >= asked:  # a multi-instance job's rank r: job#r

@@ -45,8 +45,9 @@ class Entry:
 class Journal:
     def __init__(self, directory: Path, adopt_old_files: bool = False):
         """``adopt_old_files``: take the entries an earlier release kept as a ``<job>.json`` file each into
-        the log and remove the files (the agent, at start); without it they are read as entries too, and
-        a file is removed with its entry, so that an older agent still running here sees no change."""
+        the log and remove the files (the agent: at start and at each :meth:`look_for_old_files`); without
+        it they are read as entries too (the log's own record of a job wins), and a file is removed with
+        its entry."""
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir, 0o700)
@@ -60,48 +61,55 @@ class Journal:
         self._live: dict[str, Entry] = {}  # the file's entries up to _offset, with this process's changes
         self._old: dict[str, Entry] = {}  # entries in an earlier release's files, not adopted
         self._mutex = threading.RLock()  # one reader or writer of the fields above at a time
-        with self._mutex:
-            self._read_old_files(adopt_old_files)
+        self._adopting = adopt_old_files
+        self.look_for_old_files()
 
     def add(self, entry: Entry) -> None:
         _check_job(entry.job)
         with self._mutex:
             self._append({"add": vars(entry)})  # its fields are plain values: no deep copy (asdict) needed
             self._live[entry.job] = entry
+            if entry.job in self._old:  # an earlier release's record of the job: the log's is newer
+                self._drop_old_file(entry.job)
 
     def remove(self, job: str) -> None:
         _check_job(job)
         with self._mutex:
             if job in self._old:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.dir / f"{job}.json")
-                del self._old[job]
-            if self._live.pop(job, None) is None:
+                self._drop_old_file(job)
+            if job not in self._live:
                 self._sync()  # another writer may have added it since this process last read
-                if self._live.pop(job, None) is None:
+                if job not in self._live:
                     return
             self._append({"remove": job})
+            self._live.pop(job, None)
 
     def get(self, job: str) -> Entry | None:
         _check_job(job)
         with self._mutex:
             self._sync()
             found = self._live.get(job)
-            return found if found is not None else self._old.get(job)
+            return found if found is not None or not self._old else self._old_now().get(job)
 
     def held_ids(self, gpu: int) -> set[int]:
         """The GPU instance ids on ``gpu`` that the entries this process knows of name (as it last read the
         file, with its own changes since), without reading the file: an id outside it may still be
         journaled by another writer (a hook's in-process fallback), which ``entries`` sees."""
         with self._mutex:
-            return {e.gi_id for e in (*self._live.values(), *self._old.values()) if e.gpu == gpu}
+            return {e.gi_id for e in (*self._live.values(), *self._old_now().values()) if e.gpu == gpu}
 
     def entries(self) -> list[Entry]:
         """Every entry, by job."""
         with self._mutex:
             self._sync()
-            every = {**self._old, **self._live}
+            every = {**self._old_now(), **self._live}
             return [every[job] for job in sorted(every)]
+
+    def look_for_old_files(self) -> None:
+        """Read (or adopt) an earlier release's per-job files again: one of its processes may have written
+        one since (a hook's fallback running across the upgrade)."""
+        with self._mutex:
+            self._read_old_files(self._adopting)
 
     # --- the file ---------------------------------------------------------------------------
     def _open(self) -> int:
@@ -157,9 +165,12 @@ class Journal:
             record = json.loads(line)
             if "add" in record:
                 entry = Entry(**record["add"])
+                _check_job(entry.job)
                 self._live[entry.job] = entry
             else:
-                self._live.pop(str(record["remove"]), None)
+                entry = None
+                self._live.pop(record["remove"], None)
+            self._old.pop(entry.job if entry else record["remove"], None)  # the log's record is the newer
         except (ValueError, TypeError, KeyError, AttributeError):
             log.warning("journal %s: an unreadable line skipped: %.80r", self.path, line)
 
@@ -182,7 +193,7 @@ class Journal:
                 try:
                     self._compact()
                 except OSError as exc:  # the line is written: a rewrite only saves space
-                    self._compact_at = lines + COMPACT_MIN_LINES
+                    self._compact_at = self._lines + self._appended + COMPACT_MIN_LINES
                     log.warning("journal %s: could not rewrite it (%s); tried again in %d lines", self.path, exc,
                                 COMPACT_MIN_LINES)  # fmt: skip
             return
@@ -197,9 +208,14 @@ class Journal:
             self._sync()  # every line, every writer's: none can append now
             tmp = self.dir / (LOG_NAME + ".tmp")
             text = "".join(json.dumps({"add": vars(self._live[job])}) + "\n" for job in sorted(self._live))
-            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600), "w") as f:
-                f.write(text)
-            os.replace(tmp, self.path)  # atomic: the old file or the new one, whole
+            try:
+                with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600), "w") as f:
+                    f.write(text)
+                os.replace(tmp, self.path)  # atomic: the old file or the new one, whole
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)  # a disk that is full stays no fuller
+                raise
         self._compact_at = COMPACT_MIN_LINES
         self._sync()  # opens the new file and reads it (with what others appended since)
 
@@ -224,13 +240,28 @@ class Journal:
             except (OSError, ValueError, TypeError) as exc:
                 log.warning("journal %s: an earlier release's entry %s left as it is: %s", self.dir, path, exc)
                 continue
-            if not adopt:
+            self._sync()
+            if entry.job in self._live:  # the log has a record of this job: it is the newer
+                self._old.pop(entry.job, None)
+                if adopt:
+                    self._drop_old_file(entry.job)
+            elif not adopt:
                 self._old[entry.job] = entry
-                continue
-            if self.get(entry.job) != entry:
+            else:
                 self.add(entry)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+                self._drop_old_file(entry.job)
+
+    def _old_now(self) -> dict[str, Entry]:
+        """The earlier release's entries whose files are still there (another process may have adopted or
+        removed one since this one read it)."""
+        for job in [j for j in self._old if not os.path.exists(self.dir / f"{j}.json")]:
+            del self._old[job]
+        return self._old
+
+    def _drop_old_file(self, job: str) -> None:
+        self._old.pop(job, None)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.dir / f"{job}.json")
 
 
 def _check_job(job: str) -> None:
