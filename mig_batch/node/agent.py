@@ -307,10 +307,8 @@ class NodeAgent:
         lines = [f"export CUDA_VISIBLE_DEVICES={entry.uuid}",
                  f"export MIG_BATCH_INSTANCE={self.node}/{entry.gpu}/{entry.profile}@{entry.start}"]  # fmt: skip
         if len(entries) > 1:
-            lines += [
-                f"export MIG_BATCH_INSTANCES={','.join(e.uuid for e in entries)}",
-                f"export MIG_BATCH_INSTANCE_COUNT={len(entries)}",
-            ]  # torchrun's --nproc-per-node
+            lines += [f"export MIG_BATCH_INSTANCES={','.join(e.uuid for e in entries)}",
+                      f"export MIG_BATCH_INSTANCE_COUNT={len(entries)}"]  # torchrun's --nproc-per-node
             for rank, e in enumerate(entries):
                 spot = f"{self.node}/{e.gpu}/{e.profile}@{e.start}"
                 lines += [f"#rank {rank} export CUDA_VISIBLE_DEVICES={e.uuid}",
