@@ -165,7 +165,7 @@ class NodeAgent:
             self._write_job_file(job_id, exports)  # file work: outside the lock the GPU work needs
         except OSError:
             with self.lock:
-                self._forget(self._entries(job_id))
+                self._forget(self.journal.ranks(job_id))
             raise
 
     def _forget(self, entries: list[Entry]) -> None:
@@ -180,7 +180,7 @@ class NodeAgent:
         if job is None or not job.managed:
             return PrologResult([], None)  # not ours
         place = parse_place(job.admin_tag)
-        known = self._entries(job_id)
+        known = self.journal.ranks(job_id)
         wanted = len(place.ranks()) if place is not None else 1
         if known and len(known) == wanted and all(self.backend.find(e.uuid, e.gpu) is not None for e in known):
             return PrologResult(self._exports(known, place), None)  # this prolog ran before
@@ -291,13 +291,6 @@ class NodeAgent:
             with contextlib.suppress(GpuBackendError):
                 self.backend.destroy(inst.gpu, inst.gi_id)
 
-    def _entries(self, job_id: str) -> list[Entry]:
-        """The journal's entries of a job in rank order (one for a single-instance job)."""
-        out = []
-        while (entry := self.journal.get(rank_key(job_id, len(out)))) is not None:
-            out.append(entry)
-        return out
-
     def _exports(self, entries: list[Entry], place: Placed | None) -> list[str]:
         """The job's environment. A multi-instance job also gets ``MIG_BATCH_INSTANCES`` (every UUID in rank
         order), ``MIG_BATCH_INSTANCE_COUNT`` and one ``#rank R export ...`` line per rank: the TaskProlog
@@ -368,7 +361,7 @@ class NodeAgent:
         self.unsent.pop(job_id, None)
         try:
             (self.job_dir / job_id).unlink(missing_ok=True)
-            entries = self._entries(job_id)
+            entries = self.journal.ranks(job_id)
             if not entries:
                 return "nothing to destroy", False
             for entry in entries:

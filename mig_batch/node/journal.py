@@ -26,6 +26,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from mig_batch.batch.tags import rank_key
+
 log = logging.getLogger("mig-batch-agent")
 LOG_NAME = "entries.log"
 COMPACT_MIN_LINES = 4096  # rewrite the log once it holds this many lines and four times as many as live entries
@@ -88,8 +90,18 @@ class Journal:
         _check_job(job)
         with self._mutex:
             self._sync()
-            found = self._live.get(job)
-            return found if found is not None or not self._old else self._old_now().get(job)
+            return self._known(job)
+
+    def ranks(self, job: str) -> list[Entry]:
+        """A job's entries in rank order (``job``, then ``job#1``...: one for a single-instance job), the
+        file read once."""
+        _check_job(job)
+        with self._mutex:
+            self._sync()
+            out: list[Entry] = []
+            while (entry := self._known(rank_key(job, len(out)))) is not None:
+                out.append(entry)
+            return out
 
     def held_ids(self, gpu: int) -> set[int]:
         """The GPU instance ids on ``gpu`` that the entries this process knows of name (as it last read the
@@ -110,6 +122,10 @@ class Journal:
         one since (a hook's fallback running across the upgrade)."""
         with self._mutex:
             self._read_old_files(self._adopting)
+
+    def _known(self, job: str) -> Entry | None:
+        found = self._live.get(job)
+        return found if found is not None or not self._old else self._old_now().get(job)
 
     # --- the file ---------------------------------------------------------------------------
     def _open(self) -> int:
@@ -224,6 +240,8 @@ class Journal:
         files): adopted, or read as they are. A file that cannot be read is left where it is."""
         with os.scandir(self.dir) as found:
             old = sorted(f.path for f in found if f.name.endswith((".json", ".tmp")) and f.name != LOG_NAME + ".tmp")
+        if old:
+            self._sync()  # the log's records of these jobs are the newer
         for path in old:
             try:
                 if path.endswith(".tmp"):
@@ -240,7 +258,6 @@ class Journal:
             except (OSError, ValueError, TypeError) as exc:
                 log.warning("journal %s: an earlier release's entry %s left as it is: %s", self.dir, path, exc)
                 continue
-            self._sync()
             if entry.job in self._live:  # the log has a record of this job: it is the newer
                 self._old.pop(entry.job, None)
                 if adopt:
