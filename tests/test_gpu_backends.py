@@ -61,6 +61,21 @@ def test_create_at_a_placement_then_destroy(node):
     assert backend.instances(gpu) == []
 
 
+def test_a_destroy_by_uuid_leaves_an_instance_that_took_the_ids_of_a_destroyed_one(node):
+    backend, gpu = node
+    model = get_model(backend.gpus()[gpu].model)
+    small = min(model.base_profiles, key=lambda p: (p.memory_slices, p.compute_slices))
+    first = backend.create(gpu, small.name, small.starts[0])
+    backend.destroy(gpu, first.gi_id, first.uuid)
+    assert backend.instances(gpu) == []
+    again = backend.create(gpu, small.name, small.starts[0])
+    with pytest.raises(NotFound):  # the id may be the same; the UUID is not
+        backend.destroy(gpu, again.gi_id, first.uuid)
+    assert backend.instances(gpu) == [again]
+    backend.destroy(gpu, again.gi_id, again.uuid)
+    assert backend.instances(gpu) == []
+
+
 def test_nvml_errors_are_the_same_everywhere(node):
     backend, gpu = node
     model = get_model(backend.gpus()[gpu].model)

@@ -205,6 +205,26 @@ def test_an_entry_another_writer_removed_is_not_held_and_a_stray_on_its_id_goes_
     assert a.epilog(done) == "destroyed 2g.10gb@2 on GPU 1; destroyed 1 stray instance(s): 1g.5gb@1 on GPU 1"
 
 
+def test_an_epilog_leaves_another_jobs_instance_that_took_its_instances_id(site, batch, gpus):
+    """The job's instance was destroyed behind the agent's back (an operator's ``nvidia-smi mig -dgi``) and
+    another job's instance was made at the same spot, with the same GPU instance id: the Epilog destroys by
+    UUID, so it leaves that one alone and says its own was gone."""
+    from mig_batch.node.journal import Entry
+
+    a = agent(site, batch, gpus)
+    job = decide(batch, 1, "1g.5gb", 3)
+    a.prolog(job)
+    mine = a.journal.get(job)
+    gpus.destroy(1, mine.gi_id)
+    theirs = gpus.create(1, "1g.5gb", 3)
+    assert theirs.gi_id == mine.gi_id and theirs.uuid != mine.uuid
+    Journal(site.node_dir / "journal").add(Entry("99", 1, theirs.gi_id, "1g.5gb", 3, theirs.uuid, 1.0))
+    detail = a.epilog(job)
+    assert gpus.instances(1) == [theirs] and a.journal.get(job) is None
+    assert detail == "already gone: 1g.5gb@3 on GPU 1"
+    assert a.epilog("99") == "destroyed 1g.5gb@3 on GPU 1" and gpus.instances(1) == []
+
+
 def test_stale_decision_falls_back_to_mfi_on_the_node_and_says_so(site, batch, gpus):
     node = gpus
     node.create(1, "1g.5gb", 2)  # someone else holds part of the decided spot

@@ -66,8 +66,10 @@ class GpuBackend(ABC):
         """Create a GPU instance of ``profile`` at placement ``start`` and one compute instance on it."""
 
     @abstractmethod
-    def destroy(self, gpu: int, gi_id: int) -> None:
-        """Destroy the GPU instance's compute instances, then the GPU instance."""
+    def destroy(self, gpu: int, gi_id: int, uuid: str = "") -> None:
+        """Destroy the GPU instance's compute instances, then the GPU instance. With ``uuid``, only the
+        instance of that UUID: NotFound when the id is gone, or was made again for another instance after
+        that one was destroyed behind the caller's back."""
 
     @abstractmethod
     def memory_used(self, gpu: int, gi_id: int) -> int:

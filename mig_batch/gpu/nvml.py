@@ -282,10 +282,12 @@ class NvmlNode(GpuBackend):
                                          f"starts {[s for s, _ in allowed]}")  # fmt: skip
         return _mapped(exc)
 
-    def destroy(self, gpu: int, gi_id: int) -> None:
+    def destroy(self, gpu: int, gi_id: int, uuid: str = "") -> None:
         nv = _nvml()
         handle = self._handle(gpu)
         with _errors():
+            if uuid and not self._is_instance(handle, gi_id, uuid):
+                raise NotFound(f"instance {uuid} is not GPU instance {gi_id} of GPU {gpu} (any more)")
             gi = nv.nvmlDeviceGetGpuInstanceById(handle, gi_id)
             for profile_id in self._compute_profiles(gpu, gi):
                 array = (nv.c_nvmlComputeInstance_t * 8)()
@@ -294,6 +296,21 @@ class NvmlNode(GpuBackend):
                 for k in range(count.value):
                     nv.nvmlComputeInstanceDestroy(array[k])
             nv.nvmlGpuInstanceDestroy(gi)
+
+    @staticmethod
+    def _is_instance(handle, gi_id: int, uuid: str) -> bool:
+        """Whether the MIG device ``uuid`` is GPU instance ``gi_id`` of the GPU ``handle``: three calls, where
+        listing the GPU's instances would read every one's UUID."""
+        nv = _nvml()
+        try:
+            mig = nv.nvmlDeviceGetHandleByUUID(uuid.encode())
+        except nv.NVMLError as exc:
+            if getattr(exc, "value", None) == nv.NVML_ERROR_NOT_FOUND:
+                return False
+            raise
+        parent = nv.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
+        same_gpu = ctypes.cast(parent, ctypes.c_void_p).value == ctypes.cast(handle, ctypes.c_void_p).value
+        return same_gpu and nv.nvmlDeviceGetGpuInstanceId(mig) == gi_id
 
     def memory_used(self, gpu: int, gi_id: int) -> int:
         nv = _nvml()

@@ -117,6 +117,11 @@ def _reported(admin_tag: str) -> bool:
         return False
 
 
+def _spots(verb: str, entries: list[Entry]) -> str:
+    """"<verb> 1g.10gb@3 on GPU 0, ..." ("" for none)."""
+    return f"{verb} " + ", ".join(f"{e.profile}@{e.start} on GPU {e.gpu}" for e in entries) if entries else ""
+
+
 class NodeAgent:
     def __init__(self, node: str, backend: GpuBackend, journal: Journal, channel: NodeChannel, job_dir: Path,
                  policy: str = "mfi", checkpoint_margin_s: float = 30.0,
@@ -213,7 +218,7 @@ class NodeAgent:
             self.journal.add(entry)  # before the job can use it: a restart knows what it owns
         except Exception:
             with contextlib.suppress(GpuBackendError):  # unjournaled, it would be a stray until a reconcile
-                self.backend.destroy(inst.gpu, inst.gi_id)
+                self.backend.destroy(inst.gpu, inst.gi_id, inst.uuid)
             raise
         report = NodeReport(kind, inst.gpu, inst.profile, inst.start, inst.gi_id, inst.uuid)
         return PrologResult(self._exports([entry], place), report)
@@ -289,7 +294,7 @@ class NodeAgent:
     def _destroy_all(self, made) -> None:
         for inst in made:
             with contextlib.suppress(GpuBackendError):
-                self.backend.destroy(inst.gpu, inst.gi_id)
+                self.backend.destroy(inst.gpu, inst.gi_id, inst.uuid)
 
     def _exports(self, entries: list[Entry], place: Placed | None) -> list[str]:
         """The job's environment. A multi-instance job also gets ``MIG_BATCH_INSTANCES`` (every UUID in rank
@@ -364,13 +369,15 @@ class NodeAgent:
             entries = self.journal.ranks(job_id)
             if not entries:
                 return "nothing to destroy", False
+            gone = []
             for entry in entries:
                 for attempt in range(attempts):
-                    try:
-                        self.backend.destroy(entry.gpu, entry.gi_id)
+                    try:  # by UUID too: its id may have been made again for another job's instance
+                        self.backend.destroy(entry.gpu, entry.gi_id, entry.uuid)
                         break
                     except NotFound:
-                        break  # gone already: idempotent
+                        gone.append(entry)  # destroyed already: idempotent
+                        break
                     except InUse:
                         if attempt == attempts - 1:
                             return f"instance {entry.profile}@{entry.start} on GPU {entry.gpu} still in use; " \
@@ -378,8 +385,8 @@ class NodeAgent:
                         time.sleep(pause_s)  # the job's processes are still exiting
                 self.journal.remove(entry.job)
             strays = [s for gpu in sorted({e.gpu for e in entries}) for s in self._local_strays(gpu)]
-            destroyed = ", ".join(f"{e.profile}@{e.start} on GPU {e.gpu}" for e in entries)
-            destroyed = f"destroyed {destroyed}"
+            destroyed = "; ".join(part for part in (_spots("destroyed", [e for e in entries if e not in gone]),
+                                                    _spots("already gone:", gone)) if part)  # fmt: skip
             if strays:
                 return f"{destroyed}; destroyed {len(strays)} stray instance(s): {', '.join(strays)}", True
             return destroyed, False
@@ -423,7 +430,7 @@ class NodeAgent:
 
     def _destroy_stray(self, inst) -> str:
         try:
-            self.backend.destroy(inst.gpu, inst.gi_id)
+            self.backend.destroy(inst.gpu, inst.gi_id, inst.uuid)
         except GpuBackendError as exc:
             return f"{inst.profile}@{inst.start} on GPU {inst.gpu} (not destroyed: {exc})"
         return f"{inst.profile}@{inst.start} on GPU {inst.gpu}"
