@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 
 from mig_batch.batch.system import After, Awaits, JobState
 from mig_batch.slurm.commands import (
-    FIELDS,
     SlurmError,
     _limit_s,
     parse_dependency,
@@ -17,13 +16,13 @@ from mig_batch.slurm.commands import (
     stdin_safe,
 )
 
-FAILED = ("2|FAILED|4294901758|0|n1|1795407940|1795407942|1795407942|UNLIMITED|768|NonZeroExitCode|1|gpu|1795407940|"
+FAILED = ("2|FAILED|4294901758|0|n1|1795407940|1795407942|1795407942|UNLIMITED|768|NonZeroExitCode\x1f1|gpu|1795407940|"
           "(null)|(null)|")
-KILLED = ("3|FAILED|4294901757|0|n1|1795407940|1795407942|1795407942|UNLIMITED|9|JobLaunchFailure|1|gpu|1795407940|"
+KILLED = ("3|FAILED|4294901757|0|n1|1795407940|1795407942|1795407942|UNLIMITED|9|JobLaunchFailure\x1f1|gpu|1795407940|"
           "(null)|(null)|")
-HELD = ("4|PENDING|0|0||1795407940|N/A|N/A|1-02:03:00|0|JobHeldUser|4|gpu,debug|N/A|(null)|"
+HELD = ("4|PENDING|0|0||1795407940|N/A|N/A|1-02:03:00|0|JobHeldUser\x1f4|gpu,debug|N/A|(null)|"
         "mig-batch:v1;gres=mig:1g.10gb|")
-RUNNING = "1|RUNNING|4294901759|1000|n1|1795407940|1795407942|NONE|30:00|0|None|1|gpu|1795407942|(null)|x|"
+RUNNING = "1|RUNNING|4294901759|1000|n1|1795407940|1795407942|NONE|30:00|0|None\x1f1|gpu|1795407942|(null)|x|"
 
 
 def test_a_finished_job_has_its_exit_status_and_times():
@@ -58,7 +57,7 @@ def test_a_waiting_jobs_begin_time_and_dependencies():
     ("4294901759", "Resources", False),  # released: past by slurmctld's clock, whatever this host's says
 ])  # fmt: skip
 def test_a_released_jobs_begin_time_counts_only_while_slurm_waits_for_it(priority, reason, counted):
-    line = HELD.replace("|PENDING|0|", f"|PENDING|{priority}|").replace("|JobHeldUser|", f"|{reason}|")
+    line = HELD.replace("|PENDING|0|", f"|PENDING|{priority}|").replace("|JobHeldUser\x1f", f"|{reason}\x1f")
     job = parse_job_line(line.replace("|N/A|(null)|", "|1795500000|(null)|"))
     assert job.not_before == (1795500000.0 if counted else 0.0)
 
@@ -115,8 +114,19 @@ def test_a_running_job():
 
 @given(st.text(alphabet=st.characters(blacklist_characters="\n\r", blacklist_categories=("Cs",)), min_size=1))
 def test_any_admin_comment_comes_back_whole(comment):
-    fields = RUNNING.split("|")[: len(FIELDS) - 1]
-    assert parse_job_line("|".join(fields) + "|" + comment + "|").admin_tag == ("" if comment == "(null)" else comment)
+    before = RUNNING.removesuffix("x|")  # every field but the admin comment
+    assert parse_job_line(before + comment + "|").admin_tag == ("" if comment == "(null)" else comment)
+
+
+@given(st.text(alphabet=st.characters(blacklist_characters="\n\r\x1f", blacklist_categories=("Cs",))),
+       st.text(alphabet=st.characters(blacklist_characters="\n\r", blacklist_categories=("Cs",)), min_size=1))
+def test_a_reason_with_any_text_leaves_every_other_field_whole(reason, comment):
+    """A job's Reason is free text (Slurm's message of a failed Prolog, ...): a "|" in it must not shift the
+    CPUs, partitions, begin time, dependencies and admin comment after it."""
+    line = HELD.replace("JobHeldUser\x1f", reason + "\x1f").replace("mig-batch:v1;gres=mig:1g.10gb|", comment + "|")
+    job = parse_job_line(line)
+    assert (job.reason, job.cpus, job.partitions, job.after) == (reason, 4, ("gpu", "debug"), ())
+    assert job.admin_tag == ("" if comment == "(null)" else comment)
 
 
 def test_a_short_line_is_an_error_naming_it():

@@ -96,18 +96,24 @@ def _exit_status(wait_status: int) -> int:
     return 128 + (wait_status & 0x7F) if wait_status & 0x7F else wait_status >> 8
 
 
-# One line per job, admin_comment last so that it may hold any character; epoch times through
-# SLURM_TIME_FORMAT. squeue --json is ~4 KB a job and ignores --jobs in 22.05: too slow to poll.
+# One line per job; epoch times through SLURM_TIME_FORMAT. squeue --json is ~4 KB a job and ignores --jobs
+# in 22.05: too slow to poll. Two fields are free text, where Slurm or an administrator may write a "|": the
+# Reason (a job's state_desc: a failed Prolog's or burst buffer's message, ...), which ends with REASON_END
+# instead, and the admin comment, last.
 FIELDS = ("JobID", "State", "PriorityLong", "UserID", "NodeList", "SubmitTime", "StartTime", "EndTime",
           "TimeLimit", "exit_code", "Reason", "NumCPUs", "Partition", "EligibleTime", "Dependency",
           "admin_comment")  # fmt: skip
-FORMAT = ",".join(f"{f}:|" for f in FIELDS)
+REASON_END = "\x1f"  # ASCII's unit separator
+FORMAT = ",".join(f"{f}:{REASON_END if f == 'Reason' else '|'}" for f in FIELDS)
+_BEFORE_REASON = FIELDS.index("Reason")
+_AFTER_REASON = len(FIELDS) - _BEFORE_REASON - 1
 
 
 def parse_job_line(line: str) -> BatchJob:
     """One line of ``squeue -h -O FORMAT`` as a ``BatchJob``."""
-    f = line.split("|", len(FIELDS) - 1)
-    if len(f) != len(FIELDS):
+    head, end, tail = line.partition(REASON_END)
+    f = head.split("|", _BEFORE_REASON) + tail.split("|", _AFTER_REASON - 1)
+    if not end or len(f) != len(FIELDS):
         raise SlurmError(f"squeue printed an unexpected line: {line!r}")
     (job_id, state, priority, uid, nodes, submit, start, end, limit, exit_code, reason, cpus, partitions, begin,
      dependency, comment) = f  # fmt: skip

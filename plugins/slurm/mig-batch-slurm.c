@@ -24,7 +24,7 @@ extern char *slurm_job_state_string(uint32_t inx);
 extern char *slurm_job_reason_string(enum job_state_reason inx);
 
 /* the interface below; mig_batch/slurm/native.py refuses a library of another */
-int mb_abi_version(void) { return 3; }
+int mb_abi_version(void) { return 4; }
 long mb_built_version(void) { return SLURM_VERSION_NUMBER; }
 void mb_init(const char *conf) { slurm_init(conf && *conf ? conf : NULL); }
 void mb_free(char *text) { free(text); }
@@ -80,7 +80,8 @@ static void put_job(FILE *f, const slurm_job_info_t *job)
 	else
 		put_minutes(f, job->time_limit);
 	fprintf(f, "%d|", (int) job->exit_code);
-	put_text(f, job->state_desc ? job->state_desc : slurm_job_reason_string(job->state_reason));
+	/* -O Reason: free text, so its end is REASON_END of commands.py (ASCII's unit separator) */
+	fprintf(f, "%s\x1f", job->state_desc ? job->state_desc : slurm_job_reason_string(job->state_reason));
 	fprintf(f, "%u|", job->num_cpus);
 	put_text(f, job->partition);
 	put_time(f, job->eligible_time);  /* -O EligibleTime: the job's begin time (--begin) */
