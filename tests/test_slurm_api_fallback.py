@@ -10,8 +10,8 @@ from mig_batch.slurm.commands import SlurmCli, SlurmError
 from mig_batch.slurm.native import SlurmApiError
 
 UNREACHABLE, TIMED_OUT, REFUSED, QOS_THRESHOLD = 1800, 5004, 2017, 2108  # slurm_errno.h of 22.05
-HELD = "{job}|PENDING|0|0||1795407940|N/A|N/A|UNLIMITED|0|JobHeldAdmin\x1f1|gpu|N/A|(null)|{tag}|\n"
-RELEASED = "{job}|PENDING|4294901759|0||1795407940|N/A|N/A|UNLIMITED|0|Priority\x1f1|gpu|N/A|(null)|{tag}|\n"
+HELD = "{job}|PENDING|0|0||1795407940|N/A|N/A|UNLIMITED|0|JobHeldAdmin\x1f1|gpu|N/A|(null)|{tag}\x1e\n"
+RELEASED = "{job}|PENDING|4294901759|0||1795407940|N/A|N/A|UNLIMITED|0|Priority\x1f1|gpu|N/A|(null)|{tag}\x1e\n"
 
 
 class FakeApi:
@@ -48,7 +48,7 @@ def scontrol(tmp_path):
     (tmp_path / "squeue").write_text(f'#!/bin/sh\necho "squeue $*" >> {calls}\n')
     for name in ("scontrol", "squeue"):
         (tmp_path / name).chmod(0o755)
-    return lambda: calls.read_text().splitlines() if calls.exists() else []
+    return lambda: calls.read_text().split("\n")[:-1] if calls.exists() else []  # squeue's format holds \x1e
 
 
 def test_answered_codes_are_slurms_word_on_the_job_the_rest_are_not():

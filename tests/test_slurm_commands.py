@@ -10,19 +10,21 @@ from mig_batch.batch.system import After, Awaits, JobState
 from mig_batch.slurm.commands import (
     SlurmError,
     _limit_s,
+    job_in,
     parse_dependency,
     parse_job_line,
     parse_node_line,
+    records,
     stdin_safe,
 )
 
 FAILED = ("2|FAILED|4294901758|0|n1|1795407940|1795407942|1795407942|UNLIMITED|768|NonZeroExitCode\x1f1|gpu|1795407940|"
-          "(null)|(null)|")
+          "(null)|(null)")
 KILLED = ("3|FAILED|4294901757|0|n1|1795407940|1795407942|1795407942|UNLIMITED|9|JobLaunchFailure\x1f1|gpu|1795407940|"
-          "(null)|(null)|")
+          "(null)|(null)")
 HELD = ("4|PENDING|0|0||1795407940|N/A|N/A|1-02:03:00|0|JobHeldUser\x1f4|gpu,debug|N/A|(null)|"
-        "mig-batch:v1;gres=mig:1g.10gb|")
-RUNNING = "1|RUNNING|4294901759|1000|n1|1795407940|1795407942|NONE|30:00|0|None\x1f1|gpu|1795407942|(null)|x|"
+        "mig-batch:v1;gres=mig:1g.10gb")
+RUNNING = "1|RUNNING|4294901759|1000|n1|1795407940|1795407942|NONE|30:00|0|None\x1f1|gpu|1795407942|(null)|x"
 
 
 def test_a_finished_job_has_its_exit_status_and_times():
@@ -114,8 +116,8 @@ def test_a_running_job():
 
 @given(st.text(alphabet=st.characters(blacklist_characters="\n\r", blacklist_categories=("Cs",)), min_size=1))
 def test_any_admin_comment_comes_back_whole(comment):
-    before = RUNNING.removesuffix("x|")  # every field but the admin comment
-    assert parse_job_line(before + comment + "|").admin_tag == ("" if comment == "(null)" else comment)
+    before = RUNNING.removesuffix("x")  # every field but the admin comment
+    assert parse_job_line(before + comment).admin_tag == ("" if comment == "(null)" else comment)
 
 
 @given(st.text(alphabet=st.characters(blacklist_characters="\n\r\x1f", blacklist_categories=("Cs",))),
@@ -123,10 +125,23 @@ def test_any_admin_comment_comes_back_whole(comment):
 def test_a_reason_with_any_text_leaves_every_other_field_whole(reason, comment):
     """A job's Reason is free text (Slurm's message of a failed Prolog, ...): a "|" in it must not shift the
     CPUs, partitions, begin time, dependencies and admin comment after it."""
-    line = HELD.replace("JobHeldUser\x1f", reason + "\x1f").replace("mig-batch:v1;gres=mig:1g.10gb|", comment + "|")
+    line = HELD.replace("JobHeldUser\x1f", reason + "\x1f").replace("mig-batch:v1;gres=mig:1g.10gb", comment)
     job = parse_job_line(line)
     assert (job.reason, job.cpus, job.partitions, job.after) == (reason, 4, ("gpu", "debug"), ())
     assert job.admin_tag == ("" if comment == "(null)" else comment)
+
+
+def test_a_line_break_in_a_free_text_field_stays_in_its_record():
+    """An administrator's note or Slurm's message over several lines (or with a Unicode line separator, a
+    line break to str.splitlines) is one record still, not a poll that fails on every pass."""
+    odd = HELD.replace("JobHeldUser\x1f", "Prolog error\non n1\x1f").replace(
+        "mig-batch:v1;gres=mig:1g.10gb", "site note\u2028line 2\nline 3|")
+    text = odd + "\x1e\n" + RUNNING + "\x1e\n"
+    assert [j.job_id for j in map(parse_job_line, records(text))] == ["4", "1"]
+    job = job_in(text, "4")
+    assert (job.admin_tag, job.reason, job.cpus) == ("site note\u2028line 2\nline 3|", "Prolog error\non n1", 4)
+    nodes = "n1|idle|0/16/0/16|gpu|a\nb|\x1e\nn2|idle|0/16/0/16|gpu|(null)\x1e\n"
+    assert [parse_node_line(r).agent_tag for r in records(nodes)] == ["a\nb|", ""]
 
 
 def test_a_short_line_is_an_error_naming_it():
@@ -141,19 +156,19 @@ def test_time_limits(text, seconds):
 
 
 def test_node_lines_as_sinfo_prints_them():
-    up = parse_node_line("n1|mixed|3/13/0/16|gpu|(null)|")
+    up = parse_node_line("n1|mixed|3/13/0/16|gpu|(null)")
     assert (up.node, up.up, up.cpus_idle, up.agent_tag, up.partitions) == ("n1", True, 13, "", ("gpu",))
-    assert not parse_node_line("n2|idle+drain|0/0/16/16|gpu|(null)|").up
-    down = parse_node_line("n3|down|0/0/16/16|gpu|mig-batch:agent;started=1;reconciled=2;strays=0|")
+    assert not parse_node_line("n2|idle+drain|0/0/16/16|gpu|(null)").up
+    down = parse_node_line("n3|down|0/0/16/16|gpu|mig-batch:agent;started=1;reconciled=2;strays=0")
     assert not down.up and down.agent_tag == "mig-batch:agent;started=1;reconciled=2;strays=0"
-    assert not parse_node_line("n4|idle+not_responding|0/16/0/16|gpu|(null)|").up
+    assert not parse_node_line("n4|idle+not_responding|0/16/0/16|gpu|(null)").up
 
 
 def test_a_node_in_several_partitions_is_one_node_with_all_of_them(monkeypatch):
     from mig_batch.slurm.commands import SlurmCli
 
     cli = SlurmCli()
-    lines = "n1|mixed|3/13/0/16|gpu|(null)|\nn2|idle|0/16/0/16|gpu|(null)|\nn1|mixed|3/13/0/16|debug|(null)|\n"
+    lines = "n1|mixed|3/13/0/16|gpu|(null)\x1e\nn2|idle|0/16/0/16|gpu|(null)\x1e\nn1|mixed|3/13/0/16|debug|(null)\x1e\n"
     monkeypatch.setattr(cli, "_run", lambda *args, **kwargs: lines)
     assert {n.node: n.partitions for n in cli.nodes()} == {"n1": ("gpu", "debug"), "n2": ("gpu",)}
 

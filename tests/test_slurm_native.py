@@ -64,18 +64,21 @@ def test_a_job_reads_the_same_through_libslurm_as_through_squeue(cluster, clis, 
     done = submit(cluster, tmp_path, "-t", "2:30:00", body="true")
     array = submit(cluster, tmp_path, "-H", "--array=1-2")
     later = submit(cluster, tmp_path, "-H", "--begin=now+1hour", f"--dependency=afterok:{running},afterany:{array}_*")
+    noted = submit(cluster, tmp_path, "-H")
+    cluster.run("scontrol", "update", f"jobid={noted}", "admincomment=a site's note | over\ntwo lines")
     wait_for(clis, running, JobState.RUNNING)
     for job in (failed, done):
         wait_for(clis, job, JobState.FINISHED)
-    for job in (held, running, failed, done, array, f"{array}_1", later, "999999"):
+    for job in (held, running, failed, done, array, f"{array}_1", later, noted, "999999"):
         assert api.job(job) == commands.job(job), job
     env = {**cluster.env(), "SLURM_TIME_FORMAT": "%s"}
-    for job in (held, running, failed, done, array, later):  # every record of the id (an array's tasks too), verbatim
+    for job in (held, running, failed, done, array, later, noted):  # every record of the id (an array: its tasks)
         squeue = subprocess.run(["squeue", "--local", "-h", "-t", "all", "-O", FORMAT, "-j", job], env=env,
                                 capture_output=True, text=True, check=True).stdout  # fmt: skip
         assert api.api.job_lines(int(job)) == squeue, job
     assert api.api.job_lines(999999) == ""
     assert api.job(held).admin_tag == "mig-batch:v1;gres=mig:1g.10gb é=x y"
+    assert api.job(noted).admin_tag == commands.job(noted).admin_tag == "a site's note | over\ntwo lines"
     assert api.job(held).state == JobState.HELD and api.job(held).cpus == 2
     assert api.job(failed).exit_status == 3 and api.job("999999") is None
     assert api.job(later).not_before > time.time() + 3000

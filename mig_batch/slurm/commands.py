@@ -96,28 +96,35 @@ def _exit_status(wait_status: int) -> int:
     return 128 + (wait_status & 0x7F) if wait_status & 0x7F else wait_status >> 8
 
 
-# One line per job; epoch times through SLURM_TIME_FORMAT. squeue --json is ~4 KB a job and ignores --jobs
-# in 22.05: too slow to poll. Two fields are free text, where Slurm or an administrator may write a "|": the
-# Reason (a job's state_desc: a failed Prolog's or burst buffer's message, ...), which ends with REASON_END
-# instead, and the admin comment, last.
+# One record per job; epoch times through SLURM_TIME_FORMAT. squeue --json is ~4 KB a job and ignores --jobs
+# in 22.05: too slow to poll. Two fields are free text, where Slurm or an administrator may write a "|" or a
+# line break: the Reason (a job's state_desc: a failed Prolog's or burst buffer's message, ...), which ends
+# with REASON_END, and the admin comment, last, which ends the record with RECORD_END and a newline.
 FIELDS = ("JobID", "State", "PriorityLong", "UserID", "NodeList", "SubmitTime", "StartTime", "EndTime",
           "TimeLimit", "exit_code", "Reason", "NumCPUs", "Partition", "EligibleTime", "Dependency",
           "admin_comment")  # fmt: skip
 REASON_END = "\x1f"  # ASCII's unit separator
-FORMAT = ",".join(f"{f}:{REASON_END if f == 'Reason' else '|'}" for f in FIELDS)
+RECORD_END = "\x1e"  # ASCII's record separator
+_ENDS = {"Reason": REASON_END, "admin_comment": RECORD_END}
+FORMAT = ",".join(f"{f}:{_ENDS.get(f, '|')}" for f in FIELDS)
 _BEFORE_REASON = FIELDS.index("Reason")
 _AFTER_REASON = len(FIELDS) - _BEFORE_REASON - 1
 
 
+def records(text: str) -> list[str]:
+    """squeue's or sinfo's records in ``text`` printed with FORMAT or NODE_FORMAT (not its lines: a field may
+    hold a line break)."""
+    return [r for r in text.split(RECORD_END + "\n") if r.strip()]
+
+
 def parse_job_line(line: str) -> BatchJob:
-    """One line of ``squeue -h -O FORMAT`` as a ``BatchJob``."""
+    """One record of ``squeue -h -O FORMAT`` as a ``BatchJob``."""
     head, end, tail = line.partition(REASON_END)
     f = head.split("|", _BEFORE_REASON) + tail.split("|", _AFTER_REASON - 1)
     if not end or len(f) != len(FIELDS):
         raise SlurmError(f"squeue printed an unexpected line: {line!r}")
     (job_id, state, priority, uid, nodes, submit, start, end, limit, exit_code, reason, cpus, partitions, begin,
      dependency, comment) = f  # fmt: skip
-    comment = comment[:-1] if comment.endswith("|") else comment
     pending = state in WAITING  # its start time is a forecast
     seam_state = job_state(state, _int(priority))
     return BatchJob(
@@ -170,21 +177,20 @@ def parse_dependency(text: str) -> tuple[After, ...]:
 
 def job_in(lines: str, job: str) -> BatchJob | None:
     """The record of ``job`` among squeue's lines (an id can list an array's other records too)."""
-    return next((j for j in map(parse_job_line, filter(str.strip, lines.splitlines())) if j.job_id == job), None)
+    return next((j for j in map(parse_job_line, records(lines)) if j.job_id == job), None)
 
 
 NODE_FIELDS = ("NodeList", "StateComplete", "CPUsState", "PartitionName", "Comment")  # the comment last: any character
-NODE_FORMAT = ",".join(f"{f}:|" for f in NODE_FIELDS)
+NODE_FORMAT = ",".join(f"{f}:{RECORD_END if f == 'Comment' else '|'}" for f in NODE_FIELDS)
 
 
 def parse_node_line(line: str) -> NodeStatus:
-    """One line of ``sinfo -h -N -O NODE_FORMAT``: ``n1|idle+drain|0/0/16/16|gpu|<comment>|`` (a node in
-    several partitions has a line in each)."""
+    """One record of ``sinfo -h -N -O NODE_FORMAT``: ``n1|idle+drain|0/0/16/16|gpu|<comment>`` (a node in
+    several partitions has one in each)."""
     f = line.split("|", len(NODE_FIELDS) - 1)
     if len(f) != len(NODE_FIELDS):
         raise SlurmError(f"sinfo printed an unexpected line: {line!r}")
     name, state, cpus, partition, comment = f
-    comment = comment[:-1] if comment.endswith("|") else comment
     base, *flags = state.upper().rstrip("*~#!%$@^-").split("+")
     counts = cpus.split("/")  # allocated/idle/other/total
     return NodeStatus(name, base in NODE_UP and not set(flags) & NODE_TROUBLE, "" if comment == "(null)" else comment,
@@ -311,16 +317,15 @@ class SlurmCli:
         """Every job's line parsed, a line seen in the last poll not again (most are: a queue changes by a
         few jobs a pass)."""
         seen, self._parsed = self._parsed, {}
-        for line in lines.splitlines():
-            if line.strip():
-                self._parsed[line] = seen.get(line) or parse_job_line(line)
+        for line in records(lines):
+            self._parsed[line] = seen.get(line) or parse_job_line(line)
         return list(self._parsed.values())
 
     def nodes(self) -> list[NodeStatus]:
         """Every node once, with all its partitions (sinfo -N lists a node once per partition)."""
         out = self._run("sinfo", "-h", "-N", "-O", NODE_FORMAT)
         merged: dict[str, NodeStatus] = {}
-        for n in map(parse_node_line, filter(str.strip, out.splitlines())):
+        for n in map(parse_node_line, records(out)):
             seen = merged.get(n.node)
             merged[n.node] = n if seen is None else replace(seen, partitions=seen.partitions + n.partitions)
         return list(merged.values())

@@ -86,8 +86,9 @@ static void put_job(FILE *f, const slurm_job_info_t *job)
 	put_text(f, job->partition);
 	put_time(f, job->eligible_time);  /* -O EligibleTime: the job's begin time (--begin) */
 	put_text(f, job->dependency);
-	put_text(f, job->admin_comment);
-	fputc('\n', f);
+	/* -O admin_comment: free text, so the record ends with RECORD_END of commands.py (ASCII's record
+	   separator) before the newline */
+	fprintf(f, "%s\x1e\n", job->admin_comment ? job->admin_comment : "(null)");
 }
 
 static int put_jobs(job_info_msg_t *msg, char **out)
