@@ -342,6 +342,22 @@ def test_doctor_checks_the_controllers_store_and_job_submit(site, installed, cap
     assert code == 1 and f"FAIL job_submit.lua: {installed}/job_submit.lua does not exist" in out
 
 
+@pytest.mark.parametrize(("params", "said", "advised"), [
+    ("(null)", "batch_sched_delay is 3 s: a MIG job may wait up to 3 s", True),
+    ("sched_interval=2,batch_sched_delay=5", "batch_sched_delay is 5 s", True),
+    ("batch_sched_delay=x", "batch_sched_delay is 3 s", True),  # slurmctld takes its default for it
+    ("batch_sched_delay=1,default_queue_depth=200", "batch_sched_delay=1: a released MIG job starts", False),
+    ("batch_sched_delay=0", "batch_sched_delay=0: a released MIG job starts", False),
+])  # fmt: skip
+def test_doctor_advises_a_batch_sched_delay_that_starts_released_jobs_within_a_second(site, installed, capsys,
+                                                                                      params, said, advised):  # fmt: skip
+    config = installed.parent / "slurm-bin" / "config.txt"
+    config.write_text(config.read_text() + f"SchedulerParameters     = {params}\n")
+    code, out = doctor(site, capsys, "--role", "controller")
+    assert code == 0 and f"ok   scheduler: {said}" in out, out
+    assert ("add batch_sched_delay=1 to SchedulerParameters" in out) == advised
+
+
 def test_doctor_reports_an_unreadable_config_as_a_failed_check(tmp_path, capsys):
     code = main(["doctor", "--config", str(tmp_path / "missing.yaml")])
     out = capsys.readouterr().out

@@ -159,7 +159,7 @@ def doctor(config_file: str | None, role: str | None, node: str) -> list[Check]:
     if role == "controller":
         checks.append(check_store(config.state))
         if show_config is not None:
-            checks.append(check_job_submit(show_config))
+            checks += [check_job_submit(show_config), check_scheduler(show_config)]
         return checks
     if node not in config.nodes:
         fix = f"add {node} under nodes: in {path}, or give --node with this node's Slurm NodeName"
@@ -349,6 +349,28 @@ def check_job_submit(show_config: str) -> Check:
     if LUA_MARK not in lua.read_text(errors="replace"):
         return Check("job_submit.lua", False, f"{lua} is not mig_batch's job_submit.lua", fix)
     return Check("job_submit.lua", True, f"{lua} is mig_batch's, JobSubmitPlugins has lua")
+
+
+SLURM_BATCH_SCHED_DELAY_S = 3  # Slurm's default, and what it takes for a value it cannot read
+
+
+def check_scheduler(show_config: str) -> Check:
+    """Advice, never a failure: a MIG job starts at the first scheduling pass after mig-batchd releases it,
+    and slurmctld runs the pass a release asks for once ``batch_sched_delay`` has passed since its last."""
+    params = config_values(show_config).get("SchedulerParameters", "")
+    given = [v for k, _, v in (p.strip().partition("=") for p in params.split(",")) if k == "batch_sched_delay"]
+    try:
+        delay = int(given[-1]) if given else SLURM_BATCH_SCHED_DELAY_S
+    except ValueError:
+        delay = SLURM_BATCH_SCHED_DELAY_S
+    if delay < 0:
+        delay = SLURM_BATCH_SCHED_DELAY_S
+    if delay <= 1:
+        return Check("scheduler", True, f"batch_sched_delay={delay}: a released MIG job starts at slurmctld's next "
+                     "scheduling pass, within about a second")  # fmt: skip
+    return Check("scheduler", True, f"batch_sched_delay is {delay} s: a MIG job may wait up to {delay} s after its "
+                 "release for a scheduling pass; add batch_sched_delay=1 to SchedulerParameters in slurm.conf "
+                 "to start it within about a second (docs/slurm.md, Install)")  # fmt: skip
 
 
 def check_store(path: Path) -> Check:

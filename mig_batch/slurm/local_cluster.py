@@ -211,7 +211,7 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
-SchedulerParameters=sched_interval=2
+SchedulerParameters=sched_interval=2,batch_sched_delay=1
 MpiDefault=none
 ReturnToService=2
 MinJobAge=600
