@@ -349,8 +349,8 @@ def test_doctor_checks_the_controllers_store_and_job_submit(site, installed, cap
     ("batch_sched_delay=1,default_queue_depth=200", "batch_sched_delay=1: a released MIG job starts", False),
     ("batch_sched_delay=0", "batch_sched_delay=0: a released MIG job starts", False),
 ])  # fmt: skip
-def test_doctor_advises_a_batch_sched_delay_that_starts_released_jobs_within_a_second(site, installed, capsys,
-                                                                                      params, said, advised):  # fmt: skip
+def test_doctor_advises_a_batch_sched_delay_that_starts_a_released_job_soon(site, installed, capsys, params, said,
+                                                                           advised):  # fmt: skip
     config = installed.parent / "slurm-bin" / "config.txt"
     config.write_text(config.read_text() + f"SchedulerParameters     = {params}\n")
     code, out = doctor(site, capsys, "--role", "controller")
