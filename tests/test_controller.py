@@ -605,6 +605,24 @@ def test_a_job_goes_only_to_nodes_of_its_partitions(site, partitioned, tag):
     assert store.decision(anywhere) is not None
 
 
+def test_a_moldable_job_reserves_no_gpu_outside_its_partitions(site, partitioned):
+    """7g would finish first on n1's GPU once its job ends, but the job may run on n2 only: reserved on n1,
+    it waited for a slot Slurm would refuse it, and kept that slot from others; it starts 1g on n2 now."""
+    store = Store(site.state)
+    c = Controller(site, store, partitioned)
+    partitioned.clock = time.time()  # the jobs' ends (start + time limit) in wall time, as mig-batchd reads them
+    ending = partitioned.add(RIGID, time_limit_s=100, partitions=("gpu",))
+    busy = partitioned.add(RIGID, partitions=("other",))
+    c.step()
+    made(partitioned, ending)
+    made(partitioned, busy)
+    assert (store.decision(ending).node, store.decision(busy).node) == ("n1", "n2")
+    job = partitioned.add("mig-batch:v1;req=1g;moldable=1g:600,7g:60", partitions=("other",))
+    c.step()
+    d = store.decision(job)
+    assert d is not None and (d.node, d.profile) == ("n2", "1g.10gb")
+
+
 def test_a_request_that_fits_nowhere_in_one_partition_may_fit_in_another(site, partitioned):
     store = Store(site.state)
     c = Controller(site, store, partitioned)

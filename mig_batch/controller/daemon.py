@@ -379,6 +379,12 @@ class Controller:
         outside = self._outside_partitions(job.partitions)
         return outside | self._refused_nodes(job.job_id) if job.job_id in self._refused else outside
 
+    def _barred(self, job: BatchJob) -> frozenset[int]:
+        """The GPUs ``job`` may not have later either, for its reservation: on nodes outside its partitions,
+        refusing its pins or down, and those with MIG mode off (a node's lack of CPUs passes)."""
+        hosts = self._outside_of_job(job) | set(self._down_since)
+        return frozenset(gid for host in hosts for gid in self._gids_of.get(host, ())) | self._fenced_off
+
     def _confine(self, job: BatchJob | None) -> None:
         """Fence the nodes outside ``job``'s partitions, and those that refused its pins lately, while it is
         decided (None: lift that fence)."""
@@ -733,8 +739,8 @@ class Controller:
                 continue
             if not self._in_some_partition(job):
                 continue
-            self._confine(job)  # its start only: a reservation may still fall outside its partitions
-            choice = planner.decide(MoldableJob(job.job_id, times))
+            self._confine(job)
+            choice = planner.decide(MoldableJob(job.job_id, times), self._barred(job))
             log.debug("moldable job %s: %s", job.job_id, choice)
             if choice.placement is None:
                 stats.waiting += 1

@@ -121,11 +121,13 @@ class MoldablePlanner:
         row = self._row_of[gid]
         free_at[row, cols] = np.maximum(free_at[row, cols], hold.until)
 
-    def decide(self, job: MoldableJob) -> MoldableChoice:
+    def decide(self, job: MoldableJob, barred: frozenset[int] = frozenset()) -> MoldableChoice:
+        """``barred``: GPU ids the job may not have later either (outside its partitions, on a node that is
+        down), where no reservation goes; starting now goes by the cluster's fences."""
         options = options_of(job)
         now_choice = self._start_now(job.job, options)
         if self.reservations_left > 0:
-            later = self._earliest_later(options, now_choice)
+            later = self._earliest_later(options, now_choice, barred)
             if later is not None:
                 gid, option, start, opens = later
                 window = get_model(option.model).profile(option.profile).window(start)
@@ -178,9 +180,9 @@ class MoldablePlanner:
         return not any(h.window & window and h.since < end and h.until > begin for h in self._later.get(gid, ()))
 
     # -- wait for a better start
-    def _earliest_later(self, options: list[_Option], now_choice: tuple[Placement, _Option] | None
-                        ) -> tuple[int, _Option, int, float] | None:  # fmt: skip
-        """The best later start when it beats starting now by more than ``min_gain``."""
+    def _earliest_later(self, options: list[_Option], now_choice: tuple[Placement, _Option] | None,
+                        barred: frozenset[int]) -> tuple[int, _Option, int, float] | None:  # fmt: skip
+        """The best later start, on no ``barred`` GPU, when it beats starting now by more than ``min_gain``."""
         target = math.inf
         if now_choice is not None:
             seconds = now_choice[1].seconds
@@ -191,10 +193,13 @@ class MoldablePlanner:
             if option.model not in self._rows or self.now + option.seconds >= bar:
                 continue
             gids, free_at = self._rows[option.model]
+            never = np.isin(gids, list(barred)) if barred else None
             profile = get_model(option.model).profile(option.profile)
             for start in profile.starts:
                 window = profile.window(start)
                 opens = np.maximum(free_at[:, _bits(window)].max(axis=1), self.now)
+                if never is not None:
+                    opens[never] = math.inf  # sorted last, and never clear
                 for row in np.argsort(opens, kind="stable")[: 1 + len(self._later)]:
                     gid = int(gids[row])
                     at = self._clear_from(gid, window, float(opens[row]), option.seconds)
