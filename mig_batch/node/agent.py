@@ -118,7 +118,7 @@ def _reported(admin_tag: str) -> bool:
 
 
 def _spots(verb: str, entries: list[Entry]) -> str:
-    """"<verb> 1g.10gb@3 on GPU 0, ..." ("" for none)."""
+    """The entries as "<verb> 1g.10gb@3 on GPU 0, ..." ("" for none)."""
     return f"{verb} " + ", ".join(f"{e.profile}@{e.start} on GPU {e.gpu}" for e in entries) if entries else ""
 
 

@@ -119,9 +119,9 @@ def records(text: str) -> list[str]:
 
 def parse_job_line(line: str) -> BatchJob:
     """One record of ``squeue -h -O FORMAT`` as a ``BatchJob``."""
-    head, end, tail = line.partition(REASON_END)
+    head, ended, tail = line.partition(REASON_END)
     f = head.split("|", _BEFORE_REASON) + tail.split("|", _AFTER_REASON - 1)
-    if not end or len(f) != len(FIELDS):
+    if not ended or len(f) != len(FIELDS):
         raise SlurmError(f"squeue printed an unexpected line: {line!r}")
     (job_id, state, priority, uid, nodes, submit, start, end, limit, exit_code, reason, cpus, partitions, begin,
      dependency, comment) = f  # fmt: skip
