@@ -205,12 +205,16 @@ def test_an_entry_another_writer_removed_is_not_held_and_a_stray_on_its_id_goes_
     assert a.epilog(done) == "destroyed 2g.10gb@2 on GPU 1; destroyed 1 stray instance(s): 1g.5gb@1 on GPU 1"
 
 
-def test_an_epilog_leaves_another_jobs_instance_that_took_its_instances_id(site, batch, gpus):
+@pytest.mark.parametrize("uuids", ["new", "repeated"])
+def test_an_epilog_leaves_another_jobs_instance_that_took_its_instances_id(site, batch, gpus, monkeypatch, uuids):
     """The job's instance was destroyed behind the agent's back (an operator's ``nvidia-smi mig -dgi``) and
-    another job's instance was made at the same spot, with the same GPU instance id: the Epilog destroys by
-    UUID, so it leaves that one alone and says its own was gone."""
+    another job's instance was made at the same spot, with the same GPU instance id: the Epilog leaves that
+    one alone and says its own was gone. It tells by the UUID, and by the newer journal entry for a driver
+    that gives the new instance the old one's UUID ("repeated")."""
     from mig_batch.node.journal import Entry
 
+    if uuids == "repeated":
+        monkeypatch.setattr(NvmlNode, "_is_instance", staticmethod(lambda gpu, gi_id, uuid: True))
     a = agent(site, batch, gpus)
     job = decide(batch, 1, "1g.5gb", 3)
     a.prolog(job)
@@ -218,7 +222,8 @@ def test_an_epilog_leaves_another_jobs_instance_that_took_its_instances_id(site,
     gpus.destroy(1, mine.gi_id)
     theirs = gpus.create(1, "1g.5gb", 3)
     assert theirs.gi_id == mine.gi_id and theirs.uuid != mine.uuid
-    Journal(site.node_dir / "journal").add(Entry("99", 1, theirs.gi_id, "1g.5gb", 3, theirs.uuid, 1.0))
+    journaled = mine.created + 1  # made after the job's own instance
+    Journal(site.node_dir / "journal").add(Entry("99", 1, theirs.gi_id, "1g.5gb", 3, theirs.uuid, journaled))
     detail = a.epilog(job)
     assert gpus.instances(1) == [theirs] and a.journal.get(job) is None
     assert detail == "already gone: 1g.5gb@3 on GPU 1"

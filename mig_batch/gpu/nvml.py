@@ -286,7 +286,7 @@ class NvmlNode(GpuBackend):
         nv = _nvml()
         handle = self._handle(gpu)
         with _errors():
-            if uuid and not self._is_instance(handle, gi_id, uuid):
+            if uuid and not self._is_instance(gpu, gi_id, uuid):
                 raise NotFound(f"instance {uuid} is not GPU instance {gi_id} of GPU {gpu} (any more)")
             gi = nv.nvmlDeviceGetGpuInstanceById(handle, gi_id)
             for profile_id in self._compute_profiles(gpu, gi):
@@ -298,9 +298,9 @@ class NvmlNode(GpuBackend):
             nv.nvmlGpuInstanceDestroy(gi)
 
     @staticmethod
-    def _is_instance(handle, gi_id: int, uuid: str) -> bool:
-        """Whether the MIG device ``uuid`` is GPU instance ``gi_id`` of the GPU ``handle``: three calls, where
-        listing the GPU's instances would read every one's UUID."""
+    def _is_instance(gpu: int, gi_id: int, uuid: str) -> bool:
+        """Whether the MIG device ``uuid`` is GPU instance ``gi_id`` of GPU ``gpu``: four calls, where listing
+        the GPU's instances would read every one's UUID."""
         nv = _nvml()
         try:
             mig = nv.nvmlDeviceGetHandleByUUID(uuid.encode())
@@ -309,8 +309,7 @@ class NvmlNode(GpuBackend):
                 return False
             raise
         parent = nv.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
-        same_gpu = ctypes.cast(parent, ctypes.c_void_p).value == ctypes.cast(handle, ctypes.c_void_p).value
-        return same_gpu and nv.nvmlDeviceGetGpuInstanceId(mig) == gi_id
+        return nv.nvmlDeviceGetIndex(parent) == gpu and nv.nvmlDeviceGetGpuInstanceId(mig) == gi_id
 
     def memory_used(self, gpu: int, gi_id: int) -> int:
         nv = _nvml()

@@ -369,9 +369,11 @@ class NodeAgent:
             entries = self.journal.ranks(job_id)
             if not entries:
                 return "nothing to destroy", False
-            gone = []
+            gone = [e for e in entries if self._remade(e)]
             for entry in entries:
                 for attempt in range(attempts):
+                    if entry in gone:
+                        break  # its id holds another job's instance now
                     try:  # by UUID too: its id may have been made again for another job's instance
                         self.backend.destroy(entry.gpu, entry.gi_id, entry.uuid)
                         break
@@ -392,6 +394,13 @@ class NodeAgent:
             return destroyed, False
         except Exception as exc:
             return f"epilog error {type(exc).__name__}: {exc}", True
+
+    def _remade(self, entry: Entry) -> bool:
+        """Whether a newer entry names ``entry``'s GPU instance id: its instance was destroyed behind the
+        agent's back and the id made again for another job. The UUID check alone would not tell where the
+        driver gives the new instance the same UUID."""
+        others = self.journal.holders(entry.gpu, entry.gi_id)
+        return any(o.job != entry.job and o.created > entry.created for o in others)
 
     def _note_problem(self, problem: NodeProblem) -> None:
         """Count the problem for the node's field (:meth:`_publish` shows it, where the controller reads it)."""

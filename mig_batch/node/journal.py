@@ -110,6 +110,13 @@ class Journal:
         with self._mutex:
             return {e.gi_id for e in (*self._live.values(), *self._old_now().values()) if e.gpu == gpu}
 
+    def holders(self, gpu: int, gi_id: int) -> list[Entry]:
+        """The entries naming GPU instance ``gi_id`` on ``gpu``, as this process last read the file (``ranks``
+        and ``get`` read it): two when the id was made again after the first one's instance was destroyed."""
+        with self._mutex:
+            known = (*self._live.values(), *self._old_now().values())
+            return [e for e in known if e.gpu == gpu and e.gi_id == gi_id]
+
     def entries(self) -> list[Entry]:
         """Every entry, by job."""
         with self._mutex:

@@ -748,6 +748,15 @@ nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t mig, nvml
     return NVML_SUCCESS;
 }
 
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    REQUIRE_INIT();
+    REQUIRE_POINTER(index);
+    int g = device_gpu(device);
+    if (g < 0 || is_mig_device(device)) return NVML_ERROR_INVALID_ARGUMENT;
+    *index = (unsigned int) g;
+    return NVML_SUCCESS;
+}
+
 nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
     REQUIRE_INIT();
     REQUIRE_POINTER(id);
