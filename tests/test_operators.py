@@ -345,7 +345,10 @@ def test_doctor_checks_the_controllers_store_and_job_submit(site, installed, cap
 @pytest.mark.parametrize(("params", "said", "advised"), [
     ("(null)", "batch_sched_delay is 3 s: a MIG job may wait up to 3 s", True),
     ("sched_interval=2,batch_sched_delay=5", "batch_sched_delay is 5 s", True),
-    ("batch_sched_delay=x", "batch_sched_delay is 3 s", True),  # slurmctld takes its default for it
+    ("batch_sched_delay=-2", "batch_sched_delay is 3 s", True),  # slurmctld takes its default for it
+    ("batch_sched_delay=5,batch_sched_delay=1", "batch_sched_delay is 5 s", True),  # the first one counts
+    ("Batch_Sched_Delay=1s", "batch_sched_delay=1: a released MIG job starts", False),  # any case; atoi
+    ("batch_sched_delay=x", "batch_sched_delay=0: a released MIG job starts", False),  # atoi("x") is 0
     ("batch_sched_delay=1,default_queue_depth=200", "batch_sched_delay=1: a released MIG job starts", False),
     ("batch_sched_delay=0", "batch_sched_delay=0: a released MIG job starts", False),
 ])  # fmt: skip

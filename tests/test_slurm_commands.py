@@ -1,4 +1,4 @@
-"""The Slurm adapter's parsing of squeue's one-line-per-job format (lines as Slurm 22.05 printed them)."""
+"""The Slurm adapter's parsing of squeue's one-record-per-job format (records as Slurm 22.05 printed them)."""
 
 import math
 
@@ -145,7 +145,7 @@ def test_a_line_break_in_a_free_text_field_stays_in_its_record():
 
 
 def test_a_short_line_is_an_error_naming_it():
-    with pytest.raises(SlurmError, match="unexpected line"):
+    with pytest.raises(SlurmError, match="unexpected record"):
         parse_job_line("1|RUNNING|5")
 
 

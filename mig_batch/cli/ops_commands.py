@@ -351,20 +351,25 @@ def check_job_submit(show_config: str) -> Check:
     return Check("job_submit.lua", True, f"{lua} is mig_batch's, JobSubmitPlugins has lua")
 
 
-SLURM_BATCH_SCHED_DELAY_S = 3  # Slurm's default, and what it takes for a value it cannot read
+SLURM_BATCH_SCHED_DELAY_S = 3  # Slurm's default, and what it takes for a negative value
+_LEADING_INT = re.compile(r"\s*[+-]?\d*")
+
+
+def batch_sched_delay(scheduler_parameters: str) -> int:
+    """``batch_sched_delay`` as slurmctld 22.05 reads it from SchedulerParameters: the first
+    ``batch_sched_delay=`` in any case, its value through C's atoi (no digits: 0)."""
+    at = scheduler_parameters.lower().find("batch_sched_delay=")
+    if at < 0:
+        return SLURM_BATCH_SCHED_DELAY_S
+    digits = _LEADING_INT.match(scheduler_parameters, at + len("batch_sched_delay=")).group().strip()
+    delay = int(digits) if digits.lstrip("+-") else 0
+    return delay if delay >= 0 else SLURM_BATCH_SCHED_DELAY_S
 
 
 def check_scheduler(show_config: str) -> Check:
     """Advice, never a failure: a MIG job starts at the first scheduling pass after mig-batchd releases it,
     and slurmctld runs the pass a release asks for once ``batch_sched_delay`` has passed since its last."""
-    params = config_values(show_config).get("SchedulerParameters", "")
-    given = [v for k, _, v in (p.strip().partition("=") for p in params.split(",")) if k == "batch_sched_delay"]
-    try:
-        delay = int(given[-1]) if given else SLURM_BATCH_SCHED_DELAY_S
-    except ValueError:
-        delay = SLURM_BATCH_SCHED_DELAY_S
-    if delay < 0:
-        delay = SLURM_BATCH_SCHED_DELAY_S
+    delay = batch_sched_delay(config_values(show_config).get("SchedulerParameters", ""))
     if delay <= 1:
         return Check("scheduler", True, f"batch_sched_delay={delay}: a released MIG job starts at slurmctld's next "
                      "scheduling pass, within about a second")  # fmt: skip

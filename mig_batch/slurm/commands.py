@@ -1,4 +1,4 @@
-"""The Slurm side of the batch-system seam, over Slurm's commands (squeue/sinfo one line per record, scontrol,
+"""The Slurm side of the batch-system seam, over Slurm's commands (squeue/sinfo one record per job, scontrol,
 sbatch, scancel): thin, no decisions.
 
 pyslurm has no release for Slurm 22.05, so the CLI is the adapter. Every call has a timeout and
@@ -122,7 +122,7 @@ def parse_job_line(line: str) -> BatchJob:
     head, ended, tail = line.partition(REASON_END)
     f = head.split("|", _BEFORE_REASON) + tail.split("|", _AFTER_REASON - 1)
     if not ended or len(f) != len(FIELDS):
-        raise SlurmError(f"squeue printed an unexpected line: {line!r}")
+        raise SlurmError(f"squeue printed an unexpected record: {line!r}")
     (job_id, state, priority, uid, nodes, submit, start, end, limit, exit_code, reason, cpus, partitions, begin,
      dependency, comment) = f  # fmt: skip
     pending = state in WAITING  # its start time is a forecast
@@ -189,7 +189,7 @@ def parse_node_line(line: str) -> NodeStatus:
     several partitions has one in each)."""
     f = line.split("|", len(NODE_FIELDS) - 1)
     if len(f) != len(NODE_FIELDS):
-        raise SlurmError(f"sinfo printed an unexpected line: {line!r}")
+        raise SlurmError(f"sinfo printed an unexpected record: {line!r}")
     name, state, cpus, partition, comment = f
     base, *flags = state.upper().rstrip("*~#!%$@^-").split("+")
     counts = cpus.split("/")  # allocated/idle/other/total
