@@ -352,7 +352,7 @@ def check_job_submit(show_config: str) -> Check:
 
 
 SLURM_BATCH_SCHED_DELAY_S = 3  # Slurm's default, and what it takes for a negative value
-_LEADING_INT = re.compile(r"\s*[+-]?\d*")
+_LEADING_INT = re.compile(r"\s*([+-]?\d+)")  # what C's atoi reads
 
 
 def batch_sched_delay(scheduler_parameters: str) -> int:
@@ -361,8 +361,8 @@ def batch_sched_delay(scheduler_parameters: str) -> int:
     at = scheduler_parameters.lower().find("batch_sched_delay=")
     if at < 0:
         return SLURM_BATCH_SCHED_DELAY_S
-    digits = _LEADING_INT.match(scheduler_parameters, at + len("batch_sched_delay=")).group().strip()
-    delay = int(digits) if digits.lstrip("+-") else 0
+    number = _LEADING_INT.match(scheduler_parameters, at + len("batch_sched_delay="))
+    delay = int(number.group(1)) if number else 0
     return delay if delay >= 0 else SLURM_BATCH_SCHED_DELAY_S
 
 

@@ -369,22 +369,17 @@ class NodeAgent:
             entries = self.journal.ranks(job_id)
             if not entries:
                 return "nothing to destroy", False
-            gone = [e for e in entries if self._remade(e)]
+            gone = []
             for entry in entries:
-                for attempt in range(attempts):
-                    if entry in gone:
-                        break  # its id holds another job's instance now
-                    try:  # by UUID too: its id may have been made again for another job's instance
-                        self.backend.destroy(entry.gpu, entry.gi_id, entry.uuid)
-                        break
-                    except NotFound:
-                        gone.append(entry)  # destroyed already: idempotent
-                        break
-                    except InUse:
-                        if attempt == attempts - 1:
-                            return f"instance {entry.profile}@{entry.start} on GPU {entry.gpu} still in use; " \
-                                   "the reconcile destroys it later", True  # fmt: skip
-                        time.sleep(pause_s)  # the job's processes are still exiting
+                if self._remade(entry):
+                    gone.append(entry)  # its id holds another job's instance now
+                else:
+                    outcome = self._destroy_journaled(entry, attempts, pause_s)
+                    if outcome is None:
+                        return f"instance {entry.profile}@{entry.start} on GPU {entry.gpu} still in use; " \
+                               "the reconcile destroys it later", True  # fmt: skip
+                    if not outcome:
+                        gone.append(entry)
                 self.journal.remove(entry.job)
             strays = [s for gpu in sorted({e.gpu for e in entries}) for s in self._local_strays(gpu)]
             destroyed = "; ".join(part for part in (_spots("destroyed", [e for e in entries if e not in gone]),
@@ -394,6 +389,20 @@ class NodeAgent:
             return destroyed, False
         except Exception as exc:
             return f"epilog error {type(exc).__name__}: {exc}", True
+
+    def _destroy_journaled(self, entry: Entry, attempts: int, pause_s: float) -> bool | None:
+        """Destroy an entry's instance, by its UUID too (its id may have been made again for another job's
+        instance): True when destroyed, False when gone already, None when still in use after ``attempts``."""
+        for attempt in range(attempts):
+            try:
+                self.backend.destroy(entry.gpu, entry.gi_id, entry.uuid)
+                return True
+            except NotFound:
+                return False  # idempotent
+            except InUse:
+                if attempt < attempts - 1:
+                    time.sleep(pause_s)  # the job's processes are still exiting
+        return None
 
     def _remade(self, entry: Entry) -> bool:
         """Whether a newer entry names ``entry``'s GPU instance id: its instance was destroyed behind the

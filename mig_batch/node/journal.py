@@ -108,14 +108,13 @@ class Journal:
         file, with its own changes since), without reading the file: an id outside it may still be
         journaled by another writer (a hook's in-process fallback), which ``entries`` sees."""
         with self._mutex:
-            return {e.gi_id for e in (*self._live.values(), *self._old_now().values()) if e.gpu == gpu}
+            return {e.gi_id for e in self._known_entries() if e.gpu == gpu}
 
     def holders(self, gpu: int, gi_id: int) -> list[Entry]:
         """The entries naming GPU instance ``gi_id`` on ``gpu``, as this process last read the file (``ranks``
         and ``get`` read it): two when the id was made again after the first one's instance was destroyed."""
         with self._mutex:
-            known = (*self._live.values(), *self._old_now().values())
-            return [e for e in known if e.gpu == gpu and e.gi_id == gi_id]
+            return [e for e in self._known_entries() if e.gpu == gpu and e.gi_id == gi_id]
 
     def entries(self) -> list[Entry]:
         """Every entry, by job."""
@@ -129,6 +128,10 @@ class Journal:
         one since (a hook's fallback running across the upgrade)."""
         with self._mutex:
             self._read_old_files(self._adopting)
+
+    def _known_entries(self) -> tuple[Entry, ...]:
+        """The log's entries as last read, with this process's changes, and an earlier release's still there."""
+        return (*self._live.values(), *self._old_now().values())
 
     def _known(self, job: str) -> Entry | None:
         found = self._live.get(job)
@@ -189,11 +192,12 @@ class Journal:
             if "add" in record:
                 entry = Entry(**record["add"])
                 _check_job(entry.job)
-                self._live[entry.job] = entry
+                job = entry.job
+                self._live[job] = entry
             else:
-                entry = None
-                self._live.pop(record["remove"], None)
-            self._old.pop(entry.job if entry else record["remove"], None)  # the log's record is the newer
+                job = record["remove"]
+                self._live.pop(job, None)
+            self._old.pop(job, None)  # the log's record is the newer
         except (ValueError, TypeError, KeyError, AttributeError):
             log.warning("journal %s: an unreadable line skipped: %.80r", self.path, line)
 

@@ -188,18 +188,20 @@ class MoldablePlanner:
             seconds = now_choice[1].seconds
             target = self.now + seconds - self.min_gain * seconds
         best: tuple[float, float, int, int, _Option] | None = None  # (finish, opens, gid, start, option)
+        never: dict[str, np.ndarray] = {}  # model -> its rows on barred GPUs
         for option in options:
             bar = min(target, best[0]) if best else target
             if option.model not in self._rows or self.now + option.seconds >= bar:
                 continue
             gids, free_at = self._rows[option.model]
-            never = np.isin(gids, list(barred)) if barred else None
+            if barred and option.model not in never:
+                never[option.model] = np.isin(gids, list(barred))
             profile = get_model(option.model).profile(option.profile)
             for start in profile.starts:
                 window = profile.window(start)
                 opens = np.maximum(free_at[:, _bits(window)].max(axis=1), self.now)
-                if never is not None:
-                    opens[never] = math.inf  # sorted last, and never clear
+                if barred:
+                    opens[never[option.model]] = math.inf  # sorted last, and never clear
                 for row in np.argsort(opens, kind="stable")[: 1 + len(self._later)]:
                     gid = int(gids[row])
                     at = self._clear_from(gid, window, float(opens[row]), option.seconds)
