@@ -741,6 +741,62 @@ def test_a_job_after_another_started_plus_minutes_waits_that_long(site, batch, e
     assert c.step().placed == 1
 
 
+@pytest.mark.parametrize("awaits, failed, decided", [
+    ("end", False, True), ("end", True, True), ("success", False, True), ("success", True, False),
+    ("failure", False, False), ("failure", True, True), ("start", False, True),
+])  # fmt: skip
+def test_a_job_after_an_array_waits_for_all_its_tasks_as_slurm_counts_them(site, batch, awaits, failed, decided):
+    """A job after an array (Slurm: afterok:50_*) waits while any task waits or runs; then Slurm's rule for
+    the array as a whole: it succeeded only if every task did. A slot decided sooner would idle."""
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    first = batch.add("a task", job_id="50_1", array="50", array_tasks=[range(1, 2)])
+    batch.add("its pending tasks", job_id="50_[2-3]", array="50", array_tasks=[range(2, 4)])
+    job = batch.add(RIGID, after=[After("50_*", Awaits(awaits), array="50")])
+    batch.start(first)
+    c.step()
+    assert store.decision(job) is None
+    assert store.events(job=job)[-1]["reason"] == f"job 50_* to {'start' if awaits == 'start' else 'end'}"
+    batch.forget("50_[2-3]")  # the scheduler starts them: each its own record
+    for task in (2, 3):
+        batch.start(batch.add("a task", job_id=f"50_{task}", array="50", array_tasks=[range(task, task + 1)]))
+    if awaits == "start":
+        assert c.step().placed == 1
+        return
+    for task in (1, 2):
+        batch.finish(f"50_{task}", exit_status=1 if failed and task == 2 else 0,
+                     outcome="FAILED" if failed and task == 2 else "COMPLETED")  # fmt: skip
+    c.step()
+    assert store.decision(job) is None and store.events(job=job)[-1]["reason"] == "job 50_* to end"  # 50_3 runs
+    batch.finish("50_3")
+    c.step()
+    assert (store.decision(job) is not None) is decided
+    if not decided:
+        ended = "its task 50_2 ended FAILED" if awaits == "success" else "every task of it ended COMPLETED"
+        assert store.events(job=job)[-1]["reason"] == f"its dependency on job 50_*, which can never be met: {ended}"
+
+
+def test_a_job_after_one_task_of_an_array_waits_for_that_task_only(site, batch):
+    """The task may be among the array's pending ones (one record for all of them), even past where Slurm
+    cut their list short; once it has its own record, the other tasks do not matter."""
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    batch.add("a task", job_id="60_1", array="60", array_tasks=[range(1, 2)])
+    batch.add("pending tasks", job_id="60_[2-40,...]", array="60", array_tasks=[range(2, 41), range(41, 2**63)])
+    job = batch.add(RIGID, after=[After("60_77", Awaits.SUCCESS, array="60", task=77)])
+    c.step()
+    assert store.decision(job) is None and store.events(job=job)[-1]["reason"] == "job 60_77 to end"
+    batch._set("60_[2-40,...]", array_tasks=(range(2, 77), range(78, 101)))  # 77 started: its own record
+    batch.start(batch.add("task 77", job_id="60_77", array="60", array_tasks=[range(77, 78)]))
+    c.step()
+    assert store.decision(job) is None
+    batch.finish("60_77")
+    assert c.step().placed == 1
+    other = batch.add(RIGID, after=[After("60_5", Awaits.SUCCESS, array="60", task=5)])
+    batch.forget("60_[2-40,...]")  # every pending task ended and its record was purged
+    assert c.step().placed == 1 and store.decision(other) is not None
+
+
 def test_a_released_job_whose_dependency_fails_gives_its_slot_back(site, batch):
     """Released on a dependency the batch system judges (an array's tasks): when that fails, the batch system
     never starts the job, so its slot goes back and it waits, held, with the reason."""

@@ -10,8 +10,10 @@ from mig_batch.slurm.commands import SlurmCli, SlurmError
 from mig_batch.slurm.native import SlurmApiError
 
 UNREACHABLE, TIMED_OUT, REFUSED, QOS_THRESHOLD = 1800, 5004, 2017, 2108  # slurm_errno.h of 22.05
-HELD = "{job}|PENDING|0|0||1795407940|N/A|N/A|UNLIMITED|0|JobHeldAdmin\x1f1|gpu|N/A|(null)|{tag}\x1e\n"
-RELEASED = "{job}|PENDING|4294901759|0||1795407940|N/A|N/A|UNLIMITED|0|Priority\x1f1|gpu|N/A|(null)|{tag}\x1e\n"
+HELD = ("{job}|{job}|N/A|PENDING|0|0||1795407940|N/A|N/A|UNLIMITED|0|JobHeldAdmin\x1f1|gpu|N/A|(null)|"
+        "{tag}\x1e\n")
+RELEASED = ("{job}|{job}|N/A|PENDING|4294901759|0||1795407940|N/A|N/A|UNLIMITED|0|Priority\x1f1|gpu|N/A|(null)|"
+            "{tag}\x1e\n")
 
 
 class FakeApi:

@@ -10,6 +10,7 @@ from mig_batch.batch.system import After, Awaits, JobState
 from mig_batch.slurm.commands import (
     SlurmError,
     _limit_s,
+    array_tasks,
     job_in,
     parse_dependency,
     parse_job_line,
@@ -18,19 +19,27 @@ from mig_batch.slurm.commands import (
     stdin_safe,
 )
 
-FAILED = ("2|FAILED|4294901758|0|n1|1795407940|1795407942|1795407942|UNLIMITED|768|NonZeroExitCode\x1f1|gpu|1795407940|"
-          "(null)|(null)")
-KILLED = ("3|FAILED|4294901757|0|n1|1795407940|1795407942|1795407942|UNLIMITED|9|JobLaunchFailure\x1f1|gpu|1795407940|"
-          "(null)|(null)")
-HELD = ("4|PENDING|0|0||1795407940|N/A|N/A|1-02:03:00|0|JobHeldUser\x1f4|gpu,debug|N/A|(null)|"
+FAILED = ("2|2|N/A|FAILED|4294901758|0|n1|1795407940|1795407942|1795407942|UNLIMITED|768|NonZeroExitCode\x1f1|gpu|"
+          "1795407940|(null)|(null)")
+KILLED = ("3|3|N/A|FAILED|4294901757|0|n1|1795407940|1795407942|1795407942|UNLIMITED|9|JobLaunchFailure\x1f1|gpu|"
+          "1795407940|(null)|(null)")
+HELD = ("4|4|N/A|PENDING|0|0||1795407940|N/A|N/A|1-02:03:00|0|JobHeldUser\x1f4|gpu,debug|N/A|(null)|"
         "mig-batch:v1;gres=mig:1g.10gb")
-RUNNING = "1|RUNNING|4294901759|1000|n1|1795407940|1795407942|NONE|30:00|0|None\x1f1|gpu|1795407942|(null)|x"
+RUNNING = "1|1|N/A|RUNNING|4294901759|1000|n1|1795407940|1795407942|NONE|30:00|0|None\x1f1|gpu|1795407942|(null)|x"
 
 
 def test_a_finished_job_has_its_exit_status_and_times():
     job = parse_job_line(FAILED)
     assert (job.job_id, job.state, job.exit_status, job.node, job.admin_tag) == ("2", JobState.FINISHED, 3, "n1", "")
     assert job.start_time == 1795407942.0 and job.end_time == 1795407942.0 and job.time_limit_s == math.inf
+
+
+def test_an_array_tasks_record_names_its_array_and_a_plain_job_none():
+    task = parse_job_line(FAILED.replace("2|2|N/A|", "12|9|3|"))  # task 3 of array 9, record 12
+    pending = parse_job_line(HELD.replace("4|4|N/A|", "9|9|4-7%2|"))
+    assert (task.job_id, task.array, task.array_tasks) == ("12", "9", (range(3, 4),))
+    assert (pending.job_id, pending.array, pending.array_tasks) == ("9", "9", (range(4, 8),))
+    assert parse_job_line(FAILED).array == "" and parse_job_line(FAILED).array_tasks == ()
 
 
 def test_a_signal_is_reported_as_128_plus_it():
@@ -67,12 +76,15 @@ def test_a_released_jobs_begin_time_counts_only_while_slurm_waits_for_it(priorit
 @pytest.mark.parametrize(("text", "after"), [
     ("(null)", ()),
     ("afterany:7(unfulfilled),afternotok:8(failed)", (After("7", Awaits.END), After("8", Awaits.NEVER))),
-    ("afterany:7_*(unfulfilled),afterok:8_2(unfulfilled)", ()),  # an array's tasks: Slurm's to judge
+    ("afterany:7_*(unfulfilled),afterok:8_2(unfulfilled)",  # every task of array 7, task 2 of array 8
+     (After("7_*", Awaits.END, array="7"), After("8_2", Awaits.SUCCESS, array="8", task=2))),
+    ("after:7_*+2(unfulfilled)", (After("7_*", Awaits.START, 120.0, array="7"),)),
     ("aftercorr:9(unfulfilled)", (After("9", Awaits.SUCCESS),)),
     ("afterok:12(unfulfilled)?afterok:13(unfulfilled)", ()),  # one of several: Slurm's to judge
     ("afterok:12(failed)?afterok:13(unfulfilled)", ()),  # one may still be met
     ("afterok:12(failed)?afterany:13_*(failed)", (After("12", Awaits.NEVER),)),  # none can be
-    ("afterok:8_2(failed),afterany:7_*(unfulfilled)", (After("8_2", Awaits.NEVER),)),  # an array task's: final too
+    ("afterok:8_2(failed),afterany:7_*(unfulfilled)",  # an array task's: final too
+     (After("8_2", Awaits.NEVER), After("7_*", Awaits.END, array="7"))),
     ("afterok:8_*(failed)", (After("8_*", Awaits.NEVER),)),
     ("singleton(unfulfilled),afterok:12(unfulfilled)", (After("12", Awaits.SUCCESS),)),
     ("expand:5(unfulfilled)", ()),
@@ -80,6 +92,35 @@ def test_a_released_jobs_begin_time_counts_only_while_slurm_waits_for_it(priorit
 ])  # fmt: skip
 def test_dependencies_as_slurm_prints_them(text, after):
     assert parse_dependency(text) == after
+
+
+@pytest.mark.parametrize(("text", "tasks"), [
+    ("3", (3,)),
+    ("4-6,11,13-19:3%2", (4, 5, 6, 11, 13, 16, 19)),  # %2: at most two run at once
+    ("1-10:2", (1, 3, 5, 7, 9)),
+])  # fmt: skip
+def test_an_array_records_tasks_as_slurm_prints_them(text, tasks):
+    assert tuple(t for r in array_tasks(text) for t in r) == tasks
+
+
+@given(st.lists(st.integers(0, 2000), min_size=1, max_size=60, unique=True))
+def test_tasks_slurm_cut_short_all_count_as_the_records(tasks):
+    """squeue cuts the pending tasks' text at 64 characters ("..."): every task it lists stays the record's,
+    and so does every task it may have cut off, so that a job waiting for one of them waits."""
+    tasks = sorted(tasks)
+    runs: list[list[int]] = []
+    for t in tasks:  # consecutive tasks as one range, as Slurm's bit_fmt writes them
+        if runs and runs[-1][1] == t - 1:
+            runs[-1][1] = t
+        else:
+            runs.append([t, t])
+    full = ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
+    shown = full if len(full) <= 61 else full[:60] + "..."  # bit_fmt into 64 bytes, then the dots over its end
+    ranges = array_tasks(shown)
+    for t in tasks:
+        assert any(t in r for r in ranges)
+    if shown == full:
+        assert {t for r in ranges for t in r} == set(tasks)
 
 
 @given(st.text(max_size=1100) | st.text(alphabet=st.characters(max_codepoint=127), max_size=1100))
@@ -146,7 +187,7 @@ def test_a_line_break_in_a_free_text_field_stays_in_its_record():
 
 def test_a_short_line_is_an_error_naming_it():
     with pytest.raises(SlurmError, match="unexpected record"):
-        parse_job_line("1|RUNNING|5")
+        parse_job_line("1|1|N/A|RUNNING|5")
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("5:00", 300), ("1:00:00", 3600), ("2-00:00:30", 172830),

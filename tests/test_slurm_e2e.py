@@ -325,14 +325,42 @@ def test_a_users_mig_job_waits_unplaced_for_its_dependency_and_only_mig_batchd_r
     assert_no_overlap_and_no_leak(bed)
 
 
+def test_a_mig_job_after_a_job_array_waits_unplaced_for_the_tasks_it_names(bed, tmp_path):
+    """A job after a whole array waits until every task has ended; one after a single task, only for that
+    task. Placed sooner, its slice would idle while the array runs (Slurm lists the pending tasks in one
+    record, 12_[1-2], and each started task in its own, 12_0)."""
+    _, _, sbatch = as_nobody(bed, tmp_path)
+    array = sbatch("--array=0-2%1", seconds=4)  # no MIG: one task at a time, ~4 s each
+    whole = sbatch("--gres=mig:1g.10gb", f"--dependency=afterok:{array}", seconds=0.5)
+    first = sbatch("--gres=mig:1g.10gb", f"--dependency=afterok:{array}_0", seconds=0.5)
+    store = Store(bed.store_path)
+    first_placed_while_the_array_ran = False
+    deadline = time.monotonic() + 90
+    while store.decision(whole) is None or store.decision(first) is None:
+        placed = {j: store.decision(j) is not None for j in (whole, first)}  # read before the array's records
+        states = bed.cluster.run("squeue", "-h", "-r", "-t", "all", "-j", array, "-o", "%i %T").stdout.split("\n")
+        running = [line for line in states if line.split(" ")[-1] in ("PENDING", "RUNNING", "CONFIGURING",
+                                                                        "COMPLETING")]  # fmt: skip
+        assert not (placed[whole] and running), (states, store.events(job=whole))
+        first_placed_while_the_array_ran |= placed[first] and bool(running)
+        assert time.monotonic() < deadline, bed.cluster.run("squeue").stdout
+        time.sleep(0.2)
+    assert first_placed_while_the_array_ran, store.events(job=first)
+    assert [e["reason"] for e in store.events(job=whole, kind="waiting")] == [f"job {array}_* to end"]
+    assert [e["reason"] for e in store.events(job=first, kind="waiting")] == [f"job {array}_0 to end"]
+    wait_done(bed, [whole, first], timeout=60)
+    assert store.decision(whole).state == "ended" and store.decision(first).state == "ended"
+    assert_no_overlap_and_no_leak(bed)
+
+
 def test_a_placed_job_gives_its_slice_back_when_its_dependency_fails_or_its_begin_moves(bed, tmp_path):
-    """A dependency on an array's tasks is Slurm's to judge, so mig-batchd places such a job at once; when the
-    tasks fail, Slurm never starts it. Its owner may also move a placed job's begin time. Either way its
-    slice would idle: mig-batchd holds it again and frees the slice."""
+    """A dependency on one of several jobs (``?``) is Slurm's to judge, so mig-batchd places such a job at once;
+    when they all fail, Slurm never starts it. Its owner may also move a placed job's begin time. Either way
+    its slice would idle: mig-batchd holds it again and frees the slice."""
     _, as_user, sbatch = as_nobody(bed, tmp_path)
-    array = sbatch("--array=0-1", seconds=6, status=1)  # no MIG: both tasks fail after 6 s
-    failing = sbatch("--gres=mig:1g.10gb", f"--dependency=afterok:{array}", seconds=0.5)
-    later = sbatch("--gres=mig:1g.10gb", f"--dependency=afterany:{array}", seconds=0.5)
+    one, other = (sbatch(seconds=6, status=1) for _ in range(2))  # no MIG: both fail after 6 s
+    failing = sbatch("--gres=mig:1g.10gb", f"--dependency=afterok:{one}?afterok:{other}", seconds=0.5)
+    later = sbatch("--gres=mig:1g.10gb", f"--dependency=afterany:{one}?afterany:{other}", seconds=0.5)
     store = Store(bed.store_path)
     deadline = time.monotonic() + 20
     while not all((d := store.decision(j)) is not None and d.state == "released" for j in (failing, later)):

@@ -82,7 +82,9 @@ def test_a_job_reads_the_same_through_libslurm_as_through_squeue(cluster, clis, 
     assert api.job(held).state == JobState.HELD and api.job(held).cpus == 2
     assert api.job(failed).exit_status == 3 and api.job("999999") is None
     assert api.job(later).not_before > time.time() + 3000
-    assert [a.job_id for a in api.job(later).after] == [running]  # an array's tasks are left to Slurm
+    assert [(a.job_id, a.array) for a in api.job(later).after] == [(running, ""), (f"{array}_*", array)]
+    assert (api.job(array).array, api.job(array).array_tasks) == (array, (range(1, 3),))  # both pending, one record
+    assert api.job(running).array == "" and api.job(running).array_tasks == ()
 
 
 def test_a_pin_and_its_release_are_one_rpc_and_a_refused_pin_is_never_released(cluster, clis, tmp_path):

@@ -90,15 +90,18 @@ class FakeBatch:
 
     # the scheduler's side, for tests
     def add(self, tag: str, user_id: int = 1000, time_limit_s: float = 3600.0, cpus: int = 1,
-            partitions: Sequence[str] = (), not_before: float = 0.0, after: Sequence[After] = ()) -> str:  # fmt: skip
-        """A job as submitted: held when ``tag`` is a managed job's (as job_submit.lua holds it), else pending."""
-        job = str(self._next)
+            partitions: Sequence[str] = (), not_before: float = 0.0, after: Sequence[After] = (),
+            job_id: str | None = None, array: str = "", array_tasks: Sequence[range] = ()) -> str:  # fmt: skip
+        """A job as submitted: held when ``tag`` is a managed job's (as job_submit.lua holds it), else pending.
+        ``job_id``: the batch system's name for the record (a job array's: 12_3, 12_[4-9]; default: the next
+        number), ``array`` and ``array_tasks`` what it stands for."""
+        job = job_id or str(self._next)
         self._next += 1
         self.clock += 1
         state = JobState.HELD if tag.startswith(MANAGED_PREFIX) else JobState.PENDING
         self._jobs[job] = BatchJob(job, state, tag, user_id, submit_time=self.clock, time_limit_s=time_limit_s,
                                    cpus=cpus, partitions=tuple(partitions), not_before=not_before,
-                                   after=tuple(after))  # fmt: skip
+                                   after=tuple(after), array=array, array_tasks=tuple(array_tasks))  # fmt: skip
         return job
 
     def job(self, job: str) -> BatchJob | None:

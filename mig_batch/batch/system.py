@@ -45,9 +45,11 @@ class Awaits(enum.StrEnum):
 class After:
     """Another job this one depends on (Slurm's ``--dependency=afterok:<job>`` and the like)."""
 
-    job_id: str
+    job_id: str  # as the batch system names it to users (Slurm: 12, an array's task 12_3, every task 12_*)
     awaits: Awaits
     delay_s: float = 0.0  # START: that long after it started (Slurm's after:<job>+<minutes>)
+    array: str = ""  # a job array's id: what is awaited is its ``task``, or every task (None)
+    task: int | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,8 @@ class BatchJob:
     partitions: tuple[str, ...] = ()  # where it may run (Slurm: its partitions); (): anywhere
     not_before: float = 0.0  # the batch system starts it no sooner (epoch s; Slurm's --begin); 0: no such time
     after: tuple[After, ...] = ()  # the jobs it depends on, all of them (one of several alternatives: none)
+    array: str = ""  # the id of the job array this record belongs to ("": none)
+    array_tasks: tuple[range, ...] = ()  # the array's tasks this record stands for (Slurm: one running, or all pending)
 
     @property
     def managed(self) -> bool:

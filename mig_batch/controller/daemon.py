@@ -27,6 +27,7 @@ from mig_batch.atomize.defrag import Steer, keep_windows
 from mig_batch.atomize.gaps import GpuTimeline, Hold, cluster_timelines, reservation, with_hold
 from mig_batch.batch.states import CHAIN_OVER, DECIDABLE, DecisionState
 from mig_batch.batch.system import (
+    After,
     Awaits,
     BatchError,
     BatchJob,
@@ -98,6 +99,8 @@ class Controller:
         self.multi = MultiPolicy(config.multi_policy)  # jobs over several instances (Flex-MIG's one-to-many)
         self._ranks: dict[str, int] = {}  # multi-instance job -> its instances in the view (job, job#1, ...)
         self._why_waiting: dict[str, str] = {}  # multi-instance job -> the reason last recorded
+        self._jobs: Mapping[str, BatchJob] = {}  # this pass's
+        self._arrays: dict[str, list[BatchJob]] | None = None  # this pass's records by job array, once asked
         self.view = build_view(config.nodes)
         self.gid = {(g.host, g.index): g.gid for g in self.view.gpus}
         self._profiles: dict[str, dict[str, str] | str] = {}  # tag text -> model -> profile, or the error
@@ -161,6 +164,7 @@ class Controller:
         t0 = time.perf_counter()
         stats = PassStats()
         jobs = {j.job_id: j for j in self.batch.jobs()}
+        self._jobs, self._arrays = jobs, None
         nodes = self.batch.nodes()
         for gone in [j for j in self._refused if j not in jobs]:
             del self._refused[gone]
@@ -185,7 +189,7 @@ class Controller:
                 self.store.event(job.job_id, "bad-tag", error=str(exc))
                 continue
             # a subjob's pin starts it at once (Slurm's begin time after a requeue would cost it its gap)
-            if self._not_yet(job, jobs, now, begin=tag.atomize is None):
+            if self._not_yet(job, now, begin=tag.atomize is None):
                 continue
             if tag.instances > 1 and (tag.atomize is not None or tag.moldable is not None):
                 self._waiting(job.job_id, "a job over several instances cannot be a subjob chain or moldable")
@@ -465,19 +469,33 @@ class Controller:
             self.batch.cancel(job.job_id)
         return known is not None
 
-    def _not_yet(self, job: BatchJob, jobs: Mapping[str, BatchJob], now: float, begin: bool) -> bool:
+    def _not_yet(self, job: BatchJob, now: float, begin: bool) -> bool:
         """Whether the batch system would not start it yet, so that a slot decided now would idle (said once, as
         a ``waiting`` event); its begin time only where ``begin``."""
-        why = _why_not_yet(job, jobs, now, begin)
+        why = _why_not_yet(job, self._awaited, now, begin)
         if why is not None:
             self._waiting(job.job_id, why)
         return why is not None
 
-    def _too_early(self, d: Decision, job: BatchJob, jobs: Mapping[str, BatchJob], now: float) -> str | None:
+    def _too_early(self, d: Decision, job: BatchJob, now: float) -> str | None:
         """What a placed job still waits for, over TAKE_BACK_AFTER_S, before the batch system may start it."""
         if job.not_before <= now + TAKE_BACK_AFTER_S and not job.after:
             return None  # the common case, without reading the tag
-        return _why_not_yet(job, jobs, now + TAKE_BACK_AFTER_S, begin=parse_tag(d.request).atomize is None)
+        return _why_not_yet(job, self._awaited, now + TAKE_BACK_AFTER_S, begin=parse_tag(d.request).atomize is None)
+
+    def _awaited(self, after: After) -> list[BatchJob]:
+        """This pass's records of what ``after`` names: the job, the array's task or every task of the array."""
+        if not after.array:
+            job = self._jobs.get(after.job_id)
+            return [job] if job is not None else []
+        if self._arrays is None:
+            self._arrays = {}
+            for j in self._jobs.values():
+                if j.array:
+                    self._arrays.setdefault(j.array, []).append(j)
+        records = self._arrays.get(after.array, [])
+        task = after.task
+        return records if task is None else [r for r in records if any(task in tasks for tasks in r.array_tasks)]
 
     def _needs_decision(self, job: str) -> bool:
         d = self.store.decision(job)
@@ -496,7 +514,7 @@ class Controller:
                 elif job.running:
                     self._running(d, job)
                 elif (d.state == DecisionState.DECIDED or (d.state == DecisionState.RELEASED and not job.held)) \
-                        and not job.held_by_user and (why := self._too_early(d, job, jobs, now)):  # fmt: skip
+                        and not job.held_by_user and (why := self._too_early(d, job, now)):  # fmt: skip
                     # its begin time or a dependency moved since the decision (its owner's update, an array's
                     # tasks failing, a requeue by the batch system): its slot would idle until then, or for ever.
                     # Held again after its release (by its owner, an operator or Slurm), it is theirs to release.
@@ -901,24 +919,33 @@ class Controller:
             time.sleep(self.config.poll_interval_s)
 
 
-def _why_not_yet(job: BatchJob, jobs: Mapping[str, BatchJob], now: float, begin: bool = True) -> str | None:
-    """What the job waits for before the batch system may start it: its begin time (where ``begin``), or a
-    job it depends on (None: nothing)."""
+def _why_not_yet(job: BatchJob, awaited: Callable[[After], list[BatchJob]], now: float,
+                 begin: bool = True) -> str | None:  # fmt: skip
+    """What the job waits for before the batch system may start it: its begin time (where ``begin``), or the
+    jobs it depends on, as ``awaited`` finds their records (None: nothing). An array's tasks count together,
+    as Slurm counts them: started when none waits, ended when all have, succeeded when all have."""
     if begin and job.not_before > now:
         return f"its begin time, {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(job.not_before))}"
     for after in job.after:
-        other = jobs.get(after.job_id)
         if after.awaits is Awaits.NEVER:
             return f"its dependency on job {after.job_id}, which the batch system says can never be met"
-        if other is None:  # gone from the batch system: it ended long ago
+        records = awaited(after)
+        if not records:  # gone from the batch system: it ended long ago
             continue
         if after.awaits is Awaits.START:
-            if not (other.running or other.finished):
+            if not all(r.running or r.finished for r in records):
                 return f"job {after.job_id} to start"
-            if other.start_time + after.delay_s > now:  # ended too: Slurm still counts from its start
+            if max(r.start_time for r in records) + after.delay_s > now:  # ended too: Slurm still counts from its start
                 return f"job {after.job_id} to have run {after.delay_s / 60:g} min"
-        elif not other.finished:
+        elif not all(r.finished for r in records):
             return f"job {after.job_id} to end"
-        elif after.awaits is not Awaits.END and (after.awaits is Awaits.SUCCESS) != other.succeeded:
-            return f"its dependency on job {after.job_id}, which can never be met: that job ended {other.outcome}"
+        elif after.awaits is not Awaits.END and (after.awaits is Awaits.SUCCESS) != all(r.succeeded for r in records):
+            if not after.array:
+                ended = f"that job ended {records[0].outcome}"
+            elif after.awaits is Awaits.SUCCESS:
+                failed = next(r for r in records if not r.succeeded)
+                ended = f"its task {failed.job_id} ended {failed.outcome}"
+            else:
+                ended = f"every task of it ended {records[0].outcome}"
+            return f"its dependency on job {after.job_id}, which can never be met: {ended}"
     return None

@@ -100,9 +100,9 @@ def _exit_status(wait_status: int) -> int:
 # in 22.05: too slow to poll. Two fields are free text, where Slurm or an administrator may write a "|" or a
 # line break: the Reason (a job's state_desc: a failed Prolog's or burst buffer's message, ...), which ends
 # with REASON_END, and the admin comment, last, which ends the record with RECORD_END and a newline.
-FIELDS = ("JobID", "State", "PriorityLong", "UserID", "NodeList", "SubmitTime", "StartTime", "EndTime",
-          "TimeLimit", "exit_code", "Reason", "NumCPUs", "Partition", "EligibleTime", "Dependency",
-          "admin_comment")  # fmt: skip
+FIELDS = ("JobID", "ArrayJobID", "ArrayTaskID", "State", "PriorityLong", "UserID", "NodeList", "SubmitTime",
+          "StartTime", "EndTime", "TimeLimit", "exit_code", "Reason", "NumCPUs", "Partition", "EligibleTime",
+          "Dependency", "admin_comment")  # fmt: skip
 REASON_END = "\x1f"  # ASCII's unit separator
 RECORD_END = "\x1e"  # ASCII's record separator
 _ENDS = {"Reason": REASON_END, "admin_comment": RECORD_END}
@@ -123,10 +123,11 @@ def parse_job_line(line: str) -> BatchJob:
     f = head.split("|", _BEFORE_REASON) + tail.split("|", _AFTER_REASON - 1)
     if not ended or len(f) != len(FIELDS):
         raise SlurmError(f"squeue printed an unexpected record: {line!r}")
-    (job_id, state, priority, uid, nodes, submit, start, end, limit, exit_code, reason, cpus, partitions, begin,
-     dependency, comment) = f  # fmt: skip
+    (job_id, array, tasks, state, priority, uid, nodes, submit, start, end, limit, exit_code, reason, cpus,
+     partitions, begin, dependency, comment) = f  # fmt: skip
     pending = state in WAITING  # its start time is a forecast
     seam_state = job_state(state, _int(priority))
+    in_array = tasks != "N/A"
     return BatchJob(
         job_id=job_id,
         state=seam_state,
@@ -145,7 +146,36 @@ def parse_job_line(line: str) -> BatchJob:
         # released, it waits for its begin time only as long as slurmctld's clock says so (this host's may lag)
         not_before=float(_int(begin)) if pending and (seam_state is JobState.HELD or reason == "BeginTime") else 0.0,
         after=parse_dependency(dependency) if pending else (),
+        array=array if in_array else "",
+        array_tasks=array_tasks(tasks) if in_array else (),
     )
+
+
+# squeue's ArrayTaskID: 3 (a task with its own record) or 4-9,11,13-19:2%2 (the array's pending tasks, in one
+# record; %N: how many may run at once). Slurm cuts the pending tasks' text at 64 characters, ending it "...".
+_TASKS = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?")
+_LEADING_NUMBER = re.compile(r"\d*")
+
+
+def array_tasks(text: str) -> tuple[range, ...]:
+    """The tasks of an array one of its records stands for. Where Slurm cut the text short, every task from
+    the cut on counts as the record's: a job that waits for one of them then waits until the text says more."""
+    text = text.partition("%")[0]
+    cut = text.endswith("...")
+    pieces = text.rstrip(".").split(",")
+    last = pieces.pop() if cut else ""
+    tasks = []
+    for piece in pieces:
+        m = _TASKS.fullmatch(piece)
+        if m is None:
+            cut, last = True, piece  # not Slurm's grammar: as unknown as a cut
+            break
+        first, end, step = m.groups()
+        tasks.append(range(int(first), int(end or first) + 1, int(step or 1)))
+    if cut:
+        lead = _LEADING_NUMBER.match(last).group()  # a cut number reads no larger than it was
+        tasks.append(range(int(lead) if lead else (tasks[-1][-1] + 1 if tasks else 0), 2**63))
+    return tuple(tasks)
 
 
 # What each kind of --dependency waits for (Slurm's _depend_type2str). singleton and expand name no job
@@ -159,8 +189,8 @@ def parse_dependency(text: str) -> tuple[After, ...]:
     """The jobs squeue's Dependency names, all of which the job waits for: ``afterok:12(unfulfilled),after:13+5
     (unfulfilled)``. Slurm shows only what is not yet met, and looks again at a held job's only in its purge
     pass (once a minute by default), so "unfulfilled" may be stale; "failed" is final, an array task's too,
-    and so is every alternative (``?``) failed. Left to Slurm: alternatives not all failed, and an array's
-    unfulfilled tasks (``12_3``, ``12_*``), whose records this line does not tie to their array."""
+    and so is every alternative (``?``) failed. An array's task (``12_3``) or all its tasks (``12_*``) are
+    found by their records' ArrayJobID and ArrayTaskID. Left to Slurm: alternatives not all failed."""
     alternatives = "?" in text
     found = []
     for item in text.replace("?", ",").split(","):
@@ -170,8 +200,10 @@ def parse_dependency(text: str) -> tuple[After, ...]:
             found.append(After(job, Awaits.NEVER))
         elif alternatives:
             return ()
-        elif kind in _AWAITS and "_" not in job:
-            found.append(After(job, _AWAITS[kind], 60.0 * int(minutes) if minutes else 0.0))
+        elif kind in _AWAITS:
+            array, _, task = job.partition("_")
+            found.append(After(job, _AWAITS[kind], 60.0 * int(minutes) if minutes else 0.0, array if task else "",
+                               int(task) if task.isdigit() else None))  # fmt: skip
     return tuple(found[:1]) if alternatives else tuple(found)
 
 

@@ -12,7 +12,7 @@ import threading
 import time
 
 NO_VAL = 0xFFFFFFFE
-ABI_VERSION = 4  # mb_abi_version() of plugins/slurm/mig-batch-slurm.c this module calls
+ABI_VERSION = 5  # mb_abi_version() of plugins/slurm/mig-batch-slurm.c this module calls
 PROBE_TIMEOUT_S = 30.0
 INVALID_JOB_ID = 2017  # ESLURM_INVALID_JOB_ID: Slurm no longer (or never) knew the job
 NO_CHANGE_IN_DATA = 1900  # SLURM_NO_CHANGE_IN_DATA: nothing changed since the stamp given

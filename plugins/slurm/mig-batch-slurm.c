@@ -24,7 +24,7 @@ extern char *slurm_job_state_string(uint32_t inx);
 extern char *slurm_job_reason_string(enum job_state_reason inx);
 
 /* the interface below; mig_batch/slurm/native.py refuses a library of another */
-int mb_abi_version(void) { return 4; }
+int mb_abi_version(void) { return 5; }
 long mb_built_version(void) { return SLURM_VERSION_NUMBER; }
 void mb_init(const char *conf) { slurm_init(conf && *conf ? conf : NULL); }
 void mb_free(char *text) { free(text); }
@@ -64,6 +64,16 @@ static void put_text(FILE *f, const char *text) { fprintf(f, "%s|", text ? text 
 static void put_job(FILE *f, const slurm_job_info_t *job)
 {
 	fprintf(f, "%u|", job->job_id);  /* -O JobID: the record's own id, an array task's too */
+	if (job->array_task_str || job->array_task_id != NO_VAL)  /* -O ArrayJobID,ArrayTaskID */
+		fprintf(f, "%u|", job->array_job_id);
+	else
+		fprintf(f, "%u|", job->job_id);
+	if (job->array_task_str)  /* the array's pending tasks, in one record */
+		put_text(f, job->array_task_str);
+	else if (job->array_task_id != NO_VAL)
+		fprintf(f, "%u|", job->array_task_id);
+	else
+		fputs("N/A|", f);
 	put_text(f, slurm_job_state_string(job->job_state));
 	fprintf(f, "%u|%d|", job->priority, (int) job->user_id);
 	put_text(f, job->nodes ? job->nodes : "");
