@@ -750,6 +750,7 @@ class Controller:
         cfg = self.config.moldable
         planner = MoldablePlanner(self.view, timelines, now, self.policy, cfg.min_gain, cfg.max_reservations)
         decided = []
+        barred_of: dict[tuple[tuple[str, ...], frozenset[str]], frozenset[int]] = {}  # the same for most jobs
         for job, tag in waiting:
             times = self._moldable_times(tag)
             if isinstance(times, str):
@@ -758,7 +759,11 @@ class Controller:
             if not self._in_some_partition(job):
                 continue
             self._confine(job)
-            choice = planner.decide(MoldableJob(job.job_id, times), self._barred(job))
+            refusing = self._refused_nodes(job.job_id) if job.job_id in self._refused else frozenset()
+            barred = barred_of.get((job.partitions, refusing))
+            if barred is None:
+                barred = barred_of[job.partitions, refusing] = self._barred(job)
+            choice = planner.decide(MoldableJob(job.job_id, times), barred)
             log.debug("moldable job %s: %s", job.job_id, choice)
             if choice.placement is None:
                 stats.waiting += 1
