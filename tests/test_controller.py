@@ -724,6 +724,20 @@ def test_a_job_waits_for_the_jobs_it_depends_on_and_never_for_a_dependency_that_
             f"its dependency on job {first}, which can never be met: that job ended {outcome}")
 
 
+def test_a_job_after_another_failed_starts_when_that_one_is_held_after_a_special_exit(site, batch):
+    """Slurm counts a job requeued held on its special exit code (SPECIAL_EXIT) as failed for afternotok; it
+    would start the dependent job at once while mig-batchd kept it waiting."""
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    first = batch.add("a user's job")
+    job = batch.add(RIGID, after=[After(first, Awaits.FAILURE)])
+    batch.start(first)
+    c.step()
+    assert store.decision(job) is None
+    batch._set(first, state=JobState.HELD, outcome="SPECIAL_EXIT")  # scontrol requeuehold state=specialexit
+    assert c.step().placed == 1 and store.decision(job) is not None
+
+
 @pytest.mark.parametrize("ended", [False, True])
 def test_a_job_after_another_started_plus_minutes_waits_that_long(site, batch, ended):
     """Slurm's after:<job>+<minutes> counts from the other job's start, whether or not it still runs."""

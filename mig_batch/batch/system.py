@@ -95,6 +95,12 @@ class BatchJob:
         return self.finished and self.outcome == "COMPLETED"
 
     @property
+    def exited_special(self) -> bool:
+        """Held after an exit its job asked to be requeued on (Slurm's SPECIAL_EXIT): not finished, yet a
+        dependency on its failure (afternotok) is met."""
+        return self.outcome == "SPECIAL_EXIT"
+
+    @property
     def cancelled(self) -> bool:
         return self.finished and self.outcome == "CANCELLED"
 

@@ -937,6 +937,8 @@ def _why_not_yet(job: BatchJob, awaited: Callable[[After], list[BatchJob]], now:
         records = awaited(after)
         if not records:  # gone from the batch system: it ended long ago
             continue
+        if after.awaits is Awaits.FAILURE and not after.array and records[0].exited_special:
+            continue  # Slurm counts it as failed
         if after.awaits is Awaits.START:
             if not all(r.running or r.finished for r in records):
                 return f"job {after.job_id} to start"
