@@ -3,11 +3,13 @@
 import math
 
 import pytest
-from hypothesis import example, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from mig_batch.batch.system import After, Awaits, JobState
 from mig_batch.slurm.commands import (
+    JOB_HEAD,
+    NODE_HEAD,
     SlurmError,
     _limit_s,
     array_tasks,
@@ -178,11 +180,27 @@ def test_a_line_break_in_a_free_text_field_stays_in_its_record():
     odd = HELD.replace("JobHeldUser\x1f", "Prolog error\non n1\x1f").replace(
         "mig-batch:v1;gres=mig:1g.10gb", "site note\u2028line 2\nline 3|")
     text = odd + "\x1e\n" + RUNNING + "\x1e\n"
-    assert [j.job_id for j in map(parse_job_line, records(text))] == ["4", "1"]
+    assert [j.job_id for j in map(parse_job_line, records(text, JOB_HEAD))] == ["4", "1"]
     job = job_in(text, "4")
     assert (job.admin_tag, job.reason, job.cpus) == ("site note\u2028line 2\nline 3|", "Prolog error\non n1", 4)
     nodes = "n1|idle|0/16/0/16|gpu|a\nb|\x1e\nn2|idle|0/16/0/16|gpu|(null)\x1e\n"
-    assert [parse_node_line(r).agent_tag for r in records(nodes)] == ["a\nb|", ""]
+    assert [parse_node_line(r).agent_tag for r in records(nodes, NODE_HEAD)] == ["a\nb|", ""]
+
+
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",))), st.sampled_from(["\x1e\n", "\x1e\n\x1e\n", ""]))
+def test_an_admin_comment_holding_the_record_end_stays_whole(comment, end):
+    """An administrator's comment is any text, the record's end included: the records after it must stay
+    whole, and not fail every poll. (A continuation that reads as a record's head still fails: that takes
+    a comment made to look like one.)"""
+    comment += end
+    after_ends = comment.split("\x1e\n")[1:]
+    assume(not any(JOB_HEAD.match(p) or NODE_HEAD.match(p) for p in after_ends))
+    text = HELD.replace("mig-batch:v1;gres=mig:1g.10gb", comment) + "\x1e\n" + RUNNING + "\x1e\n"
+    jobs = [parse_job_line(r) for r in records(text, JOB_HEAD)]
+    assert [j.job_id for j in jobs] == ["4", "1"]
+    assert jobs[0].admin_tag == ("" if comment == "(null)" else comment) and jobs[1].admin_tag == "x"
+    nodes = f"n1|idle|0/16/0/16|gpu|{comment}\x1e\nn2|idle|0/16/0/16|gpu|(null)\x1e\n"
+    assert [parse_node_line(r).node for r in records(nodes, NODE_HEAD)] == ["n1", "n2"]
 
 
 def test_a_short_line_is_an_error_naming_it():

@@ -107,14 +107,25 @@ REASON_END = "\x1f"  # ASCII's unit separator
 RECORD_END = "\x1e"  # ASCII's record separator
 _ENDS = {"Reason": REASON_END, "admin_comment": RECORD_END}
 FORMAT = ",".join(f"{f}:{_ENDS.get(f, '|')}" for f in FIELDS)
+JOB_HEAD = re.compile(r"\d+\|\d+\|")  # JobID, ArrayJobID
 _BEFORE_REASON = FIELDS.index("Reason")
 _AFTER_REASON = len(FIELDS) - _BEFORE_REASON - 1
 
 
-def records(text: str) -> list[str]:
+def records(text: str, head: re.Pattern[str]) -> list[str]:
     """squeue's or sinfo's records in ``text`` printed with FORMAT or NODE_FORMAT (not its lines: a field may
-    hold a line break)."""
-    return [r for r in text.split(RECORD_END + "\n") if r.strip()]
+    hold a line break). A piece that does not begin as a record does (``head``: JOB_HEAD, NODE_HEAD) is the
+    rest of the last field before it, whose free text held RECORD_END and a newline (an administrator's)."""
+    found: list[str] = []
+    pieces = text.split(RECORD_END + "\n")
+    if pieces and not pieces[-1].strip():
+        pieces.pop()  # after the last record
+    for piece in pieces:
+        if found and not head.match(piece):
+            found[-1] += RECORD_END + "\n" + piece
+        elif piece.strip():
+            found.append(piece)
+    return found
 
 
 def parse_job_line(line: str) -> BatchJob:
@@ -209,10 +220,11 @@ def parse_dependency(text: str) -> tuple[After, ...]:
 
 def job_in(lines: str, job: str) -> BatchJob | None:
     """The record of ``job`` among squeue's lines (an id can list an array's other records too)."""
-    return next((j for j in map(parse_job_line, records(lines)) if j.job_id == job), None)
+    return next((j for j in map(parse_job_line, records(lines, JOB_HEAD)) if j.job_id == job), None)
 
 
 NODE_FIELDS = ("NodeList", "StateComplete", "CPUsState", "PartitionName", "Comment")  # the comment last: any character
+NODE_HEAD = re.compile(r"[^|]+\|[^|]+\|\d+/\d+/\d+/\d+\|")  # NodeList, StateComplete, CPUsState
 NODE_FORMAT = ",".join(f"{f}:{RECORD_END if f == 'Comment' else '|'}" for f in NODE_FIELDS)
 
 
@@ -349,7 +361,7 @@ class SlurmCli:
         """Every job's line parsed, a line seen in the last poll not again (most are: a queue changes by a
         few jobs a pass)."""
         seen, self._parsed = self._parsed, {}
-        for line in records(lines):
+        for line in records(lines, JOB_HEAD):
             self._parsed[line] = seen.get(line) or parse_job_line(line)
         return list(self._parsed.values())
 
@@ -357,7 +369,7 @@ class SlurmCli:
         """Every node once, with all its partitions (sinfo -N lists a node once per partition)."""
         out = self._run("sinfo", "-h", "-N", "-O", NODE_FORMAT)
         merged: dict[str, NodeStatus] = {}
-        for n in map(parse_node_line, records(out)):
+        for n in map(parse_node_line, records(out, NODE_HEAD)):
             seen = merged.get(n.node)
             merged[n.node] = n if seen is None else replace(seen, partitions=seen.partitions + n.partitions)
         return list(merged.values())
