@@ -755,6 +755,12 @@ def test_a_job_after_another_started_plus_minutes_waits_that_long(site, batch, e
     assert c.step().placed == 1
 
 
+def _task(batch, record: str, array: str, *tasks: int) -> str:
+    """A record of job array ``array`` as Slurm lists it: its own id (the array's id for the record of its
+    pending tasks), standing for ``tasks``."""
+    return batch.add("a task", job_id=record, array=array, array_tasks=[range(t, t + 1) for t in tasks])
+
+
 @pytest.mark.parametrize("awaits, failed, decided", [
     ("end", False, True), ("end", True, True), ("success", False, True), ("success", True, False),
     ("failure", False, False), ("failure", True, True), ("start", False, True),
@@ -764,30 +770,43 @@ def test_a_job_after_an_array_waits_for_all_its_tasks_as_slurm_counts_them(site,
     the array as a whole: it succeeded only if every task did. A slot decided sooner would idle."""
     store = Store(site.state)
     c = Controller(site, store, batch)
-    first = batch.add("a task", job_id="50_1", array="50", array_tasks=[range(1, 2)])
-    batch.add("its pending tasks", job_id="50_[2-3]", array="50", array_tasks=[range(2, 4)])
+    batch.start(_task(batch, "51", "50", 1))
+    _task(batch, "50", "50", 2, 3)  # the pending tasks' record keeps the array's id
     job = batch.add(RIGID, after=[After("50_*", Awaits(awaits), array="50")])
-    batch.start(first)
     c.step()
     assert store.decision(job) is None
     assert store.events(job=job)[-1]["reason"] == f"job 50_* to {'start' if awaits == 'start' else 'end'}"
-    batch.forget("50_[2-3]")  # the scheduler starts them: each its own record
-    for task in (2, 3):
-        batch.start(batch.add("a task", job_id=f"50_{task}", array="50", array_tasks=[range(task, task + 1)]))
+    batch.forget("50")  # the scheduler starts them: each its own record (the last keeps the array's id)
+    for record, task in (("52", 2), ("50", 3)):
+        batch.start(_task(batch, record, "50", task))
     if awaits == "start":
         assert c.step().placed == 1
         return
-    for task in (1, 2):
-        batch.finish(f"50_{task}", exit_status=1 if failed and task == 2 else 0,
-                     outcome="FAILED" if failed and task == 2 else "COMPLETED")  # fmt: skip
+    for record in ("51", "52"):
+        batch.finish(record, exit_status=1 if failed and record == "52" else 0,
+                     outcome="FAILED" if failed and record == "52" else "COMPLETED")  # fmt: skip
     c.step()
     assert store.decision(job) is None and store.events(job=job)[-1]["reason"] == "job 50_* to end"  # 50_3 runs
-    batch.finish("50_3")
+    batch.finish("50")
     c.step()
     assert (store.decision(job) is not None) is decided
     if not decided:
-        ended = "its task 50_2 ended FAILED" if awaits == "success" else "every task of it ended COMPLETED"
+        ended = "its task 52 ended FAILED" if awaits == "success" else "every task of it ended COMPLETED"
         assert store.events(job=job)[-1]["reason"] == f"its dependency on job 50_*, which can never be met: {ended}"
+
+
+def test_a_job_after_an_array_started_plus_minutes_counts_from_its_last_tasks_start(site, batch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    first, last = _task(batch, "71", "70", 1), _task(batch, "70", "70", 2)
+    job = batch.add(RIGID, after=[After("70_*", Awaits.START, 300.0, array="70")])
+    for record, ago in ((first, 900), (last, 60)):
+        batch.start(record)
+        batch._set(record, start_time=time.time() - ago)
+    c.step()
+    assert store.decision(job) is None and store.events(job=job)[-1]["reason"] == "job 70_* to have run 5 min"
+    batch._set(last, start_time=time.time() - 301)
+    assert c.step().placed == 1
 
 
 def test_a_job_after_one_task_of_an_array_waits_for_that_task_only(site, batch):
@@ -795,20 +814,35 @@ def test_a_job_after_one_task_of_an_array_waits_for_that_task_only(site, batch):
     cut their list short; once it has its own record, the other tasks do not matter."""
     store = Store(site.state)
     c = Controller(site, store, batch)
-    batch.add("a task", job_id="60_1", array="60", array_tasks=[range(1, 2)])
-    batch.add("pending tasks", job_id="60_[2-40,...]", array="60", array_tasks=[range(2, 41), range(41, 2**63)])
+    _task(batch, "61", "60", 1)
+    batch.add("pending tasks", job_id="60", array="60", array_tasks=[range(2, 41), range(41, 2**63)])  # 2-40,...
     job = batch.add(RIGID, after=[After("60_77", Awaits.SUCCESS, array="60", task=77)])
     c.step()
     assert store.decision(job) is None and store.events(job=job)[-1]["reason"] == "job 60_77 to end"
-    batch._set("60_[2-40,...]", array_tasks=(range(2, 77), range(78, 101)))  # 77 started: its own record
-    batch.start(batch.add("task 77", job_id="60_77", array="60", array_tasks=[range(77, 78)]))
+    batch.start(_task(batch, "62", "60", 77))  # its own record; the list still cut before it
     c.step()
     assert store.decision(job) is None
-    batch.finish("60_77")
+    batch.finish("62")  # Slurm looks at the task's own record first: the cut list's range no longer counts
     assert c.step().placed == 1
     other = batch.add(RIGID, after=[After("60_5", Awaits.SUCCESS, array="60", task=5)])
-    batch.forget("60_[2-40,...]")  # every pending task ended and its record was purged
+    batch.forget("60")  # every pending task ended and its record was purged
     assert c.step().placed == 1 and store.decision(other) is not None
+
+
+@pytest.mark.parametrize("whole", [False, True])
+def test_a_job_after_a_task_failed_starts_when_the_task_is_held_after_a_special_exit(site, batch, whole):
+    """Slurm judges afternotok on a task by that task's record; on a whole array by a record it picks, so
+    there mig-batchd waits for the array to end."""
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    task = _task(batch, "81", "80", 1)
+    after = After("80_*", Awaits.FAILURE, array="80") if whole else After("80_1", Awaits.FAILURE, array="80", task=1)
+    job = batch.add(RIGID, after=[after])
+    batch.start(task)
+    c.step()
+    batch._set(task, state=JobState.HELD, outcome="SPECIAL_EXIT")
+    c.step()
+    assert (store.decision(job) is not None) is not whole
 
 
 def test_a_released_job_whose_dependency_fails_gives_its_slot_back(site, batch):

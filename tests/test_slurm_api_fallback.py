@@ -99,7 +99,8 @@ def test_a_timed_pin_is_released_in_a_second_rpc(tmp_path):
 
 def test_a_read_slurm_did_not_answer_goes_to_squeue_and_an_answered_error_is_raised(tmp_path, scontrol):
     cli = SlurmCli(bin_dir=str(tmp_path), api=FakeApi({("read", "7"): TIMED_OUT}))
-    assert cli.job("7") is None and scontrol() == ["squeue --local -h -t all -O " + commands.FORMAT + " -j 7"]
+    read = " ".join(("squeue", *commands.SQUEUE_ARGS, "-O", commands.FORMAT, "-j", "7"))
+    assert cli.job("7") is None and scontrol() == [read]
     with pytest.raises(SlurmError, match="2108"):
         SlurmCli(bin_dir=str(tmp_path), api=FakeApi({("read", "7"): QOS_THRESHOLD})).job("7")
     record = HELD.format(job=8, tag="mig-batch:v1")
@@ -130,3 +131,18 @@ def test_a_poll_parses_only_lines_it_has_not_seen_and_keeps_only_this_polls_jobs
     api.records["4"] = HELD.format(job=4, tag="d")
     third = {j.job_id: j for j in cli.jobs()}
     assert third["3"] is second["3"] and sorted(cli._parsed) == sorted(r.strip() for r in api.records.values())
+
+
+def test_squeue_and_sinfo_run_without_the_settings_their_users_may_have_in_the_environment(tmp_path, monkeypatch):
+    """SQUEUE_ARRAY would print each pending task of an array apart, all under one JobID; SQUEUE_USERS and
+    SINFO_PARTITION would leave records out: mig-batchd's view of the queue must not depend on them."""
+    seen = tmp_path / "env"
+    for name in ("squeue", "sinfo"):
+        (tmp_path / name).write_text(f"#!/bin/sh\nenv >> {seen}\n")
+        (tmp_path / name).chmod(0o755)
+    for key in ("SQUEUE_ARRAY", "SQUEUE_USERS", "SINFO_PARTITION", "SCONTROL_ALL"):
+        monkeypatch.setenv(key, "1")
+    cli = SlurmCli(bin_dir=str(tmp_path))
+    assert cli.jobs() == [] and cli.nodes() == []
+    names = {line.partition("=")[0] for line in seen.read_text().splitlines()}
+    assert "PATH" in names and not {n for n in names if n.startswith(("SQUEUE_", "SINFO_", "SCONTROL_"))}

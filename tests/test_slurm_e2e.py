@@ -342,6 +342,7 @@ def test_a_mig_job_after_a_job_array_waits_unplaced_for_the_tasks_it_names(bed, 
         running = [line for line in states if line.split(" ")[-1] in ("PENDING", "RUNNING", "CONFIGURING",
                                                                         "COMPLETING")]  # fmt: skip
         assert not (placed[whole] and running), (states, store.events(job=whole))
+        assert not (placed[first] and [r for r in running if r.startswith(f"{array}_0 ")]), states
         first_placed_while_the_array_ran |= placed[first] and bool(running)
         assert time.monotonic() < deadline, bed.cluster.run("squeue").stdout
         time.sleep(0.2)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mig_batch.batch.system import JobState, Pin
-from mig_batch.slurm.commands import FORMAT, SlurmCli, SlurmError
+from mig_batch.slurm.commands import FORMAT, JOB_HEAD, SQUEUE_ARGS, SlurmCli, SlurmError, records
 from mig_batch.slurm.install import build_slurm_library
 from mig_batch.slurm.local_cluster import LocalCluster
 from mig_batch.slurm.native import SlurmApi, open_api
@@ -63,6 +63,8 @@ def test_a_job_reads_the_same_through_libslurm_as_through_squeue(cluster, clis, 
     failed = submit(cluster, tmp_path, body="exit 3")
     done = submit(cluster, tmp_path, "-t", "2:30:00", body="true")
     array = submit(cluster, tmp_path, "-H", "--array=1-2")
+    split = submit(cluster, tmp_path, "-H", "--array=1-4")
+    cluster.run("scontrol", "update", f"jobid={split}_3", "timelimit=10")  # task 3 gets a record of its own
     later = submit(cluster, tmp_path, "-H", "--begin=now+1hour", f"--dependency=afterok:{running},afterany:{array}_*")
     noted = submit(cluster, tmp_path, "-H")
     cluster.run("scontrol", "update", f"jobid={noted}", "admincomment=a site's note | over\ntwo lines")
@@ -72,10 +74,11 @@ def test_a_job_reads_the_same_through_libslurm_as_through_squeue(cluster, clis, 
     for job in (held, running, failed, done, array, f"{array}_1", later, noted, "999999"):
         assert api.job(job) == commands.job(job), job
     env = {**cluster.env(), "SLURM_TIME_FORMAT": "%s"}
-    for job in (held, running, failed, done, array, later, noted):  # every record of the id (an array: its tasks)
-        squeue = subprocess.run(["squeue", "--local", "-h", "-t", "all", "-O", FORMAT, "-j", job], env=env,
+    for job in (held, running, failed, done, array, split, later, noted):  # every record of the id (an array's too)
+        squeue = subprocess.run(["squeue", *SQUEUE_ARGS, "-O", FORMAT, "-j", job], env=env,
                                 capture_output=True, text=True, check=True).stdout  # fmt: skip
-        assert api.api.job_lines(int(job)) == squeue, job
+        assert sorted(records(api.api.job_lines(int(job)), JOB_HEAD)) == sorted(records(squeue, JOB_HEAD)), job
+        assert api.api.job_lines(int(job)).endswith("\x1e\n") and squeue.endswith("\x1e\n")  # squeue sorts them
     assert api.api.job_lines(999999) == ""
     assert api.job(held).admin_tag == "mig-batch:v1;gres=mig:1g.10gb é=x y"
     assert api.job(noted).admin_tag == commands.job(noted).admin_tag == "a site's note | over\ntwo lines"
@@ -85,6 +88,8 @@ def test_a_job_reads_the_same_through_libslurm_as_through_squeue(cluster, clis, 
     assert [(a.job_id, a.array) for a in api.job(later).after] == [(running, ""), (f"{array}_*", array)]
     assert (api.job(array).array, api.job(array).array_tasks) == (array, (range(1, 3),))  # both pending, one record
     assert api.job(running).array == "" and api.job(running).array_tasks == ()
+    tasks = {j.job_id: [t for r in j.array_tasks for t in r] for j in api.jobs() if j.array == split}
+    assert sorted(tasks.values()) == [[1, 2, 4], [3]]  # apart, as squeue prints them only with --array-unique
 
 
 def test_a_pin_and_its_release_are_one_rpc_and_a_refused_pin_is_never_released(cluster, clis, tmp_path):

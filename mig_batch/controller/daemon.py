@@ -495,7 +495,10 @@ class Controller:
                     self._arrays.setdefault(j.array, []).append(j)
         records = self._arrays.get(after.array, [])
         task = after.task
-        return records if task is None else [r for r in records if any(task in tasks for tasks in r.array_tasks)]
+        if task is None:
+            return records
+        own = [r for r in records if r.array_tasks == (range(task, task + 1),)]  # Slurm looks there first
+        return own or [r for r in records if any(task in tasks for tasks in r.array_tasks)]
 
     def _needs_decision(self, job: str) -> bool:
         d = self.store.decision(job)
@@ -937,8 +940,9 @@ def _why_not_yet(job: BatchJob, awaited: Callable[[After], list[BatchJob]], now:
         records = awaited(after)
         if not records:  # gone from the batch system: it ended long ago
             continue
-        if after.awaits is Awaits.FAILURE and not after.array and records[0].exited_special:
-            continue  # Slurm counts it as failed
+        if after.awaits is Awaits.FAILURE and (not after.array or after.task is not None) and len(records) == 1 \
+                and records[0].exited_special:  # fmt: skip
+            continue  # Slurm counts it as failed (an array as a whole: by a record it picks, so wait)
         if after.awaits is Awaits.START:
             if not all(r.running or r.finished for r in records):
                 return f"job {after.job_id} to start"

@@ -34,8 +34,13 @@ log = logging.getLogger("mig-batch")
 _FAILED_JOB = re.compile(r"for job (\d+)")
 _STDIN_SAFE = re.compile(r"[!#-&(-~]{0,999}")  # printable ASCII but blanks and quotes, under 1000 characters
 # Every job of this cluster in any state. --local: a one-job read (the agent's, per job) skips the
-# federation read slurmctld would otherwise answer first.
-SQUEUE_ARGS = ("--local", "-h", "-t", "all")
+# federation read slurmctld would otherwise answer first. --array-unique: an array's pending tasks with records
+# of their own (requeued, held or updated alone) stay apart, as libslurm gives them; squeue would fold them
+# back into the array's record and cut its task list short without saying so.
+SQUEUE_ARGS = ("--local", "-h", "-t", "all", "--array-unique")
+# Settings of Slurm's commands read from the environment (SQUEUE_ARRAY, SQUEUE_USERS, SINFO_PARTITION, ...):
+# they would change or filter the records mig_batch reads.
+_COMMAND_SETTINGS = ("SQUEUE_", "SINFO_", "SCONTROL_")
 PIN_CHUNK = 16  # pins per scontrol process: released as soon as their chunk is pinned
 API_PAUSE_S = 60.0  # after libslurm could not reach slurmctld: Slurm's commands only, for this long
 
@@ -172,7 +177,7 @@ def array_tasks(text: str) -> tuple[range, ...]:
     """The tasks of an array one of its records stands for. Where Slurm cut the text short, every task from
     the cut on counts as the record's: a job that waits for one of them then waits until the text says more."""
     text = text.partition("%")[0]
-    cut = text.endswith("...")
+    cut = text.endswith("...") or len(text) > 61  # squeue's own cut (a merge of pending tasks) adds no dots
     pieces = text.rstrip(".").split(",")
     last = pieces.pop() if cut else ""
     tasks = []
@@ -328,7 +333,7 @@ class SlurmCli:
     def _run(self, command: str, *args: str, stdin: str | None = None, check: bool = True,
              time_format: str | None = None) -> str:  # fmt: skip
         exe = self._exe(command)
-        env = dict(self.env or os.environ)
+        env = {k: v for k, v in (self.env or os.environ).items() if not k.startswith(_COMMAND_SETTINGS)}
         if time_format is not None:
             env["SLURM_TIME_FORMAT"] = time_format
         try:
