@@ -846,8 +846,9 @@ def test_a_job_after_a_task_failed_starts_when_the_task_is_held_after_a_special_
 
 
 def test_a_released_job_whose_dependency_fails_gives_its_slot_back(site, batch):
-    """Released on a dependency the batch system judges (an array's tasks): when that fails, the batch system
-    never starts the job, so its slot goes back and it waits, held, with the reason."""
+    """Released on a dependency the batch system judges (alternatives, or an array whose failed task's record
+    was purged): when that fails, the batch system never starts the job, so its slot goes back and it waits,
+    held, with the reason."""
     store = Store(site.state)
     c = Controller(site, store, batch)
     job = batch.add(RIGID, after=[After("7_*", Awaits.END)])

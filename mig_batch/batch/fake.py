@@ -93,8 +93,9 @@ class FakeBatch:
             partitions: Sequence[str] = (), not_before: float = 0.0, after: Sequence[After] = (),
             job_id: str | None = None, array: str = "", array_tasks: Sequence[range] = ()) -> str:  # fmt: skip
         """A job as submitted: held when ``tag`` is a managed job's (as job_submit.lua holds it), else pending.
-        ``job_id``: the batch system's name for the record (a job array's: 12_3, 12_[4-9]; default: the next
-        number), ``array`` and ``array_tasks`` what it stands for."""
+        ``job_id``: the record's id (default: the next number; Slurm gives an array's pending tasks one record
+        with the array's id, and each started task a record of its own), ``array`` and ``array_tasks``: the
+        array and its tasks the record stands for."""
         job = job_id or str(self._next)
         self._next += 1
         self.clock += 1
