@@ -386,3 +386,29 @@ def _compute_instances(gi, profile_id):
     count = ctypes.c_uint(0)
     nv.nvmlGpuInstanceGetComputeInstances(gi, profile_id, array, ctypes.byref(count))
     return [array[k] for k in range(count.value)]
+
+
+@root_only
+def test_the_history_a_killed_caller_left_a_line_short_of_still_reads_whole(nvml_emu_node):
+    """The library renames the state file, then appends the history line: a caller killed in between (an
+    agent stopped mid-create) leaves a create or a destroy out. The audit must still read every instance
+    once, ended where the state file says it ended, never as a leak or an error."""
+    backend, directory = nvml_emu_node(["A100-40GB"])
+    first = backend.create(0, "1g.5gb", 0)
+    backend.destroy(0, first.gi_id)
+    lost_create = backend.create(0, "1g.5gb", 0)  # its create's line lost, then the reconcile destroys it
+    backend.destroy(0, lost_create.gi_id)
+    lost_destroy = backend.create(0, "2g.10gb", 2)  # its destroy's line lost
+    backend.destroy(0, lost_destroy.gi_id)
+    kept = backend.create(0, "1g.5gb", 6)
+    history = Path(directory) / "history"
+    lines = history.read_text().splitlines()
+    gi_lines = [i for i, line in enumerate(lines) if json.loads(line)["op"] in ("create", "destroy")]
+    drop = {gi_lines[2], gi_lines[5]}  # the second create, the third destroy
+    history.write_text("".join(line + "\n" for i, line in enumerate(lines) if i not in drop))
+    lives = sorted(nvml_emu.lifetimes(directory), key=lambda life: life.created)
+    assert [(life.start, life.destroyed is None) for life in lives] == [(0, False), (0, False), (2, False), (6, True)]
+    assert lives[1].created >= lives[0].destroyed  # counted from the end of the instance before it there
+    assert lives[2].destroyed is not None and lives[3].gi_id == kept.gi_id
+    assert all(a.destroyed <= b.created or a.start + a.size <= b.start or b.start + b.size <= a.start
+               for i, a in enumerate(lives) for b in lives[i + 1:] if a.destroyed is not None)  # fmt: skip

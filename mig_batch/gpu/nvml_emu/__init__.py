@@ -193,22 +193,52 @@ def read_history(directory: Path) -> list[dict]:
 
 
 def lifetimes(directory: Path) -> list[Lifetime]:
-    """Every GPU instance the node ever had, from its history file."""
+    """Every GPU instance the node ever had, from its history file. The library renames the state file, then
+    appends the line: a caller killed in between (an agent stopped mid-create) leaves the line out. A destroy
+    whose create is missing then counts from the last end of an instance on its slices before it; an
+    instance the history leaves alive but the state file no longer holds ended by the next create on its
+    slices (or the history's last event). The library itself never lets two instances share slices."""
+    events = read_history(directory)
     open_: dict[str, dict] = {}
     by_id: dict[tuple[int, int], str] = {}  # (GPU, GPU instance id) -> key of the instance alive with that id
     migs: dict[str, list[str]] = {}
-    done = []
-    for event in read_history(directory):
+    done: list[Lifetime] = []
+    for event in events:
         if event["op"] == "create":
             open_[event["uuid"]] = event
             by_id[event["gpu"], event["gi_id"]] = event["uuid"]
             migs[event["uuid"]] = []
-        elif event["op"] == "ci_create":
+        elif event["op"] == "ci_create" and (event["gpu"], event["gi_id"]) in by_id:
             migs[by_id[event["gpu"], event["gi_id"]]].append(event["uuid"])
         elif event["op"] == "destroy":
-            made = open_.pop(event["uuid"])
-            done.append(_lifetime(made, event["time"], migs[made["uuid"]]))
-    return done + [_lifetime(made, None, migs[made["uuid"]]) for made in open_.values()]
+            made = open_.pop(event["uuid"], None)
+            if made is None:  # its create's line was lost
+                since = max((d.destroyed for d in done if _shares_slices(d, event) and d.destroyed is not None),
+                            default=events[0]["time"])  # fmt: skip
+                made = {**event, "time": since}
+            done.append(_lifetime(made, event["time"], migs.get(made["uuid"], [])))
+    live = _live_slots(directory)
+    for made in open_.values():
+        later = (e["time"] for e in events
+                 if e["op"] == "create" and e["time"] > made["time"] and _shares_slices(e, made))  # fmt: skip
+        ended = next(later, None)
+        if ended is None and (made["gpu"], made["gi_id"], made["start"], made["size"]) not in live:
+            ended = events[-1]["time"]
+        done.append(_lifetime(made, ended, migs[made["uuid"]]))  # ended: its destroy's line was lost
+    return done
+
+
+def _live_slots(directory: Path) -> set[tuple[int, int, int, int]]:
+    """(GPU, GPU instance id, start, size) of every instance in the node's state file now."""
+    path = Path(directory) / "state"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return {(int(f[1]), int(f[2]), int(f[4]), int(f[5])) for f in map(str.split, lines) if f and f[0] == "gi"}
+
+
+def _shares_slices(a: Lifetime | dict, b: dict) -> bool:
+    get = (lambda k: getattr(a, k)) if isinstance(a, Lifetime) else a.get
+    return (get("node") == b["node"] and get("gpu") == b["gpu"] and get("start") < b["start"] + b["size"]
+            and b["start"] < get("start") + get("size"))  # fmt: skip
 
 
 def _lifetime(made: dict, destroyed: float | None, mig_uuids: list[str]) -> Lifetime:
