@@ -383,10 +383,10 @@ class Controller:
         outside = self._outside_partitions(job.partitions)
         return outside | self._refused_nodes(job.job_id) if job.job_id in self._refused else outside
 
-    def _barred(self, job: BatchJob) -> frozenset[int]:
-        """The GPUs ``job`` may not have later either, for its reservation: on nodes outside its partitions,
-        refusing its pins or down, and those with MIG mode off (a node's lack of CPUs passes)."""
-        hosts = self._outside_of_job(job) | set(self._down_since)
+    def _barred(self, outside: frozenset[str]) -> frozenset[int]:
+        """The GPUs a job may not have later either, for its reservation: on the nodes ``outside`` its reach
+        (``_outside_of_job``) or down, and those with MIG mode off (a node's lack of CPUs passes)."""
+        hosts = outside | set(self._down_since)
         return frozenset(gid for host in hosts for gid in self._gids_of.get(host, ())) | self._fenced_off
 
     def _confine(self, job: BatchJob | None) -> None:
@@ -753,7 +753,7 @@ class Controller:
         cfg = self.config.moldable
         planner = MoldablePlanner(self.view, timelines, now, self.policy, cfg.min_gain, cfg.max_reservations)
         decided = []
-        barred_of: dict[tuple[tuple[str, ...], frozenset[str]], frozenset[int]] = {}  # the same for most jobs
+        barred_of: dict[frozenset[str], frozenset[int]] = {}  # by the nodes outside a job's reach: most share them
         for job, tag in waiting:
             times = self._moldable_times(tag)
             if isinstance(times, str):
@@ -761,11 +761,10 @@ class Controller:
                 continue
             if not self._in_some_partition(job):
                 continue
-            self._confine(job)
-            refusing = self._refused_nodes(job.job_id) if job.job_id in self._refused else frozenset()
-            barred = barred_of.get((job.partitions, refusing))
+            self._confine(job)  # self._outside: the nodes outside its reach
+            barred = barred_of.get(self._outside)
             if barred is None:
-                barred = barred_of[job.partitions, refusing] = self._barred(job)
+                barred = barred_of[self._outside] = self._barred(self._outside)
             choice = planner.decide(MoldableJob(job.job_id, times), barred)
             log.debug("moldable job %s: %s", job.job_id, choice)
             if choice.placement is None:

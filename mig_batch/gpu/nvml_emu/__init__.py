@@ -213,14 +213,15 @@ def lifetimes(directory: Path) -> list[Lifetime]:
         elif event["op"] == "destroy":
             made = open_.pop(event["uuid"], None)
             if made is None:  # its create's line was lost
-                since = max((d.destroyed for d in done if _shares_slices(d, event) and d.destroyed is not None),
+                since = max((d.destroyed for d in done if d.destroyed is not None
+                             and _shares_slices((d.node, d.gpu, d.start, d.size), event)),
                             default=events[0]["time"])  # fmt: skip
                 made = {**event, "time": since}
             done.append(_lifetime(made, event["time"], migs.get(made["uuid"], [])))
-    live = _live_slots(directory)
+    live = set(_live_slots(directory))
     for made in open_.values():
         later = (e["time"] for e in events
-                 if e["op"] == "create" and e["time"] > made["time"] and _shares_slices(e, made))  # fmt: skip
+                 if e["op"] == "create" and e["time"] > made["time"] and _shares_slices(_slot(e), made))  # fmt: skip
         ended = next(later, None)
         if ended is None and (made["gpu"], made["gi_id"], made["start"], made["size"]) not in live:
             ended = events[-1]["time"]
@@ -228,17 +229,22 @@ def lifetimes(directory: Path) -> list[Lifetime]:
     return done
 
 
-def _live_slots(directory: Path) -> set[tuple[int, int, int, int]]:
-    """(GPU, GPU instance id, start, size) of every instance in the node's state file now."""
+def _live_slots(directory: Path) -> list[tuple[int, int, int, int]]:
+    """(GPU, GPU instance id, start, size) of every instance in the node's state file now, in its order."""
     path = Path(directory) / "state"
     lines = path.read_text().splitlines() if path.exists() else []
-    return {(int(f[1]), int(f[2]), int(f[4]), int(f[5])) for f in map(str.split, lines) if f and f[0] == "gi"}
+    return [(int(f[1]), int(f[2]), int(f[4]), int(f[5])) for f in map(str.split, lines) if f and f[0] == "gi"]
 
 
-def _shares_slices(a: Lifetime | dict, b: dict) -> bool:
-    get = (lambda k: getattr(a, k)) if isinstance(a, Lifetime) else a.get
-    return (get("node") == b["node"] and get("gpu") == b["gpu"] and get("start") < b["start"] + b["size"]
-            and b["start"] < get("start") + get("size"))  # fmt: skip
+def _slot(event: dict) -> tuple[str, int, int, int]:
+    return event["node"], event["gpu"], event["start"], event["size"]
+
+
+def _shares_slices(slot: tuple[str, int, int, int], event: dict) -> bool:
+    """Whether an instance at ``slot`` (node, GPU, start, size) and ``event``'s share a memory slice."""
+    node, gpu, start, size = slot
+    return node == event["node"] and gpu == event["gpu"] and start < event["start"] + event["size"] \
+        and event["start"] < start + size  # fmt: skip
 
 
 def _lifetime(made: dict, destroyed: float | None, mig_uuids: list[str]) -> Lifetime:
@@ -248,15 +254,7 @@ def _lifetime(made: dict, destroyed: float | None, mig_uuids: list[str]) -> Life
 
 def live_instances(directory: Path) -> list[tuple[int, int]]:
     """(GPU, GPU instance id) of every instance in the node's state file now."""
-    path = Path(directory) / "state"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        fields = line.split()
-        if fields[0] == "gi":
-            out.append((int(fields[1]), int(fields[2])))
-    return out
+    return [(gpu, gi_id) for gpu, gi_id, _, _ in _live_slots(directory)]
 
 
 # ---------------------------------------------------------------------------------------------
