@@ -232,7 +232,8 @@ def test_the_generated_lua_translates_as_python_does():
 
 
 def test_the_generated_lua_marks_a_mig_batch_jobs_environment_and_unmarks_any_other():
-    """The TaskProlog gives a marked job without its Prolog's file no GPU. A job submitted from inside a MIG
+    """A marked job gets no GPU until its TaskProlog sets its instance, and none from a TaskProlog that finds
+    no file of its Prolog's. A job submitted from inside a MIG
     job inherits the mark: not a MIG job itself, it loses it. Slurm's lua reaches batch jobs' environment only."""
     lupa = pytest.importorskip("lupa")
     from mig_batch.slurm.install import job_submit_lua
@@ -249,7 +250,9 @@ def test_the_generated_lua_marks_a_mig_batch_jobs_environment_and_unmarks_any_ot
         assert lua.globals().slurm_job_submit(job, None, 0) == 0
         return dict(job.environment) if environment is not None else None
 
-    assert submitted("gres/mig:1g.10gb", {"HOME": "/h"}) == {"HOME": "/h", "MIG_BATCH_JOB": "1"}
+    marked = {"MIG_BATCH_JOB": "1", "CUDA_VISIBLE_DEVICES": "NoDevFiles"}  # until its TaskProlog sets it
+    assert submitted("gres/mig:1g.10gb", {"HOME": "/h"}) == {"HOME": "/h", **marked}
+    assert submitted("gres/mig:1g.10gb", {"CUDA_VISIBLE_DEVICES": "0,1"}) == marked
     assert submitted("gres/gpu:1", {"MIG_BATCH_JOB": "1"}) == {"MIG_BATCH_JOB": ""}
     assert submitted("gres/gpu:1", {"HOME": "/h"}) == {"HOME": "/h"}
     assert submitted("gres/mig:1g.10gb", None, script=None) is None  # srun, salloc: nothing to mark

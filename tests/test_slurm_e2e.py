@@ -5,6 +5,7 @@ and the epilog, and every MIG instance through NVML (pynvml on the emulated libn
 emulated library's history files are the audit trail for overlaps and leaks.
 """
 
+import os
 import random
 import signal
 import tempfile
@@ -142,6 +143,31 @@ def test_thirty_mixed_jobs_complete_each_with_one_mig_device(bed):
     for job, (cvd, _, _) in runs.items():
         assert tags[job].startswith("mig-batch:v1;"), f"job {job}'s tag: {tags[job]!r}"
         assert parse_report(tags[job]).uuid == cvd, f"job {job}'s tag: {tags[job]!r}"
+    assert_no_overlap_and_no_leak(bed)
+    never_drained(bed)
+
+
+def test_a_mig_job_whose_task_nothing_binds_sees_no_gpu_and_still_ends_clean(bed):
+    """job_submit.lua gives a MIG batch job CUDA_VISIBLE_DEVICES=NoDevFiles, which its TaskProlog replaces
+    with its instance. Where nothing replaces it (a TaskProlog that printed nothing: replaced, or missing
+    from a node's slurm.conf), the job sees no GPU rather than every one, and its instance is still
+    destroyed."""
+    taskprolog = bed.root / "etc" / "mig-batch-taskprolog"
+    bound = submit(bed, job_script(bed, "bound", "#MIG --mig 1g.10gb", seconds=0.5))
+    wait_done(bed, [bound])
+    moved = taskprolog.with_name("taskprolog.moved")
+    os.replace(taskprolog, moved)
+    try:
+        taskprolog.write_text("#!/bin/sh\nexit 0\n")
+        taskprolog.chmod(0o755)
+        unbound = submit(bed, job_script(bed, "unbound", "#MIG --mig 1g.10gb", seconds=0.5))
+        wait_done(bed, [unbound])
+    finally:
+        os.replace(moved, taskprolog)
+    runs = job_runs(bed, [bound, unbound])
+    assert runs[bound][0].startswith("MIG-"), runs
+    assert runs[unbound][0] == "NoDevFiles", runs
+    assert Store(bed.store_path).decision(unbound).state == "ended"
     assert_no_overlap_and_no_leak(bed)
     never_drained(bed)
 
