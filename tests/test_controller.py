@@ -135,6 +135,8 @@ def test_a_down_node_is_fenced_until_its_agent_reconciled(site, batch):
     batch.requeue(running)  # Slurm requeues the job of the failed node
     c.step()
     assert store.decision(running).state == "requeued" and batch.job(running).held
+    assert c.step().placed == 0  # until the begin time Slurm gives a requeued job
+    batch._set(running, not_before=time.time() - 1)
     other = c.step()  # decided again, elsewhere
     assert other.placed == 1 and parse_place(batch.job(running).admin_tag).node != node
     late = batch.add(BIG)
@@ -921,6 +923,29 @@ def test_a_subjobs_begin_time_does_not_hold_it_back(site, batch):
     rigid = batch.add(RIGID, not_before=time.time() + 120)
     c.step()
     assert store.decision(subjob) is not None and store.decision(rigid) is None
+
+
+def test_a_released_subjob_that_slurm_requeued_before_a_pass_saw_it_run_keeps_its_slot(site, batch):
+    """Requeued by Slurm after its start and before a pass saw it run, a subjob is pending again, its begin
+    time 120 s on (cred_expire). It keeps its decision: decided again, its new pin would start it at once,
+    and on the node it just ran on slurmd skips the Prolog of a job id it still caches (docs/atomize.md), so
+    it would start with no instance. Its slot idles until Slurm starts it."""
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    subjob = batch.add("mig-batch:v1;req=1g.10gb;atomize=1;ckpt=/ckpt;smin=60;smax=600")
+    c.step()
+    assert store.decision(subjob).state == "released"
+    batch.start(subjob)
+    batch.requeue(subjob)
+    assert batch.job(subjob).not_before > time.time() + 60
+    calls = len(batch.calls)
+    c.step()
+    assert store.decision(subjob).state == "released" and store.count_decisions(subjob) == 1
+    assert batch.calls[calls:] == [] and subjob in c.view.job_gpu
+    batch._set(subjob, not_before=time.time() - 1)
+    batch.start(subjob)
+    c.step()
+    assert store.decision(subjob).state == "running"
 
 
 def test_a_job_after_another_started_waits_for_its_start_and_a_purged_one_for_nothing(site, batch):

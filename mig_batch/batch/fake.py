@@ -9,10 +9,13 @@ jobs fail as Slurm would refuse them, as are pins to a node outside the job's pa
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping, Sequence
 
 from mig_batch.batch.system import MANAGED_PREFIX, After, BatchError, BatchJob, JobState, NodeStatus, Pin
 from mig_batch.batch.tags import NodeReport, parse_place, with_report
+
+REQUEUE_BEGIN_S = 120.0  # how far Slurm moves a requeued job's begin time: its cred_expire (default 120 s)
 
 
 class FakeBatch:
@@ -55,9 +58,11 @@ class FakeBatch:
             if job.partitions and outside:
                 failed[p.job_id] = f"Requested node configuration is not available for job {p.job_id}"
                 continue
-            limit = p.time_limit_min * 60.0 if p.time_limit_min is not None else job.time_limit_s
-            self._jobs[p.job_id] = dataclasses.replace(job, admin_tag=p.admin_tag, node=p.node, state=JobState.PENDING,
-                                                       time_limit_s=limit)  # fmt: skip
+            timed = p.time_limit_min is not None  # a subjob's pin, which also starts it at once (StartTime=now)
+            self._jobs[p.job_id] = dataclasses.replace(
+                job, admin_tag=p.admin_tag, node=p.node, state=JobState.PENDING,
+                time_limit_s=p.time_limit_min * 60.0 if timed else job.time_limit_s,
+                not_before=0.0 if timed else job.not_before)  # fmt: skip
         return failed
 
     def release(self, jobs: Sequence[str]) -> None:
@@ -137,8 +142,9 @@ class FakeBatch:
             self._set(job, state=JobState.HELD, held_by_user=False)
 
     def requeue(self, job: str) -> None:
-        """The batch system requeued a running job (its node failed): pending again, not held."""
-        self._set(job, state=JobState.PENDING, start_time=0.0, end_time=0.0)
+        """The batch system requeued a running job (its node failed): pending again, not held, and, as Slurm
+        does, not to start before its credential's lifetime (cred_expire, 120 s by default) has passed."""
+        self._set(job, state=JobState.PENDING, start_time=0.0, end_time=0.0, not_before=time.time() + REQUEUE_BEGIN_S)
 
     def _set(self, job: str, **changes: object) -> None:
         if job not in self._jobs:
