@@ -89,6 +89,10 @@ def test_a_requeue_report_holds_the_job_and_decides_it_again(site, batch):
     # the placement out first: Slurm's requeue-hold is one its owner may release (job_submit.lua lets a placed job go)
     assert batch.calls[-2:] == [("set_job_tag", job), ("requeue_hold", job)]
     assert batch.job(job).admin_tag == RIGID  # no placement nor report: its owner's release starts nothing
+    c.step()  # Slurm starts a requeued job only after its credential's lifetime: its slot would idle meanwhile
+    assert store.count_decisions(job) == 1 and store.events(job=job, kind="waiting")[-1]["reason"].startswith(
+        "its begin time")  # fmt: skip
+    batch._set(job, not_before=time.time() - 1)
     c.step()  # held again: decided anew
     assert store.count_decisions(job) == 2 and store.decision(job).state == "released"
 
@@ -136,6 +140,7 @@ def test_a_down_node_is_fenced_until_its_agent_reconciled(site, batch):
     c.step()
     assert store.decision(running).state == "requeued" and batch.job(running).held
     assert c.step().placed == 0  # until the begin time Slurm gives a requeued job
+    assert store.events(job=running, kind="waiting")[-1]["reason"].startswith("its begin time")
     batch._set(running, not_before=time.time() - 1)
     other = c.step()  # decided again, elsewhere
     assert other.placed == 1 and parse_place(batch.job(running).admin_tag).node != node

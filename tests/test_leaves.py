@@ -231,10 +231,25 @@ def test_the_generated_lua_translates_as_python_does():
         assert math.isclose(job.ntasks_per_node, chosen.count) or chosen.count == 1
 
 
+def node_set_names() -> set[str]:
+    """The variables a node agent sets for a job's tasks, besides CUDA_VISIBLE_DEVICES: those of a subjob over
+    two instances, which has them all."""
+    from types import SimpleNamespace
+
+    from mig_batch.batch.tags import Placed
+    from mig_batch.node.agent import NodeAgent
+
+    agent = SimpleNamespace(node="n1", margin=5.0, clock=lambda: 100.0)
+    entries = [SimpleNamespace(uuid=f"MIG-{n}", gpu=0, profile="1g.10gb", start=n) for n in range(2)]
+    lines = NodeAgent._exports(agent, entries, Placed("n1", 0, "1g.10gb", 0, window_s=60.0, subjob=2))
+    names = {line.split(" export ")[-1].removeprefix("export ").partition("=")[0] for line in lines}
+    return names - {"CUDA_VISIBLE_DEVICES"}
+
+
 def test_the_generated_lua_marks_a_mig_batch_jobs_environment_and_unmarks_any_other():
     """A marked job gets no GPU until its TaskProlog sets its instance, and none from a TaskProlog that finds
-    no file of its Prolog's. A job submitted from inside a MIG
-    job inherits the mark: not a MIG job itself, it loses it. Slurm's lua reaches batch jobs' environment only."""
+    no file of its Prolog's. A job submitted from inside a MIG job inherits the mark: not a MIG job itself,
+    it loses it. Slurm's lua reaches batch jobs' environment only."""
     lupa = pytest.importorskip("lupa")
     from mig_batch.slurm.install import job_submit_lua
 
@@ -254,5 +269,14 @@ def test_the_generated_lua_marks_a_mig_batch_jobs_environment_and_unmarks_any_ot
     assert submitted("gres/mig:1g.10gb", {"HOME": "/h"}) == {"HOME": "/h", **marked}
     assert submitted("gres/mig:1g.10gb", {"CUDA_VISIBLE_DEVICES": "0,1"}) == marked
     assert submitted("gres/gpu:1", {"MIG_BATCH_JOB": "1"}) == {"MIG_BATCH_JOB": ""}
+    # submitted from inside a MIG job (a subjob chain's runner submits the next subjob so): what the node set
+    # for that job is not this one's, its chain and checkpoint directory are
+    names = node_set_names()
+    inherited = {"MIG_BATCH_JOB": "1", "CUDA_VISIBLE_DEVICES": "MIG-a", "MIG_BATCH_CHAIN": "5",
+                 "MIG_BATCH_CHECKPOINT_DIR": "/ckpt", **dict.fromkeys(names, "from its submitter")}  # fmt: skip
+    forgotten = {**inherited, **dict.fromkeys(names, ""), "CUDA_VISIBLE_DEVICES": "NoDevFiles"}
+    assert submitted("gres/mig:1g.10gb", inherited) == {**forgotten, "MIG_BATCH_JOB": "1"}
+    assert submitted("gres/gpu:1", inherited) == {**forgotten, "MIG_BATCH_JOB": ""}
+    assert submitted("gres/gpu:1", {"MIG_BATCH_JOB": "1", "CUDA_VISIBLE_DEVICES": "0"})["CUDA_VISIBLE_DEVICES"] == "0"
     assert submitted("gres/gpu:1", {"HOME": "/h"}) == {"HOME": "/h"}
     assert submitted("gres/mig:1g.10gb", None, script=None) is None  # srun, salloc: nothing to mark

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from mig_batch.batch.system import MANAGED_PREFIX, After, BatchError, BatchJob, JobState, NodeStatus, Pin
 from mig_batch.batch.tags import NodeReport, parse_place, with_report
 
-REQUEUE_BEGIN_S = 120.0  # how far Slurm moves a requeued job's begin time: its cred_expire (default 120 s)
+REQUEUE_BEGIN_S = 121.0  # how far Slurm moves a requeued job's begin time: its cred_expire (default 120 s) + 1
 
 
 class FakeBatch:
@@ -72,7 +72,8 @@ class FakeBatch:
 
     def requeue_hold(self, job: str, reason: str = "") -> None:
         self.calls.append(("requeue_hold", job))  # a job its owner holds stays theirs (HTCondor: already held)
-        self._set(job, state=JobState.HELD, start_time=0.0, end_time=0.0)
+        begin = self._requeue_begin(job) if job in self._jobs and self._jobs[job].running else {}
+        self._set(job, state=JobState.HELD, start_time=0.0, end_time=0.0, **begin)
 
     def hold(self, job: str) -> None:
         self.calls.append(("hold", job))
@@ -142,9 +143,15 @@ class FakeBatch:
             self._set(job, state=JobState.HELD, held_by_user=False)
 
     def requeue(self, job: str) -> None:
-        """The batch system requeued a running job (its node failed): pending again, not held, and, as Slurm
-        does, not to start before its credential's lifetime (cred_expire, 120 s by default) has passed."""
-        self._set(job, state=JobState.PENDING, start_time=0.0, end_time=0.0, not_before=time.time() + REQUEUE_BEGIN_S)
+        """The batch system requeued a running job (its node failed): pending again, not held."""
+        self._set(job, state=JobState.PENDING, start_time=0.0, end_time=0.0, **self._requeue_begin(job))
+
+    def _requeue_begin(self, job: str) -> dict[str, float]:
+        """A started job requeued (held or not) does not start again before its credential's lifetime has
+        passed: Slurm (batch_requeue_fini) moves a begin time not in the future that far ahead."""
+        now = time.time()
+        j = self._jobs.get(job)
+        return {} if j is None or j.not_before > now else {"not_before": now + REQUEUE_BEGIN_S}
 
     def _set(self, job: str, **changes: object) -> None:
         if job not in self._jobs:
