@@ -72,8 +72,7 @@ class FakeBatch:
 
     def requeue_hold(self, job: str, reason: str = "") -> None:
         self.calls.append(("requeue_hold", job))  # a job its owner holds stays theirs (HTCondor: already held)
-        begin = self._requeue_begin(job) if job in self._jobs and self._jobs[job].running else {}
-        self._set(job, state=JobState.HELD, start_time=0.0, end_time=0.0, **begin)
+        self._set(job, state=JobState.HELD, start_time=0.0, end_time=0.0, **self._requeue_begin(job))
 
     def hold(self, job: str) -> None:
         self.calls.append(("hold", job))
@@ -147,11 +146,11 @@ class FakeBatch:
         self._set(job, state=JobState.PENDING, start_time=0.0, end_time=0.0, **self._requeue_begin(job))
 
     def _requeue_begin(self, job: str) -> dict[str, float]:
-        """A started job requeued (held or not) does not start again before its credential's lifetime has
+        """A running job requeued (held or not) does not start again before its credential's lifetime has
         passed: Slurm (batch_requeue_fini) moves a begin time not in the future that far ahead."""
         now = time.time()
         j = self._jobs.get(job)
-        return {} if j is None or j.not_before > now else {"not_before": now + REQUEUE_BEGIN_S}
+        return {"not_before": now + REQUEUE_BEGIN_S} if j is not None and j.running and j.not_before <= now else {}
 
     def _set(self, job: str, **changes: object) -> None:
         if job not in self._jobs:
