@@ -201,6 +201,64 @@ def test_a_chain_whose_next_job_is_missing_goes_on_in_its_own_job_unplaced_until
     assert parse_place(batch.job(first).admin_tag) is not None  # the next subjob's grant
 
 
+def test_a_subjob_slurm_requeued_while_running_ends_and_its_chain_goes_on_in_the_runners_next_job(site, batch,
+                                                                                                   tmp_path):
+    """An operator's requeue stops the runner, which submits the chain's next job: the chain goes on there; the
+    requeued job is cancelled (its id, started again, could meet a skipped Prolog), no failure counted."""
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    tag = f"mig-batch:v1;req=6144M;atomize=1;ckpt={tmp_path / 'ckpt'};smin=30;smax=300"
+    first = batch.add(tag)
+    c.step()
+    made(batch, first)
+    c.step()
+    nxt = batch.add(f"{tag};chain={first}")
+    batch.requeue(first)
+    c.step()
+    assert store.subjobs(first)[0].outcome == "requeued" and store.chain(first).failures == 0
+    assert store.chain_jobs(first) == [first, nxt] and batch.job(first).cancelled
+    assert store.decision(first).state == "ended" and store.instance(first) is None and first not in c.view.job_gpu
+    assert parse_place(batch.job(nxt).admin_tag) is not None and store.chain(first).state == "granted"
+
+
+def test_a_subjob_requeued_with_no_next_job_is_granted_again_away_from_the_node_it_ran_on(site, batch, tmp_path):
+    """Its node died with the runner, or the runner could not submit the next job: the chain goes on in the
+    requeued job itself, granted on another node until the begin time Slurm moved ahead has passed."""
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    first = batch.add(f"mig-batch:v1;req=6144M;atomize=1;ckpt={tmp_path / 'ckpt'};smin=30;smax=300")
+    c.step()
+    ran_on = store.decision(first).node
+    other = next(n for n in ("n1", "n2") if n != ran_on)
+    made(batch, first)
+    c.step()
+    batch.requeue(first)
+    batch.set_node_up(other, False)
+    c.step()
+    assert [s.outcome for s in store.subjobs(first)] == ["requeued"] and store.chain(first).failures == 0
+    assert store.decision(first).state == "requeued" and batch.job(first).held  # only the node it ran on has room
+    batch.set_node_up(other, True)
+    batch.set_node_tag(other, AgentTag(started=0, reconciled=2e9).text())  # its agent reconciled on its return
+    c.step()
+    assert store.decision(first).node == other and parse_place(batch.job(first).admin_tag).node == other
+    made(batch, first)
+    c.step()
+    batch.finish(first, exit_status=75)  # checkpointed, no next job: the fallback's requeue-hold
+    c.step()
+    assert store.decision(first).state == "requeued"
+    c.step()
+    assert store.decision(first).node == ran_on  # granted again, away from the node it has just run on
+    made(batch, first)
+    c.step()
+    batch.requeue(first)
+    batch.set_node_up(other, False)
+    c.step()
+    assert store.decision(first).state == "requeued"
+    batch._set(first, not_before=time.time() - 1)  # the begin time has passed: its node's cache is gone
+    c.step()
+    assert store.decision(first).node == ran_on and store.decision(first).state == "released"
+
+
 def test_a_chain_is_not_planned_on_a_down_node(site, batch):
     """The chains' gaps come from timelines, not the view's buckets: a fenced GPU must be missing there too."""
     store = Store(site.state)

@@ -1,7 +1,9 @@
 """Failures on the cluster in a box: the node agent killed with jobs running, mig-batchd down during a
-burst, a node killed hard with MIG jobs on it. Nothing is lost, nothing placed twice, nothing leaked."""
+burst, a node killed hard with MIG jobs on it, a chain's running subjob requeued by an operator. Nothing is
+lost, nothing placed twice, nothing leaked."""
 
 import signal
+import sys
 import time
 
 import pytest
@@ -27,6 +29,46 @@ def bed(tmp_path_factory):
     (root / "out").mkdir()
     yield testbed
     testbed.stop()
+
+
+# a chain's training: counts to STEPS (0.1 s a step) from its checkpoint; USR1 (the runner's, before the
+# window ends) checkpoints and exits 75; each start says whether its Prolog gave it a window and an instance
+COUNTER = """import os, pathlib, signal, sys, time
+state = pathlib.Path(os.environ["MIG_BATCH_CHECKPOINT_DIR"]) / "count"
+step = int(state.read_text()) if state.exists() else 0
+print("start", os.environ["SLURM_JOB_ID"], step, os.environ.get("MIG_BATCH_DEADLINE", ""),
+      os.environ.get("CUDA_VISIBLE_DEVICES", ""), flush=True)
+stop = []
+signal.signal(signal.SIGUSR1, lambda *_: stop.append(1))
+while step < {steps} and not stop:
+    time.sleep(0.1)
+    step += 1
+state.write_text(str(step))
+sys.exit(0 if step >= {steps} else 75)
+"""
+
+
+def submit_chain(bed, name, steps):
+    """A chain (migsub --atomize) whose subjobs count to ``steps``; its id and checkpoint directory."""
+    ckpt = bed.root / name
+    ckpt.mkdir()
+    (bed.root / f"{name}.py").write_text(COUNTER.format(steps=steps))
+    script = bed.root / f"{name}.sh"
+    script.write_text(f"#!/bin/bash\n#SBATCH --output={bed.root / 'out'}/%j.out\n"
+                      f"exec {sys.executable} {bed.root / name}.py\n")  # fmt: skip
+    job = bed.migsub("--atomize", "--checkpoint-dir", str(ckpt), "--gpu-mem", "6G", "--subjob-min", "3s",
+                     "--subjob-max", "8s", str(script)).stdout.strip()  # fmt: skip
+    return job, ckpt
+
+
+def starts(bed, store, chain):
+    """Each start of the chain's jobs: (job, step, deadline, CUDA_VISIBLE_DEVICES), from the jobs' output."""
+    lines = []
+    for job in store.chain_jobs(chain):
+        out = bed.root / "out" / f"{job}.out"
+        lines += [line.split()[1:] for line in (out.read_text().splitlines() if out.exists() else [])
+                  if line.startswith("start ")]  # fmt: skip
+    return lines
 
 
 def submit(bed, n, seconds, gres="mig:1g.10gb"):
@@ -131,3 +173,27 @@ def test_a_node_killed_hard_is_fenced_its_jobs_run_elsewhere_and_its_strays_clea
     assert all(e["time"] > back[0]["time"] for e in placed_on_n2), "placed on n2 before its reconcile"
     bed.cluster.run("scontrol", "update", "nodename=n2", "state=resume", check=False)
     assert_clean(bed, jobs)
+
+
+def test_a_chain_subjob_an_operator_requeues_goes_on_in_its_next_job(bed):
+    """Requeued while running, the runner submits the chain's next job as it stops: the chain goes on there
+    from its checkpoint, the requeued job is cancelled, and every start has its Prolog's window and instance."""
+    steps = 150
+    chain, ckpt = submit_chain(bed, "requeued-chain", steps)
+    store = Store(bed.store_path)
+    wait_for(lambda: (subs := store.subjobs(chain)) and subs[0].started_at and time.time() > subs[0].started_at + 2,
+             60, "the chain's first subjob to run")  # fmt: skip
+    bed.cluster.run("scontrol", "requeue", chain)
+    wait_for(lambda: (c := store.chain(chain)) and c.state in ("done", "failed", "cancelled"), 240,
+             "the chain to end")  # fmt: skip
+    outcomes = [s.outcome for s in store.subjobs(chain)]
+    assert store.chain(chain).state == "done" and outcomes[0] == "requeued", (outcomes, store.events(chain))
+    assert "failed" not in outcomes and "not-started" not in outcomes, outcomes
+    assert int((ckpt / "count").read_text()) == steps
+    jobs = store.chain_jobs(chain)
+    assert jobs[0] == chain and len(set(jobs)) == len(outcomes), (jobs, outcomes)
+    assert store.decision(chain).state == "ended" and chain not in states(bed, {chain})  # cancelled, not rerun
+    seen = starts(bed, store, chain)
+    assert len(seen) == len(outcomes) and all(deadline and cvd.startswith("MIG-") for _, _, deadline, cvd in seen), seen
+    for node in bed.nodes:
+        assert instances(bed, node) == [], f"{node} leaked {instances(bed, node)}"

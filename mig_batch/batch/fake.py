@@ -146,11 +146,13 @@ class FakeBatch:
         self._set(job, state=JobState.PENDING, start_time=0.0, end_time=0.0, **self._requeue_begin(job))
 
     def _requeue_begin(self, job: str) -> dict[str, float]:
-        """A running job requeued (held or not) does not start again before its credential's lifetime has
-        passed: Slurm (batch_requeue_fini) moves a begin time not in the future that far ahead."""
+        """A job requeued (held or not) after it started, running or ended, does not start again before its
+        credential's lifetime has passed: Slurm (batch_requeue_fini) moves a begin time not in the future that
+        far ahead."""
         now = time.time()
         j = self._jobs.get(job)
-        return {"not_before": now + REQUEUE_BEGIN_S} if j is not None and j.running and j.not_before <= now else {}
+        started = j is not None and (j.running or j.finished)
+        return {"not_before": now + REQUEUE_BEGIN_S} if started and j.not_before <= now else {}
 
     def _set(self, job: str, **changes: object) -> None:
         if job not in self._jobs:

@@ -9,7 +9,8 @@ it, and every step is idempotent, so after a crash (or SIGKILL) a restart resume
   decided  + job still held    -> pin and release again (same node, same tag)
   released/running + job ended -> free the slot
   node report "requeue"        -> requeue-hold the job, decide again
-  running job pending again    -> the batch system requeued it (its node failed): hold it, decide again
+  running job pending again    -> the batch system requeued it (its node failed): hold it, decide again;
+                                  a chain's subjob ends there, and its chain goes on (the runner's next job)
 A node the batch system reports down is fenced (nothing is placed there) until its agent has
 reconciled its GPUs since. The in-memory view (a placement ``Cluster``) is rebuilt from the store.
 """
@@ -524,6 +525,8 @@ class Controller:
                     self._requeue(d, job, f"placed, it waits for {why}")
                 elif job.held and d.state == DecisionState.DECIDED and not job.held_by_user:
                     again.append(d)
+                elif d.state == DecisionState.RUNNING and parse_tag(d.request).atomize is not None:
+                    self._subjob_interrupted(d, job, jobs)
                 elif d.state == DecisionState.RUNNING or d.node in self._down_since or \
                         (job.held_by_user and d.state in (DecisionState.DECIDED, DecisionState.RELEASED)):
                     self._requeue(d, job, "held by its owner" if job.held_by_user
@@ -654,6 +657,30 @@ class Controller:
         for extra in later:
             self.store.event(extra.job_id, "chain-job-cancelled", chain=record.job)
             self.batch.cancel(extra.job_id)
+
+    def _subjob_interrupted(self, d: Decision, job: BatchJob, jobs: Mapping[str, BatchJob]) -> None:
+        """A running subjob the batch system took back (an operator's requeue, its node's failure): it ended
+        without its checkpoint, and its chain goes on from the last one. Stopped, the runner submitted the
+        chain's next job: the chain goes on there and this job is cancelled (a requeued job id may start
+        without its Prolog). Without one (the runner died with its node), or held by its owner, it goes on in
+        this job, decided again."""
+        record = self.chains.interrupted(d)
+        later = self._later_jobs(record, job, jobs) if record is not None else []
+        reason = "the batch system requeued it"
+        if record is not None and later and not job.held_by_user:
+            self._free(d.job)
+            self._reported.discard(d.job)
+            if self.store.instance(d.job) is not None:
+                self.store.forget_instance(d.job, reason=reason)
+            self.store.link_job(later[0].job_id, record.job)
+            self.store.set_state(d.job, DecisionState.ENDED, outcome="requeued")
+            later, superseded = later[1:], [d.job]
+        else:
+            self._requeue(d, job, reason)
+            superseded = []
+        for extra in [*superseded, *later]:
+            self.store.event(extra, "chain-job-cancelled", chain=record.job if record else d.job)
+            self.batch.cancel(extra)
 
     def _later_jobs(self, record: ChainRecord, ended: BatchJob | None,
                     jobs: Mapping[str, BatchJob]) -> list[BatchJob]:  # fmt: skip
@@ -795,8 +822,17 @@ class Controller:
             if record.state in ("waiting", "granted"):
                 candidates.append((job, tag, record))
         hosts = {job.job_id: frozenset(self.config.nodes) - outside for job, _, _ in candidates
-                 if (outside := self._outside_of_job(job))}  # fmt: skip
+                 if (outside := self._outside_of_job(job) | self._skips_prolog(job, now))}  # fmt: skip
         return [d for d, _ in self.chains.offer(candidates, timelines, now, steers, self._take_room, hosts)]
+
+    def _skips_prolog(self, job: BatchJob, now: float) -> frozenset[str]:
+        """The node a requeued job ran on while its begin time, which the batch system moved ahead at the
+        requeue, is still to come: its slurmd may still cache the job id and would skip its Prolog (docs/atomize.md).
+        A subjob's pin starts it at once, so it is granted elsewhere until then."""
+        if job.not_before <= now:
+            return frozenset()
+        d = self.store.decision(job.job_id)
+        return frozenset({d.node}) if d is not None and d.state == DecisionState.REQUEUED and d.node else frozenset()
 
     def _take_room(self, job: BatchJob, node: str) -> bool:
         """Whether ``node`` may take ``job`` in this pass, its CPUs then taken: one of its partitions, and not
