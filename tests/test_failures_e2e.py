@@ -36,8 +36,8 @@ def bed(tmp_path_factory):
 COUNTER = """import os, pathlib, signal, sys, time
 state = pathlib.Path(os.environ["MIG_BATCH_CHECKPOINT_DIR"]) / "count"
 step = int(state.read_text()) if state.exists() else 0
-print("start", os.environ["SLURM_JOB_ID"], step, os.environ.get("MIG_BATCH_DEADLINE", ""),
-      os.environ.get("CUDA_VISIBLE_DEVICES", ""), flush=True)
+print("start", os.environ["SLURM_JOB_ID"], step, os.environ["SLURMD_NODENAME"],
+      os.environ.get("MIG_BATCH_DEADLINE") or "-", os.environ.get("CUDA_VISIBLE_DEVICES") or "-", flush=True)
 stop = []
 signal.signal(signal.SIGUSR1, lambda *_: stop.append(1))
 while step < {steps} and not stop:
@@ -48,21 +48,23 @@ sys.exit(0 if step >= {steps} else 75)
 """
 
 
-def submit_chain(bed, name, steps):
-    """A chain (migsub --atomize) whose subjobs count to ``steps``; its id and checkpoint directory."""
+def submit_chain(bed, name, steps, window_s=(3, 8)):
+    """A chain (migsub --atomize) whose subjobs count to ``steps`` in windows of ``window_s`` (shortest,
+    longest); its id and checkpoint directory."""
     ckpt = bed.root / name
     ckpt.mkdir()
     (bed.root / f"{name}.py").write_text(COUNTER.format(steps=steps))
     script = bed.root / f"{name}.sh"
     script.write_text(f"#!/bin/bash\n#SBATCH --output={bed.root / 'out'}/%j.out\n"
                       f"exec {sys.executable} {bed.root / name}.py\n")  # fmt: skip
-    job = bed.migsub("--atomize", "--checkpoint-dir", str(ckpt), "--gpu-mem", "6G", "--subjob-min", "3s",
-                     "--subjob-max", "8s", str(script)).stdout.strip()  # fmt: skip
+    job = bed.migsub("--atomize", "--checkpoint-dir", str(ckpt), "--gpu-mem", "6G", "--subjob-min", f"{window_s[0]}s",
+                     "--subjob-max", f"{window_s[1]}s", str(script)).stdout.strip()  # fmt: skip
     return job, ckpt
 
 
 def starts(bed, store, chain):
-    """Each start of the chain's jobs: (job, step, deadline, CUDA_VISIBLE_DEVICES), from the jobs' output."""
+    """Each start of the chain's jobs: [job, step, node, deadline, CUDA_VISIBLE_DEVICES] ("-": unset), from
+    the jobs' output."""
     lines = []
     for job in store.chain_jobs(chain):
         out = bed.root / "out" / f"{job}.out"
@@ -150,20 +152,31 @@ def test_a_node_killed_hard_is_fenced_its_jobs_run_elsewhere_and_its_strays_clea
     for node in ("n1", "n3"):  # every job lands on n2
         bed.cluster.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=test")
     jobs = submit(bed, 5, 40)
+    # and a chain whose first subjob dies with the node, its runner too: it goes on in that same job
+    chain, ckpt = submit_chain(bed, "killed-chain", 200, window_s=(30, 60))
     wait_for(lambda: [s for s, _ in states(bed, set(jobs)).values()].count("RUNNING") == 5, 60, "5 jobs on n2")
     assert {n for _, n in states(bed, set(jobs)).values()} == {"n2"}
+    store = Store(bed.store_path)
+    wait_for(lambda: (subs := store.subjobs(chain)) and subs[0].started_at, 60, "the chain's first subjob to run")
     # RUNNING shows while the Prolog may still be creating the last instance
-    wait_for(lambda: len(instances(bed, "n2")) == 5, 30, "five instances on n2")
+    wait_for(lambda: len(instances(bed, "n2")) == 6, 30, "six instances on n2")
     killed = time.time()
     bed.kill_node("n2")
     for node in ("n1", "n3"):
         bed.cluster.run("scontrol", "update", f"nodename={node}", "state=resume")
     wait_for(lambda: "down" in bed.cluster.node_states()["n2"], 120, "Slurm to mark n2 down")
     wait_for(lambda: done(bed, jobs), 420, "the requeued jobs to complete elsewhere")
-    store = Store(bed.store_path)
+    wait_for(lambda: store.chain(chain).state in ("done", "failed", "cancelled"), 240, "the chain to end")
     for job in jobs:
         assert store.decision(job).node in ("n1", "n3")  # decided again, elsewhere
-    assert len(instances(bed, "n2")) == 5  # the dead node's instances: strays until it returns
+    outcomes = [s.outcome for s in store.subjobs(chain)]
+    assert store.chain(chain).state == "done" and outcomes[0] == "requeued", (outcomes, store.events(chain))
+    assert "failed" not in outcomes and "not-started" not in outcomes, outcomes
+    assert int((ckpt / "count").read_text()) == 200 and store.chain_jobs(chain)[0] == chain
+    seen = starts(bed, store, chain)
+    assert [node for job, _, node, *_ in seen if job == chain] == ["n2", seen[1][2]] and seen[1][2] != "n2", seen
+    assert all(d != "-" and cvd.startswith("MIG-") for *_, d, cvd in seen), seen
+    assert len(instances(bed, "n2")) == 6  # the dead node's instances: strays until it returns
     bed.restart_node("n2")
     wait_for(lambda: instances(bed, "n2") == [], 60, "n2's reconcile to clear its strays")
     wait_for(lambda: [e for e in Store(bed.store_path).events(kind="node-back") if e["node"] == "n2"], 60,
@@ -194,6 +207,6 @@ def test_a_chain_subjob_an_operator_requeues_goes_on_in_its_next_job(bed):
     assert jobs[0] == chain and len(set(jobs)) == len(outcomes), (jobs, outcomes)
     assert store.decision(chain).state == "ended" and chain not in states(bed, {chain})  # cancelled, not rerun
     seen = starts(bed, store, chain)
-    assert len(seen) == len(outcomes) and all(deadline and cvd.startswith("MIG-") for _, _, deadline, cvd in seen), seen
+    assert len(seen) == len(outcomes) and all(d != "-" and cvd.startswith("MIG-") for *_, d, cvd in seen), seen
     for node in bed.nodes:
         assert instances(bed, node) == [], f"{node} leaked {instances(bed, node)}"
