@@ -6,7 +6,7 @@ import time
 import pytest
 
 from mig_batch.batch.fake import FakeBatch
-from mig_batch.batch.system import After, Awaits, JobState
+from mig_batch.batch.system import After, Awaits, BatchError, JobState
 from mig_batch.batch.tags import AgentTag, NodeReport, parse_place, parse_report
 from mig_batch.config import SiteConfig
 from mig_batch.controller.daemon import Controller
@@ -217,8 +217,32 @@ def test_a_subjob_slurm_requeued_while_running_ends_and_its_chain_goes_on_in_the
     c.step()
     assert store.subjobs(first)[0].outcome == "requeued" and store.chain(first).failures == 0
     assert store.chain_jobs(first) == [first, nxt] and batch.job(first).cancelled
-    assert store.decision(first).state == "ended" and store.instance(first) is None and first not in c.view.job_gpu
+    assert store.decision(first).state == "requeued" and store.instance(first) is None and first not in c.view.job_gpu
     assert parse_place(batch.job(nxt).admin_tag) is not None and store.chain(first).state == "granted"
+
+
+def test_a_chains_job_left_behind_by_a_refused_cancel_is_not_granted(site, batch, tmp_path):
+    """Only a chain's latest job runs its subjobs: the requeued one, held and unplaced, stays so."""
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    tag = f"mig-batch:v1;req=6144M;atomize=1;ckpt={tmp_path / 'ckpt'};smin=30;smax=300"
+    first = batch.add(tag)
+    c.step()
+    made(batch, first)
+    c.step()
+    nxt = batch.add(f"{tag};chain={first}")
+    batch.requeue(first)
+
+    def refused(job):
+        raise BatchError(f"cancel of {job} refused")
+
+    batch.cancel = refused
+    c.step()
+    for _ in range(2):
+        c.step()
+    assert store.chain_jobs(first) == [first, nxt] and parse_place(batch.job(nxt).admin_tag) is not None
+    assert batch.job(first).held and parse_place(batch.job(first).admin_tag) is None
+    assert store.decision(first).state == "requeued" and store.count_decisions(first) == 1
 
 
 def test_a_subjob_requeued_with_no_next_job_is_granted_again_away_from_the_node_it_ran_on(site, batch, tmp_path):

@@ -660,27 +660,22 @@ class Controller:
 
     def _subjob_interrupted(self, d: Decision, job: BatchJob, jobs: Mapping[str, BatchJob]) -> None:
         """A running subjob the batch system took back (an operator's requeue, its node's failure): it ended
-        without its checkpoint, and its chain goes on from the last one. Stopped, the runner submitted the
-        chain's next job: the chain goes on there and this job is cancelled (a requeued job id may start
-        without its Prolog). Without one (the runner died with its node), or held by its owner, it goes on in
-        this job, decided again."""
+        without its checkpoint, and its chain goes on from the last one. The job is held and unplaced, as any
+        requeued job. Stopped, the runner submitted the chain's next job: the chain goes on there and this
+        job is cancelled (a requeued job id may start without its Prolog; were the cancel refused, only a
+        chain's latest job is granted). Without one (the runner died with its node), or held by its owner,
+        the chain goes on in this job, decided again."""
         record = self.chains.interrupted(d)
-        later = self._later_jobs(record, job, jobs) if record is not None else []
-        reason = "the batch system requeued it"
-        if record is not None and later and not job.held_by_user:
-            self._free(d.job)
-            self._reported.discard(d.job)
-            if self.store.instance(d.job) is not None:
-                self.store.forget_instance(d.job, reason=reason)
+        self._requeue(d, job, "the batch system requeued it")
+        if record is None:
+            return
+        later = self._later_jobs(record, job, jobs)
+        if later and not job.held_by_user:
             self.store.link_job(later[0].job_id, record.job)
-            self.store.set_state(d.job, DecisionState.ENDED, outcome="requeued")
-            later, superseded = later[1:], [d.job]
-        else:
-            self._requeue(d, job, reason)
-            superseded = []
-        for extra in [*superseded, *later]:
-            self.store.event(extra, "chain-job-cancelled", chain=record.job if record else d.job)
-            self.batch.cancel(extra)
+            later = [job, *later[1:]]
+        for extra in later:
+            self.store.event(extra.job_id, "chain-job-cancelled", chain=record.job)
+            self.batch.cancel(extra.job_id)
 
     def _later_jobs(self, record: ChainRecord, ended: BatchJob | None,
                     jobs: Mapping[str, BatchJob]) -> list[BatchJob]:  # fmt: skip
@@ -819,8 +814,8 @@ class Controller:
             record = self.store.chain(job.job_id)
             if record is None:
                 record = self.chains.register(job, tag, self._declared_mib(tag))
-            if record.state in ("waiting", "granted"):
-                candidates.append((job, tag, record))
+            if record.state in ("waiting", "granted") and self.store.chain_jobs(record.job)[-1:] in ([], [job.job_id]):
+                candidates.append((job, tag, record))  # only its latest job: an earlier one left is not run
         hosts = {job.job_id: frozenset(self.config.nodes) - outside for job, _, _ in candidates
                  if (outside := self._outside_of_job(job) | self._skips_prolog(job, now))}  # fmt: skip
         return [d for d, _ in self.chains.offer(candidates, timelines, now, steers, self._take_room, hosts)]
