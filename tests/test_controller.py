@@ -1012,25 +1012,26 @@ def test_a_subjobs_begin_time_does_not_hold_it_back(site, batch):
     assert store.decision(subjob) is not None and store.decision(rigid) is None
 
 
-def test_a_released_subjob_that_slurm_requeued_before_a_pass_saw_it_run_keeps_its_slot(site, batch):
+def test_a_released_subjob_that_slurm_requeued_before_a_pass_saw_it_run_is_granted_again_elsewhere(site, batch):
     """Requeued by Slurm after its start and before a pass saw it run, a subjob is pending again, its begin
-    time 120 s on (cred_expire). It keeps its decision: decided again, its new pin would start it at once,
-    and on the node it just ran on slurmd skips the Prolog of a job id it still caches (docs/atomize.md), so
-    it would start with no instance. Its slot idles until Slurm starts it."""
+    time 120 s on (cred_expire). Its slot would idle until then, and its window end that much after its gap:
+    it is granted again at once, on another node than the one whose slurmd may skip its Prolog."""
     store = Store(site.state)
     c = Controller(site, store, batch)
     subjob = batch.add("mig-batch:v1;req=1g.10gb;atomize=1;ckpt=/ckpt;smin=60;smax=600")
     c.step()
-    assert store.decision(subjob).state == "released"
+    d = store.decision(subjob)
+    assert d.state == "released"
     batch.start(subjob)
     batch.requeue(subjob)
     assert batch.job(subjob).not_before > time.time() + 60
-    calls = len(batch.calls)
     c.step()
-    assert store.decision(subjob).state == "released" and store.count_decisions(subjob) == 1
-    assert batch.calls[calls:] == [] and subjob in c.view.job_gpu
-    batch._set(subjob, not_before=time.time() - 1)
-    batch.start(subjob)
+    assert [s.outcome for s in store.subjobs(subjob)] == ["requeued"] and store.chain(subjob).failures == 0
+    assert store.decision(subjob).state == "requeued" and batch.job(subjob).held
+    c.step()
+    again = store.decision(subjob)
+    assert again.state == "released" and again.node != d.node and store.count_decisions(subjob) == 2
+    made(batch, subjob)
     c.step()
     assert store.decision(subjob).state == "running"
 

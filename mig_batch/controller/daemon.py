@@ -525,7 +525,7 @@ class Controller:
                     self._requeue(d, job, f"placed, it waits for {why}")
                 elif job.held and d.state == DecisionState.DECIDED and not job.held_by_user:
                     again.append(d)
-                elif d.state == DecisionState.RUNNING and parse_tag(d.request).atomize is not None:
+                elif self._subjob_taken_back(d, job, now):
                     self._subjob_interrupted(d, job, jobs)
                 elif d.state == DecisionState.RUNNING or d.node in self._down_since or \
                         (job.held_by_user and d.state in (DecisionState.DECIDED, DecisionState.RELEASED)):
@@ -657,6 +657,13 @@ class Controller:
         for extra in later:
             self.store.event(extra.job_id, "chain-job-cancelled", chain=record.job)
             self.batch.cancel(extra.job_id)
+
+    @staticmethod
+    def _subjob_taken_back(d: Decision, job: BatchJob, now: float) -> bool:
+        """A subjob the batch system requeued after its start (the job waits again): seen running, or released
+        with a begin time ahead, which its pin had set to its release (a pass may not have seen it run)."""
+        started = d.state == DecisionState.RUNNING or (d.state == DecisionState.RELEASED and job.not_before > now)
+        return started and parse_tag(d.request).atomize is not None
 
     def _subjob_interrupted(self, d: Decision, job: BatchJob, jobs: Mapping[str, BatchJob]) -> None:
         """A running subjob the batch system took back (an operator's requeue, its node's failure): it ended
