@@ -36,6 +36,7 @@ from mig_batch.batch.tags import RANK_SEPARATOR, rank_key
 from mig_batch.errors import MigBatchError
 
 SCHEMA_VERSION = 4
+INTERRUPTED = ("not-started", "requeued")  # subjob outcomes taken back from it, neither a failure nor a success
 MIG_OFF = "mig-off"  # event: a node's agent found these GPUs with MIG mode off (an empty list: none now)
 
 _SCHEMA = """
@@ -384,6 +385,12 @@ class Store:
             db.execute("INSERT OR REPLACE INTO chain_jobs VALUES (?,?)", (job, chain))
             self._event(db, chain, "chain-job", {"job": job})
 
+    def latest_chain_job(self, chain: str) -> str | None:
+        """The job that runs the chain's subjobs now (None: no chain of that name)."""
+        row = self.db.execute("SELECT job FROM chain_jobs WHERE chain=? ORDER BY rowid DESC LIMIT 1",
+                              (chain,)).fetchone()  # fmt: skip
+        return row[0] if row else None
+
     def chain_jobs(self, chain: str) -> list[str]:
         return [r[0] for r in self.db.execute("SELECT job FROM chain_jobs WHERE chain=? ORDER BY rowid", (chain,))]
 
@@ -453,10 +460,14 @@ class Store:
                 db.execute("UPDATE subjobs SET ended_at=?, exit_status=?, outcome=? WHERE job=? AND run=?",
                            (now, exit_status, outcome, job, sub.run))  # fmt: skip
             failed, counts = outcome == "failed", sub is not None and outcome != "not-started"
+            # failures in a row: a failure adds one, a subjob that ran its course clears them, and one taken
+            # back (not started, requeued by the batch system) leaves them as they were
+            kept = outcome in INTERRUPTED
             db.execute(
-                "UPDATE chains SET state=?, subjobs=subjobs+?, failures=CASE WHEN ? THEN failures+1 ELSE 0 END, "
+                "UPDATE chains SET state=?, subjobs=subjobs+?, "
+                "failures=CASE WHEN ? THEN failures+1 WHEN ? THEN failures ELSE 0 END, "
                 "attained=attained+?, last_mib=COALESCE(?, last_mib), updated_at=? WHERE job=?",
-                (chain_state, 1 if counts else 0, failed, ran, sub.memory_mib if sub else None, now, job),
+                (chain_state, 1 if counts else 0, failed, kept, ran, sub.memory_mib if sub else None, now, job),
             )
             self._event(db, job, f"subjob-{outcome}", {"run": sub.run if sub else None, "exit_status": exit_status,
                                                        "chain": chain_state})  # fmt: skip

@@ -221,8 +221,9 @@ def test_a_subjob_slurm_requeued_while_running_ends_and_its_chain_goes_on_in_the
     assert parse_place(batch.job(nxt).admin_tag) is not None and store.chain(first).state == "granted"
 
 
-def test_a_chains_job_left_behind_by_a_refused_cancel_is_not_granted(site, batch, tmp_path):
-    """Only a chain's latest job runs its subjobs: the requeued one, held and unplaced, stays so."""
+def test_a_chains_job_left_behind_by_a_refused_cancel_is_not_granted_and_cancelled_again(site, batch, tmp_path):
+    """Only a chain's latest job runs its subjobs: the requeued one, held and unplaced, stays so until the
+    batch system takes its cancel."""
     store = Store(site.state)
     c = Controller(site, store, batch)
     tag = f"mig-batch:v1;req=6144M;atomize=1;ckpt={tmp_path / 'ckpt'};smin=30;smax=300"
@@ -236,21 +237,26 @@ def test_a_chains_job_left_behind_by_a_refused_cancel_is_not_granted(site, batch
     def refused(job):
         raise BatchError(f"cancel of {job} refused")
 
-    batch.cancel = refused
-    c.step()
-    for _ in range(2):
+    cancel, batch.cancel = batch.cancel, refused
+    for _ in range(3):
         c.step()
     assert store.chain_jobs(first) == [first, nxt] and parse_place(batch.job(nxt).admin_tag) is not None
     assert batch.job(first).held and parse_place(batch.job(first).admin_tag) is None
     assert store.decision(first).state == "requeued" and store.count_decisions(first) == 1
+    batch.cancel = cancel  # the batch system takes the cancel again: the job left behind goes
+    c.step()
+    assert batch.job(first).cancelled and store.count_decisions(first) == 1
 
 
-def test_a_subjob_requeued_with_no_next_job_is_granted_again_away_from_the_node_it_ran_on(site, batch, tmp_path):
+CHAIN = "mig-batch:v1;req=6144M;atomize=1;ckpt={};smin=30;smax=300"
+
+
+def test_a_subjob_requeued_with_no_next_job_waits_for_its_begin_time_to_go_back_to_its_node(site, batch, tmp_path):
     """Its node died with the runner, or the runner could not submit the next job: the chain goes on in the
     requeued job itself, granted on another node until the begin time Slurm moved ahead has passed."""
     store = Store(site.state)
     c = Controller(site, store, batch)
-    first = batch.add(f"mig-batch:v1;req=6144M;atomize=1;ckpt={tmp_path / 'ckpt'};smin=30;smax=300")
+    first = batch.add(CHAIN.format(tmp_path / "ckpt"))
     c.step()
     ran_on = store.decision(first).node
     other = next(n for n in ("n1", "n2") if n != ran_on)
@@ -258,29 +264,91 @@ def test_a_subjob_requeued_with_no_next_job_is_granted_again_away_from_the_node_
     c.step()
     batch.requeue(first)
     batch.set_node_up(other, False)
-    c.step()
+    for _ in range(3):
+        c.step()
     assert [s.outcome for s in store.subjobs(first)] == ["requeued"] and store.chain(first).failures == 0
     assert store.decision(first).state == "requeued" and batch.job(first).held  # only the node it ran on has room
-    batch.set_node_up(other, True)
-    batch.set_node_tag(other, AgentTag(started=0, reconciled=2e9).text())  # its agent reconciled on its return
-    c.step()
-    assert store.decision(first).node == other and parse_place(batch.job(first).admin_tag).node == other
-    made(batch, first)
-    c.step()
-    batch.finish(first, exit_status=75)  # checkpointed, no next job: the fallback's requeue-hold
-    c.step()
-    assert store.decision(first).state == "requeued"
-    c.step()
-    assert store.decision(first).node == ran_on  # granted again, away from the node it has just run on
-    made(batch, first)
-    c.step()
-    batch.requeue(first)
-    batch.set_node_up(other, False)
-    c.step()
-    assert store.decision(first).state == "requeued"
     batch._set(first, not_before=time.time() - 1)  # the begin time has passed: its node's cache is gone
     c.step()
     assert store.decision(first).node == ran_on and store.decision(first).state == "released"
+
+
+def test_a_chain_goes_on_in_its_own_job_away_from_the_node_it_has_just_run_on(site, batch, tmp_path):
+    """The node the policy prefers is the one the job ran on: the next grant goes elsewhere, after a requeue
+    by Slurm and after the fallback's requeue-hold alike."""
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    first = batch.add(CHAIN.format(tmp_path / "ckpt"))
+    c.step()
+    preferred = store.decision(first).node
+    made(batch, first)
+    c.step()
+    batch.requeue(first)  # an operator's requeue; its runner could not submit the next job
+    c.step()
+    c.step()
+    assert store.decision(first).node != preferred and store.decision(first).state == "released"
+    made(batch, first)
+    c.step()
+    batch.finish(first, exit_status=75)
+    c.step()
+    c.step()
+    assert store.decision(first).node == preferred  # back where it did not run just before
+    made(batch, first)
+    c.step()
+    batch.finish(first, exit_status=75)
+    c.step()
+    c.step()
+    assert store.decision(first).node != preferred and parse_place(batch.job(first).admin_tag).node != preferred
+
+
+def test_a_subjob_whose_node_could_not_place_it_is_started_again_elsewhere(site, batch, tmp_path):
+    """The Prolog's report asks for a requeue: its runner exits at once (no window), the subjob ends as not
+    started (no failure), and the chain goes on in that job, elsewhere. Before, the chain stayed running."""
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    first = batch.add(CHAIN.format(tmp_path / "ckpt"))
+    c.step()
+    node = store.decision(first).node
+    batch.start(first, NodeReport("requeue", reason="decided spot taken; nothing fits"))
+    c.step()
+    assert [s.outcome for s in store.subjobs(first)] == ["not-started"] and store.chain(first).state == "waiting"
+    assert store.decision(first).state == "requeued" and ("requeue_hold", first) in batch.calls
+    c.step()
+    assert store.decision(first).state == "released" and store.decision(first).node != node
+
+
+def test_a_requeued_subjob_keeps_its_chains_failures_in_a_row(site, batch, tmp_path):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    tag = CHAIN.format(tmp_path / "ckpt")
+    first = batch.add(tag)
+    c.step()
+    made(batch, first)
+    c.step()
+    nxt = batch.add(f"{tag};chain={first}")
+    batch.finish(first, exit_status=1)  # a failed subjob
+    c.step()
+    assert store.chain(first).failures == 1
+    made(batch, nxt)
+    c.step()
+    batch.requeue(nxt)  # no next job: it goes on in nxt
+    c.step()
+    assert [s.outcome for s in store.subjobs(first)] == ["failed", "requeued"] and store.chain(first).failures == 1
+
+
+def test_a_released_subjob_an_operator_holds_is_theirs_to_release(site, batch):
+    """A begin time just ahead of mig-batchd's clock (slurmctld's runs ahead) on a held job is no requeue."""
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    subjob = batch.add("mig-batch:v1;req=1g.10gb;atomize=1;ckpt=/ckpt;smin=60;smax=600")
+    c.step()
+    batch._set(subjob, state=JobState.HELD, not_before=time.time() + 2)
+    calls = len(batch.calls)
+    c.step()
+    assert store.decision(subjob).state == "released" and batch.calls[calls:] == []
+    batch._set(subjob, state=JobState.PENDING, not_before=time.time() + 2)  # released; its begin time near
+    c.step()
+    assert store.decision(subjob).state == "released" and batch.calls[calls:] == []
 
 
 def test_a_chain_is_not_planned_on_a_down_node(site, batch):

@@ -60,7 +60,8 @@ def memory_bound(chain: Chain, duration: float, eps: float) -> tuple[float, str]
 
 def answer(chain: Chain, gap: Gap, eps: float, hysteresis: float = 0.25) -> Reply:
     if chain.hosts is not None and gap.host not in chain.hosts:
-        return Reply(chain.job, False, f"node {gap.host} is not one the job may run on (its partitions)")
+        return Reply(chain.job, False, f"node {gap.host} is not one the job may run on now (outside its "
+                                       "partitions, refusing its pins, or it ran there just before)")  # fmt: skip
     offered = min(gap.length, chain.max_subjob_s)
     needed = chain.remaining_s if chain.remaining_s is not None else math.inf
     duration = min(offered, needed)

@@ -8,7 +8,8 @@ runner submits each next job (held, tagged ``chain=``) before its subjob exits.
   subjob ends 0   -> the chain is done (a next job, if any, is cancelled)
   other endings   -> a failed subjob: the next job resumes from the last checkpoint, until
                      ``max_failures`` in a row; a cancelled job ends its chain
-  requeued by the batch system while running -> ended, no failure counted; the chain goes on
+  requeued by the batch system after its start, or its node could not make its instance -> ended, no
+                     failure counted; the chain goes on
   no next job     -> (the runner could not submit one) the ended job is requeued held instead; a
                      start of it that finds no Prolog's work exits 76 and is started again, not
                      counted as a failure (slurmd may skip the Prolog of a requeued job id)
@@ -144,13 +145,18 @@ class ChainDriver:
         the limit itself come later still, as backstops."""
         return math.ceil((window_s + self.config.atomize.grace_s + SLURM_SIGNAL_MARGIN_S + 30) / 60)
 
-    def interrupted(self, d: Decision) -> ChainRecord | None:
-        """A chain's running subjob was requeued by the batch system: ended, no failure counted (not the
-        job's doing); its chain waits for its next grant. The chain's record (None: ``d`` is no chain's)."""
-        if self.store.chain(d.job) is None:
+    def interrupted(self, d: Decision, outcome: str = "requeued") -> ChainRecord | None:
+        """A chain's started subjob was taken back: requeued by the batch system (``requeued``), or its node
+        could not make its instance (``not-started``). Its open subjob ends, no failure counted (not the job's
+        doing), and its chain waits for its next grant. The chain's record (None: ``d`` is no chain's)."""
+        record = self.store.chain(d.job)
+        if record is None:
             return None
-        self.store.end_subjob(d.job, None, "requeued", "waiting")
-        return self.store.chain(d.job)
+        subjobs = self.store.subjobs(d.job)
+        if subjobs and subjobs[-1].ended_at is None:  # already ended: a pass that stopped midway is done again
+            self.store.end_subjob(d.job, None, outcome, "waiting")
+            record = self.store.chain(d.job)
+        return record
 
     def ended(self, d: Decision, job: BatchJob | None) -> bool:
         """A chain's subjob ended: record it; True when the chain goes on (the caller links its next job)."""

@@ -71,6 +71,9 @@ REFUSED_FOR_S = 600.0  # ... and how long that node is not tried again for it
 # A placed job is taken back for its begin time only when that is further away than this: a slot idle that
 # long costs less than a hold and a new decision.
 TAKE_BACK_AFTER_S = 60.0
+# a released subjob waiting for a begin time this far ahead was requeued by the batch system (Slurm moves it
+# cred_expire + 1 s ahead, and cred_expire is at least 5 s); its pin had set it to its release
+REQUEUE_BEGIN_MARGIN_S = 5.0
 
 
 @dataclass
@@ -556,6 +559,8 @@ class Controller:
         self._reported.add(d.job)
         if report.kind == "requeue":
             self._prolog_problem(d, report)
+            if parse_tag(d.request).atomize is not None:  # its runner exits at once: its chain goes on
+                self.chains.interrupted(d, "not-started")
             self._requeue(d, job, report.reason)
             return
         # the node it runs on: the decided one, unless its owner moved it after the release (scontrol update
@@ -654,35 +659,37 @@ class Controller:
             self.store.set_state(d.job, DecisionState.REQUEUED, outcome=outcome)
         else:
             self.store.set_state(d.job, DecisionState.ENDED, outcome=outcome)
-        for extra in later:
-            self.store.event(extra.job_id, "chain-job-cancelled", chain=record.job)
-            self.batch.cancel(extra.job_id)
+        self._cancel_chain_jobs(record, later)
 
     @staticmethod
     def _subjob_taken_back(d: Decision, job: BatchJob, now: float) -> bool:
         """A subjob the batch system requeued after its start (the job waits again): seen running, or released
-        with a begin time ahead, which its pin had set to its release (a pass may not have seen it run)."""
-        started = d.state == DecisionState.RUNNING or (d.state == DecisionState.RELEASED and job.not_before > now)
+        and waiting, not held, for a begin time well ahead, where its pin had set it to its release (a pass
+        may not have seen it run)."""
+        started = d.state == DecisionState.RUNNING or (
+            d.state == DecisionState.RELEASED and not job.held and job.not_before > now + REQUEUE_BEGIN_MARGIN_S)
         return started and parse_tag(d.request).atomize is not None
 
     def _subjob_interrupted(self, d: Decision, job: BatchJob, jobs: Mapping[str, BatchJob]) -> None:
         """A running subjob the batch system took back (an operator's requeue, its node's failure): it ended
-        without its checkpoint, and its chain goes on from the last one. The job is held and unplaced, as any
-        requeued job. Stopped, the runner submitted the chain's next job: the chain goes on there and this
-        job is cancelled (a requeued job id may start without its Prolog; were the cancel refused, only a
-        chain's latest job is granted). Without one (the runner died with its node), or held by its owner,
-        the chain goes on in this job, decided again."""
+        without its checkpoint, and its chain goes on from the last one. Stopped, the runner submitted the
+        chain's next job: the chain goes on there, linked first, and this job is cancelled (a requeued job id
+        may start without its Prolog). Without one (the runner died with its node), or held by its owner, the
+        chain goes on in this job, decided again. Either way the job is held and unplaced first, as any
+        requeued job."""
         record = self.chains.interrupted(d)
-        self._requeue(d, job, "the batch system requeued it")
-        if record is None:
-            return
-        later = self._later_jobs(record, job, jobs)
+        later = self._later_jobs(record, job, jobs) if record is not None else []
         if later and not job.held_by_user:
             self.store.link_job(later[0].job_id, record.job)
             later = [job, *later[1:]]
-        for extra in later:
-            self.store.event(extra.job_id, "chain-job-cancelled", chain=record.job)
-            self.batch.cancel(extra.job_id)
+        self._requeue(d, job, "the batch system requeued it")
+        if record is not None:
+            self._cancel_chain_jobs(record, later)
+
+    def _cancel_chain_jobs(self, record: ChainRecord, jobs: list[BatchJob]) -> None:
+        for job in jobs:
+            self.store.event(job.job_id, "chain-job-cancelled", chain=record.job)
+            self.batch.cancel(job.job_id)
 
     def _later_jobs(self, record: ChainRecord, ended: BatchJob | None,
                     jobs: Mapping[str, BatchJob]) -> list[BatchJob]:  # fmt: skip
@@ -821,11 +828,21 @@ class Controller:
             record = self.store.chain(job.job_id)
             if record is None:
                 record = self.chains.register(job, tag, self._declared_mib(tag))
-            if record.state in ("waiting", "granted") and self.store.chain_jobs(record.job)[-1:] in ([], [job.job_id]):
-                candidates.append((job, tag, record))  # only its latest job: an earlier one left is not run
+            if self.store.latest_chain_job(record.job) not in (None, job.job_id):
+                self._cancel_left_behind(record, job)  # only a chain's latest job runs its subjobs
+            elif record.state in ("waiting", "granted"):
+                candidates.append((job, tag, record))
         hosts = {job.job_id: frozenset(self.config.nodes) - outside for job, _, _ in candidates
                  if (outside := self._outside_of_job(job) | self._skips_prolog(job, now))}  # fmt: skip
         return [d for d, _ in self.chains.offer(candidates, timelines, now, steers, self._take_room, hosts)]
+
+    def _cancel_left_behind(self, record: ChainRecord, job: BatchJob) -> None:
+        """An earlier job of a chain still waiting (its cancel was refused when the chain went on in a later
+        one): cancelled again, each pass until the batch system takes it."""
+        try:
+            self._cancel_chain_jobs(record, [job])
+        except BatchError as exc:
+            log.warning("job %s, left behind by chain %s: %s", job.job_id, record.job, exc)
 
     def _skips_prolog(self, job: BatchJob, now: float) -> frozenset[str]:
         """The node a requeued job ran on while its begin time, which the batch system moved ahead at the
