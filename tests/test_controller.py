@@ -14,6 +14,7 @@ from mig_batch.state import Store
 
 RIGID = "mig-batch:v1;req=1g.10gb"
 BIG = "mig-batch:v1;req=7g.80gb"
+CHAIN = "mig-batch:v1;req=6144M;atomize=1;ckpt={};smin=30;smax=300"
 
 
 @pytest.fixture
@@ -201,18 +202,24 @@ def test_a_chain_whose_next_job_is_missing_goes_on_in_its_own_job_unplaced_until
     assert parse_place(batch.job(first).admin_tag) is not None  # the next subjob's grant
 
 
-def test_a_subjob_slurm_requeued_while_running_ends_and_its_chain_goes_on_in_the_runners_next_job(site, batch,
-                                                                                                   tmp_path):
-    """An operator's requeue stops the runner, which submits the chain's next job: the chain goes on there; the
-    requeued job is cancelled (its id, started again, could meet a skipped Prolog), no failure counted."""
+def chain_job_running_with_its_next(site, batch, tmp_path):
+    """A chain's first job, running, and the chain's next job, which its runner submitted as it stopped."""
     store = Store(site.state)
     c = Controller(site, store, batch)
-    tag = f"mig-batch:v1;req=6144M;atomize=1;ckpt={tmp_path / 'ckpt'};smin=30;smax=300"
+    tag = CHAIN.format(tmp_path / "ckpt")
     first = batch.add(tag)
     c.step()
     made(batch, first)
     c.step()
     nxt = batch.add(f"{tag};chain={first}")
+    return store, c, first, nxt
+
+
+def test_a_subjob_slurm_requeued_while_running_ends_and_its_chain_goes_on_in_the_runners_next_job(site, batch,
+                                                                                                   tmp_path):
+    """An operator's requeue stops the runner, which submits the chain's next job: the chain goes on there; the
+    requeued job is cancelled (its id, started again, could meet a skipped Prolog), no failure counted."""
+    store, c, first, nxt = chain_job_running_with_its_next(site, batch, tmp_path)
     batch.requeue(first)
     c.step()
     assert store.subjobs(first)[0].outcome == "requeued" and store.chain(first).failures == 0
@@ -224,14 +231,7 @@ def test_a_subjob_slurm_requeued_while_running_ends_and_its_chain_goes_on_in_the
 def test_a_chains_job_left_behind_by_a_refused_cancel_is_not_granted_and_cancelled_again(site, batch, tmp_path):
     """Only a chain's latest job runs its subjobs: the requeued one, held and unplaced, stays so until the
     batch system takes its cancel."""
-    store = Store(site.state)
-    c = Controller(site, store, batch)
-    tag = f"mig-batch:v1;req=6144M;atomize=1;ckpt={tmp_path / 'ckpt'};smin=30;smax=300"
-    first = batch.add(tag)
-    c.step()
-    made(batch, first)
-    c.step()
-    nxt = batch.add(f"{tag};chain={first}")
+    store, c, first, nxt = chain_job_running_with_its_next(site, batch, tmp_path)
     batch.requeue(first)
 
     def refused(job):
@@ -246,9 +246,6 @@ def test_a_chains_job_left_behind_by_a_refused_cancel_is_not_granted_and_cancell
     batch.cancel = cancel  # the batch system takes the cancel again: the job left behind goes
     c.step()
     assert batch.job(first).cancelled and store.count_decisions(first) == 1
-
-
-CHAIN = "mig-batch:v1;req=6144M;atomize=1;ckpt={};smin=30;smax=300"
 
 
 def test_a_subjob_requeued_with_no_next_job_waits_for_its_begin_time_to_go_back_to_its_node(site, batch, tmp_path):
@@ -318,14 +315,7 @@ def test_a_subjob_whose_node_could_not_place_it_is_started_again_elsewhere(site,
 
 
 def test_a_requeued_subjob_keeps_its_chains_failures_in_a_row(site, batch, tmp_path):
-    store = Store(site.state)
-    c = Controller(site, store, batch)
-    tag = CHAIN.format(tmp_path / "ckpt")
-    first = batch.add(tag)
-    c.step()
-    made(batch, first)
-    c.step()
-    nxt = batch.add(f"{tag};chain={first}")
+    store, c, first, nxt = chain_job_running_with_its_next(site, batch, tmp_path)
     batch.finish(first, exit_status=1)  # a failed subjob
     c.step()
     assert store.chain(first).failures == 1
