@@ -157,7 +157,7 @@ def test_a_node_killed_hard_is_fenced_its_jobs_run_elsewhere_and_its_strays_clea
     wait_for(lambda: [s for s, _ in states(bed, set(jobs)).values()].count("RUNNING") == 5, 60, "5 jobs on n2")
     assert {n for _, n in states(bed, set(jobs)).values()} == {"n2"}
     store = Store(bed.store_path)
-    wait_for(lambda: (subs := store.subjobs(chain)) and subs[0].started_at, 60, "the chain's first subjob to run")
+    wait_for(lambda: starts(bed, store, chain), 60, "the chain's first subjob to start counting")
     # RUNNING shows while the Prolog may still be creating the last instance
     wait_for(lambda: len(instances(bed, "n2")) == 6, 30, "six instances on n2")
     killed = time.time()
@@ -194,8 +194,7 @@ def test_a_chain_subjob_an_operator_requeues_goes_on_in_its_next_job(bed):
     steps = 150
     chain, ckpt = submit_chain(bed, "requeued-chain", steps)
     store = Store(bed.store_path)
-    wait_for(lambda: (subs := store.subjobs(chain)) and subs[0].started_at and time.time() > subs[0].started_at + 2,
-             60, "the chain's first subjob to run")  # fmt: skip
+    wait_for(lambda: starts(bed, store, chain), 60, "the chain's first subjob to start counting")
     bed.cluster.run("scontrol", "requeue", chain)
     wait_for(lambda: (c := store.chain(chain)) and c.state in ("done", "failed", "cancelled"), 240,
              "the chain to end")  # fmt: skip
