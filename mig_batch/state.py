@@ -434,11 +434,9 @@ class Store:
         now = started_at
         with self._tx() as db:
             job = self._chain_of(db, job)
-            row = db.execute(f"SELECT {_SUBJOB_COLS} FROM subjobs WHERE job=? AND ended_at IS NULL "
-                             "ORDER BY run DESC LIMIT 1", (job,)).fetchone()  # fmt: skip
-            if row is None:
+            sub = self._open_subjob(db, job)
+            if sub is None:
                 return None
-            sub = SubjobRecord(*row)
             if sub.started_at is None:
                 db.execute("UPDATE subjobs SET started_at=?, deadline=? WHERE job=? AND run=?",
                            (now, now + sub.window_s, job, sub.run))  # fmt: skip
@@ -452,9 +450,7 @@ class Store:
         now = time.time()
         with self._tx() as db:
             job = self._chain_of(db, job)
-            row = db.execute(f"SELECT {_SUBJOB_COLS} FROM subjobs WHERE job=? AND ended_at IS NULL "
-                             "ORDER BY run DESC LIMIT 1", (job,)).fetchone()  # fmt: skip
-            sub = SubjobRecord(*row) if row else None
+            sub = self._open_subjob(db, job)
             ran = (now - sub.started_at) * sub.memory_slices if sub and sub.started_at else 0.0
             if sub is not None:
                 db.execute("UPDATE subjobs SET ended_at=?, exit_status=?, outcome=? WHERE job=? AND run=?",
@@ -472,6 +468,16 @@ class Store:
             self._event(db, job, f"subjob-{outcome}", {"run": sub.run if sub else None, "exit_status": exit_status,
                                                        "chain": chain_state})  # fmt: skip
             return sub
+
+    @staticmethod
+    def _open_subjob(db: sqlite3.Connection, chain: str) -> SubjobRecord | None:
+        row = db.execute(f"SELECT {_SUBJOB_COLS} FROM subjobs WHERE job=? AND ended_at IS NULL "
+                         "ORDER BY run DESC LIMIT 1", (chain,)).fetchone()  # fmt: skip
+        return SubjobRecord(*row) if row else None
+
+    def open_subjob(self, job: str) -> SubjobRecord | None:
+        """The subjob of ``job``'s chain granted or running now (None: none is)."""
+        return self._open_subjob(self.db, self._chain_of(self.db, job))
 
     def subjobs(self, job: str) -> list[SubjobRecord]:
         rows = self.db.execute(f"SELECT {_SUBJOB_COLS} FROM subjobs WHERE job=? ORDER BY run",

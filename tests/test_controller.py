@@ -270,6 +270,30 @@ def test_a_subjob_requeued_with_no_next_job_waits_for_its_begin_time_to_go_back_
     assert store.decision(first).node == ran_on and store.decision(first).state == "released"
 
 
+def test_pins_refused_after_a_requeue_do_not_send_the_subjob_back_to_the_node_it_ran_on(site, batch, tmp_path):
+    """Granted elsewhere after Slurm requeued it, the subjob's pins are refused there: its decision then names
+    that node, yet the node it ran on stays out of its grants until the begin time Slurm moved ahead."""
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    first = batch.add(CHAIN.format(tmp_path / "ckpt"))
+    c.step()
+    ran_on = store.decision(first).node
+    other = next(n for n in ("n1", "n2") if n != ran_on)
+    made(batch, first)
+    c.step()
+    batch.requeue(first)
+    batch.refuse.add(first)
+    for _ in range(6):
+        c.step()
+    decided = [e["node"] for e in store.events(job=first, kind="decided")]
+    assert decided[0] == ran_on and set(decided[1:]) == {other}, decided  # never back to where it ran
+    assert store.decision(first).state == "requeued" and store.events(job=first, kind="pin-refused")
+    batch.refuse.clear()
+    batch._set(first, not_before=time.time() - 1)  # the begin time has passed; the refusing node is still out
+    c.step()
+    assert store.decision(first).node == ran_on and store.decision(first).state == "released"
+
+
 def test_a_chain_goes_on_in_its_own_job_away_from_the_node_it_has_just_run_on(site, batch, tmp_path):
     """The node the policy prefers is the one the job ran on: the next grant goes elsewhere, after a requeue
     by Slurm and after the fallback's requeue-hold alike."""

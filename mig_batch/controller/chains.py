@@ -152,8 +152,7 @@ class ChainDriver:
         record = self.store.chain(d.job)
         if record is None:
             return None
-        subjobs = self.store.subjobs(d.job)
-        if subjobs and subjobs[-1].ended_at is None:  # already ended: a pass that stopped midway is done again
+        if self.store.open_subjob(d.job) is not None:  # already ended: a pass that stopped midway is done again
             self.store.end_subjob(d.job, None, outcome, "waiting")
             record = self.store.chain(d.job)
         return record

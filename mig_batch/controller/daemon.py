@@ -543,7 +543,7 @@ class Controller:
     def _running(self, d: Decision, job: BatchJob) -> None:
         """A running job: its node's report (once), and the subjob's start."""
         if d.state in (DecisionState.DECIDED, DecisionState.RELEASED):
-            self.store.set_state(d.job, DecisionState.RUNNING)
+            self.store.set_state(d.job, DecisionState.RUNNING, node=job.node)
             if parse_tag(d.request).atomize is not None:
                 self.store.start_subjob(d.job, job.start_time or time.time())
         if d.job in self._reported:
@@ -736,8 +736,8 @@ class Controller:
         """A granted chain subjob's window (None for any other job)."""
         if self.store.chain(job_id) is None:
             return None
-        subjobs = self.store.subjobs(job_id)
-        return subjobs[-1].window_s if subjobs and subjobs[-1].ended_at is None else None
+        sub = self.store.open_subjob(job_id)
+        return sub.window_s if sub is not None else None
 
     def _predicted_s(self, job_id: str) -> float | None:
         if job_id not in self._predicted:
@@ -847,11 +847,16 @@ class Controller:
     def _skips_prolog(self, job: BatchJob, now: float) -> frozenset[str]:
         """The node a requeued job ran on while its begin time, which the batch system moved ahead at the
         requeue, is still to come: its slurmd may still cache the job id and would skip its Prolog (docs/atomize.md).
-        A subjob's pin starts it at once, so it is granted elsewhere until then."""
+        A subjob's pin starts it at once, so it is granted elsewhere until then. That node is the one a pass
+        last saw the job run on, and the decided one (a job requeued before a pass saw it run ran there;
+        pins refused since the requeue leave a decision for another node)."""
         if job.not_before <= now:
             return frozenset()
         d = self.store.decision(job.job_id)
-        return frozenset({d.node}) if d is not None and d.state == DecisionState.REQUEUED and d.node else frozenset()
+        if d is None or d.state != DecisionState.REQUEUED:
+            return frozenset()
+        ran = self.store.events(job=job.job_id, kind=DecisionState.RUNNING, last=1)
+        return frozenset(n for n in (d.node, ran[0].get("node") if ran else None) if n)
 
     def _take_room(self, job: BatchJob, node: str) -> bool:
         """Whether ``node`` may take ``job`` in this pass, its CPUs then taken: one of its partitions, and not
