@@ -205,6 +205,36 @@ def test_an_entry_another_writer_removed_is_not_held_and_a_stray_on_its_id_goes_
     assert a.epilog(done) == "destroyed 2g.10gb@2 on GPU 1; destroyed 1 stray instance(s): 1g.5gb@1 on GPU 1"
 
 
+def test_a_fallbacks_instance_not_yet_journaled_is_kept_by_the_agents_sweep(site, batch, gpus):
+    """A hook's in-process fallback (the agent did not answer in time) makes its job's instance while the agent
+    sweeps the node. Made and not yet journaled, the instance would be a stray to the sweep: the node's GPU
+    work has one holder at a time across processes, so the sweep waits for the journal entry."""
+    a = agent(site, batch, gpus)
+    job = decide(batch, 0, "1g.5gb", 0)
+    fallback = agent(site, batch, gpus)  # its own journal and lock file descriptors, as another process has
+    swept: list[list[str]] = []
+
+    class Made:
+        """The fallback's NVML: the agent's sweep starts right after the instance is made."""
+
+        def __getattr__(self, name):
+            return getattr(gpus, name)
+
+        def create(self, *args):
+            inst = gpus.create(*args)
+            sweep = threading.Thread(target=lambda: swept.append(a.reconcile()))
+            sweep.start()
+            sweep.join(0.5)  # waits on the node's lock while this Prolog holds it
+            self.sweep = sweep
+            return inst
+
+    fallback.backend = made = Made()
+    result = fallback.prolog(job)
+    made.sweep.join(10)
+    assert result.report.kind == "made" and swept == [[]]
+    assert [i.uuid for i in gpus.instances(0)] == [result.report.uuid] == [a.journal.get(job).uuid]
+
+
 @pytest.mark.parametrize("uuids", ["new", "repeated"])
 def test_an_epilog_leaves_another_jobs_instance_that_took_its_instances_id(site, batch, gpus, monkeypatch, uuids):
     """The job's instance was destroyed behind the agent's back (an operator's ``nvidia-smi mig -dgi``) and

@@ -4,8 +4,8 @@ fall back on this node when that spot is taken, bind it to the job, destroy it, 
 It reads the decision from the job's operator-only tag through the batch system and reports what it
 did the same way (``NodeReport``); the controller's store is never opened here. Every entry point
 catches everything: a hook that fails would drain the node, so a problem becomes a report (requeue)
-and a log line instead. Calls are serialized by one lock: the journal, the GPUs and the reconcile
-see one consistent node.
+and a log line instead. Calls are serialized by one lock, across processes too (mig_batch/node/lock.py):
+the journal, the GPUs and the reconcile see one consistent node.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from mig_batch.batch.tags import (
 )
 from mig_batch.gpu.base import GpuBackend, GpuBackendError, InsufficientResources, InUse, NotFound, NotSupported
 from mig_batch.node.journal import Entry, Journal
+from mig_batch.node.lock import LOCK_NAME, NodeLock
 from mig_batch.placement.base import Placement, PlacementRequest
 from mig_batch.placement.cluster import Cluster, Gpu
 from mig_batch.placement.multi import MULTI_POLICIES, MultiPlacement, MultiPolicy
@@ -129,7 +129,7 @@ class NodeAgent:
         self.node, self.backend, self.journal, self.channel = node, backend, journal, channel
         self.job_dir, self.policy, self.margin, self.clock = Path(job_dir), policy, checkpoint_margin_s, clock
         self.started = clock()
-        self.lock = threading.Lock()
+        self.lock = NodeLock(journal.dir / LOCK_NAME)  # shared with a hook's in-process fallback
         # what the node's field shows (see AgentTag): the last reconcile and the problems since start
         self.reconciled, self.strays, self.problems = 0.0, 0, 0
         self.last_problem: NodeProblem | None = None
