@@ -325,6 +325,33 @@ def test_reconcile_destroys_what_no_live_job_owns_and_keeps_the_rest(site, batch
     assert tag is not None and tag.strays == 2 and tag.reconciled >= a.started
 
 
+def test_the_nodes_field_ends_with_the_newest_state_when_two_publishes_overlap(site, batch, gpus):
+    """Two sweeps publish at once (each sends outside the node's lock), the first one's send slow to be
+    answered: the node's field ends with the newer state, not with whichever send arrived last."""
+    a = agent(site, batch, gpus)
+    sending, go_on = threading.Event(), threading.Event()
+    set_node_tag = batch.set_node_tag
+
+    def slow_first(node, tag):
+        if not sending.is_set():
+            sending.set()
+            go_on.wait(10)
+        set_node_tag(node, tag)
+
+    batch.set_node_tag = slow_first
+    first = threading.Thread(target=a.reconcile)
+    first.start()
+    assert sending.wait(10)
+    gpus.create(0, "1g.5gb", 0)  # a stray for the second sweep
+    second = threading.Thread(target=a.reconcile)
+    second.start()
+    second.join(0.5)
+    go_on.set()
+    first.join(10)
+    second.join(10)
+    assert gpus.instances(0) == [] and parse_agent_tag(batch.nodes()[0].agent_tag).strays == 1
+
+
 def test_a_failing_backend_becomes_a_requeue_report(site, batch, gpus):
     class Broken(NvmlNode):  # n1's GPUs (the gpus fixture serves them), whose create fails
         def create(self, gpu, profile, start):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -130,6 +131,7 @@ class NodeAgent:
         self.job_dir, self.policy, self.margin, self.clock = Path(job_dir), policy, checkpoint_margin_s, clock
         self.started = clock()
         self.lock = NodeLock(journal.dir / LOCK_NAME)  # shared with a hook's in-process fallback
+        self._publishing = threading.Lock()  # one publish at a time, its field built when its turn comes
         # what the node's field shows (see AgentTag): the last reconcile and the problems since start
         self.reconciled, self.strays, self.problems = 0.0, 0, 0
         self.last_problem: NodeProblem | None = None
@@ -419,12 +421,14 @@ class NodeAgent:
 
     def _publish(self) -> None:
         """The node's field as it stands now. Called outside the node's lock: a batch system slow to answer
-        must not hold up the Prologs and Epilogs waiting for it."""
-        tag = AgentTag(self.started, self.reconciled, self.strays, self.problems, self.last_problem, self.mig_off)
-        try:
-            self.channel.set_node_tag(self.node, tag.text())
-        except BatchError as exc:
-            log.warning("could not publish the node's state: %s", exc)
+        must not hold up the Prologs and Epilogs waiting for it. Publishes take turns, so that the field ends
+        with the newest state, not with whichever send the batch system answered last."""
+        with self._publishing:
+            tag = AgentTag(self.started, self.reconciled, self.strays, self.problems, self.last_problem, self.mig_off)
+            try:
+                self.channel.set_node_tag(self.node, tag.text())
+            except BatchError as exc:
+                log.warning("could not publish the node's state: %s", exc)
 
     def _mig_off_now(self, gpu: int) -> bool:
         """Read every GPU's MIG mode again (an administrator may have switched one); is ``gpu``'s off?"""
