@@ -17,7 +17,8 @@ chains (schema 2): atomizable jobs (SJA) and their progress; subjobs: each grant
 first one naming the chain; decision_spots (schema 4): every rank's (GPU, profile, start) of a
 multi-instance job (rank 0 is the decision's own spot), written in the decision's transaction, so a
 job has all its spots or none; offers and replies: every negotiation round that changed something,
-for ``mig-batch offers``.
+for ``mig-batch offers``. Every statement of the schema may run again: a writer (mig-batchd) runs them all
+when it opens the store, so that an index added since (events by job) reaches a store of the same version.
 """
 
 from __future__ import annotations
@@ -136,6 +137,7 @@ CREATE TABLE IF NOT EXISTS events (
     kind TEXT NOT NULL,
     detail TEXT NOT NULL
 );
+CREATE INDEX IF NOT EXISTS events_job ON events(job, kind);
 """
 
 
@@ -226,12 +228,13 @@ class Store:
             raise StateError(f"{self.path} has schema {version}, older than this mig_batch's {SCHEMA_VERSION}: "
                              "restart mig-batchd with this version first (it migrates the store), then run this "
                              "again")  # fmt: skip
-        if version < SCHEMA_VERSION:
+        if create or version < SCHEMA_VERSION:  # a writer adds what is missing: an index added since, too
             with self._tx() as db:
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         db.execute(statement)
-                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                if version < SCHEMA_VERSION:
+                    db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     @classmethod
     @contextmanager

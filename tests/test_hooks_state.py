@@ -235,6 +235,40 @@ def test_a_fallbacks_instance_not_yet_journaled_is_kept_by_the_agents_sweep(site
     assert [i.uuid for i in gpus.instances(0)] == [result.report.uuid] == [a.journal.get(job).uuid]
 
 
+def test_a_fallback_that_the_agent_keeps_waiting_reports_a_requeue_and_leaves_the_epilog_to_it(site, batch, gpus):
+    """The agent holds the node's GPU work past the fallback's wait (stuck in the driver, say): the fallback's
+    Prolog has its job requeued in time, its Epilog leaves the instance to the agent; neither raises."""
+    from mig_batch.node.lock import LOCK_NAME, NodeLock
+
+    a = agent(site, batch, gpus)
+    done = decide(batch, 0, "1g.5gb", 0)
+    a.prolog(done)
+    job = decide(batch, 0, "1g.5gb", 1)
+    fallback = NodeAgent("n1", gpus, Journal(site.node_dir / "journal"), batch, site.job_dir, lock_wait_s=0.2)
+    with NodeLock(site.node_dir / "journal" / LOCK_NAME):  # the agent, as another process holds it
+        result = fallback.prolog(job)
+        detail = fallback.epilog(done)
+    assert result.report.kind == "requeue" and "held by another process" in result.report.reason
+    assert parse_report(batch.job(job).admin_tag).kind == "requeue" and gpus.instances(0)[0].start == 0
+    assert "left to the agent" in detail and a.journal.get(done) is not None
+    assert a.epilog(done) == "destroyed 1g.5gb@0 on GPU 0" and gpus.instances(0) == []
+
+
+def test_the_node_lock_follows_its_file_when_it_is_removed_and_made_again(tmp_path):
+    """A process that opened the lock file before it was removed (an operator cleaning the directory) must
+    not lock the removed file while another process locks the new one."""
+    from mig_batch.node.lock import NodeBusy, NodeLock
+
+    early = NodeLock(tmp_path / "gpus.lock", wait_s=0.2)
+    with early:
+        pass
+    (tmp_path / "gpus.lock").unlink()
+    with NodeLock(tmp_path / "gpus.lock"), pytest.raises(NodeBusy), early:
+        pass
+    with early:  # free again
+        pass
+
+
 @pytest.mark.parametrize("uuids", ["new", "repeated"])
 def test_an_epilog_leaves_another_jobs_instance_that_took_its_instances_id(site, batch, gpus, monkeypatch, uuids):
     """The job's instance was destroyed behind the agent's back (an operator's ``nvidia-smi mig -dgi``) and
@@ -449,6 +483,27 @@ def test_a_reader_does_not_migrate_an_older_store(tmp_path):
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 2
     Store(path).close()
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+def test_a_jobs_newest_event_of_a_kind_is_read_through_an_index_also_in_a_store_made_before_it(tmp_path):
+    """mig-batchd reads a requeued job's newest ``running`` event each pass: without the index SQLite reads
+    back through every event. A store of the same version made before the index gains it at mig-batchd's
+    next open; a reader adds nothing."""
+    path = tmp_path / "state.db"
+    Store(path).close()
+    db = sqlite3.connect(path)
+    db.execute("DROP INDEX events_job")
+    db.commit()
+    Store(path, create=False).close()
+    assert db.execute("SELECT name FROM sqlite_master WHERE name='events_job'").fetchall() == []
+    store = Store(path)
+    store.event("7", "running", node="n1")
+    sql: list[str] = []
+    store.db.set_trace_callback(sql.append)
+    assert store.events(job="7", kind="running", last=1)[0]["node"] == "n1"
+    store.db.set_trace_callback(None)
+    plan = " ".join(str(row) for row in store.db.execute("EXPLAIN QUERY PLAN " + sql[-1]))
+    assert "USING INDEX events_job" in plan or "USING COVERING INDEX events_job" in plan, plan
 
 
 @pytest.fixture(scope="module", params=["python", "c"])

@@ -734,8 +734,6 @@ class Controller:
 
     def _window_s(self, job_id: str) -> float | None:
         """A granted chain subjob's window (None for any other job)."""
-        if self.store.chain(job_id) is None:
-            return None
         sub = self.store.open_subjob(job_id)
         return sub.window_s if sub is not None else None
 

@@ -36,7 +36,7 @@ from mig_batch.batch.tags import (
 )
 from mig_batch.gpu.base import GpuBackend, GpuBackendError, InsufficientResources, InUse, NotFound, NotSupported
 from mig_batch.node.journal import Entry, Journal
-from mig_batch.node.lock import LOCK_NAME, NodeLock
+from mig_batch.node.lock import LOCK_NAME, NodeBusy, NodeLock
 from mig_batch.placement.base import Placement, PlacementRequest
 from mig_batch.placement.cluster import Cluster, Gpu
 from mig_batch.placement.multi import MULTI_POLICIES, MultiPlacement, MultiPolicy
@@ -126,11 +126,13 @@ def _spots(verb: str, entries: list[Entry]) -> str:
 class NodeAgent:
     def __init__(self, node: str, backend: GpuBackend, journal: Journal, channel: NodeChannel, job_dir: Path,
                  policy: str = "mfi", checkpoint_margin_s: float = 30.0,
-                 clock: Callable[[], float] = time.time):  # fmt: skip
+                 clock: Callable[[], float] = time.time, lock_wait_s: float | None = None):  # fmt: skip
+        """``lock_wait_s``: how long to wait while another process holds the node's GPU work (None: as long as
+        it takes; a hook's in-process fallback waits less, see mig_batch/node/lock.py)."""
         self.node, self.backend, self.journal, self.channel = node, backend, journal, channel
         self.job_dir, self.policy, self.margin, self.clock = Path(job_dir), policy, checkpoint_margin_s, clock
         self.started = clock()
-        self.lock = NodeLock(journal.dir / LOCK_NAME)  # shared with a hook's in-process fallback
+        self.lock = NodeLock(journal.dir / LOCK_NAME, lock_wait_s)  # shared with a hook's in-process fallback
         self._publishing = threading.Lock()  # one publish at a time, its field built when its turn comes
         # what the node's field shows (see AgentTag): the last reconcile and the problems since start
         self.reconciled, self.strays, self.problems = 0.0, 0, 0
@@ -329,9 +331,14 @@ class NodeAgent:
             self.channel.set_job_tag(job_id, with_report(job.admin_tag, report))
         except BatchError as exc:  # the job runs anyway; the node's field tells the controller meanwhile
             self.unsent[job_id] = (report, self.clock())
-            with self.lock:
-                self._note_problem(NodeProblem("prolog", job_id, f"could not report {report.text()}: {exc} "
-                                               "(sent again at the next reconcile)"))  # fmt: skip
+            problem = NodeProblem("prolog", job_id, f"could not report {report.text()}: {exc} (sent again at the "
+                                  "next reconcile)")  # fmt: skip
+            try:
+                with self.lock:
+                    self._note_problem(problem)
+            except NodeBusy:  # a fallback while the agent holds the node: the log line is what it has
+                log.warning("job %s prolog: %s", job_id, problem.reason)
+                return
             self._publish()
 
     def _send_unsent(self, live: dict[str, BatchJob], asked: float) -> None:
@@ -355,10 +362,13 @@ class NodeAgent:
     def epilog(self, job_id: str, attempts: int = 10, pause_s: float = 0.5) -> str:
         """Destroy the job's instance; what happened, in words. Never raises. A problem (the instance
         still in use, an error, strays) is also published on the node for the controller's events."""
-        with self.lock:
-            detail, problem = self._epilog(job_id, attempts, pause_s)
-            if problem:
-                self._note_problem(NodeProblem("epilog", job_id, detail))
+        try:
+            with self.lock:
+                detail, problem = self._epilog(job_id, attempts, pause_s)
+                if problem:
+                    self._note_problem(NodeProblem("epilog", job_id, detail))
+        except NodeBusy as exc:  # a fallback while the agent holds the node: the agent destroys it
+            return f"{exc}; the instance is left to the agent's own run of this Epilog, or to its sweep"
         if problem:
             self._publish()
         return detail

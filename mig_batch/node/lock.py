@@ -12,23 +12,28 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
+import time
 from pathlib import Path
 
 LOCK_NAME = "gpus.lock"
 
 
+class NodeBusy(OSError):
+    """The lock was not free within the wait allowed."""
+
+
 class NodeLock:
-    def __init__(self, path: Path):
-        self.path = Path(path)
+    def __init__(self, path: Path, wait_s: float | None = None):
+        """``wait_s``: how long to wait for another process's turn (None: as long as it takes, the agent; a
+        hook's fallback waits less than its client's own timeout, so that it can still report)."""
+        self.path, self.wait_s = Path(path), wait_s
         self._mutex = threading.Lock()
         self._fd: int | None = None  # kept open: one open and no close per job
 
     def __enter__(self) -> NodeLock:
         self._mutex.acquire()
         try:
-            if self._fd is None:
-                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            self._lock_file()
         except BaseException:
             self._mutex.release()
             raise
@@ -40,3 +45,34 @@ class NodeLock:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
         finally:
             self._mutex.release()
+
+    def _lock_file(self) -> None:
+        deadline = None if self.wait_s is None else time.monotonic() + self.wait_s
+        while True:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            if deadline is None:
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+            else:
+                while True:
+                    try:
+                        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if time.monotonic() > deadline:
+                            raise NodeBusy(f"the node's GPU work is held by another process (the node agent) "
+                                           f"for over {self.wait_s:.0f} s ({self.path})") from None  # fmt: skip
+                        time.sleep(0.05)
+            if self._is_the_file():
+                return
+            fcntl.flock(self._fd, fcntl.LOCK_UN)  # the file was removed or replaced: lock the one now there
+            os.close(self._fd)
+            self._fd = None
+
+    def _is_the_file(self) -> bool:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        held = os.fstat(self._fd)
+        return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)

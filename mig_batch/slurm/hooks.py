@@ -23,6 +23,10 @@ from mig_batch.node.journal import Journal
 from mig_batch.slurm.commands import SlurmCli
 from mig_batch.slurm.native import open_api
 
+# how long the slow path waits for the node agent to finish its GPU work: well within its hook client's
+# 120 s, so that a Prolog can still report the requeue
+SLOW_PATH_LOCK_WAIT_S = 60.0
+
 
 def make_agent(config: SiteConfig, node: str, long_lived: bool = False) -> NodeAgent:
     """The node's agent; ``long_lived`` (the service) keeps one scontrol open for its reports and makes its
@@ -30,7 +34,8 @@ def make_agent(config: SiteConfig, node: str, long_lived: bool = False) -> NodeA
     api = open_api(config.slurm_library) if long_lived else None
     return NodeAgent(node, open_backend(config, node), Journal(config.node_dir / "journal", adopt_old_files=long_lived),
                      SlurmCli(config.slurm_bin, session=long_lived, api=api), config.job_dir, config.policy,
-                     config.atomize.checkpoint_margin_s)  # fmt: skip
+                     config.atomize.checkpoint_margin_s,
+                     lock_wait_s=None if long_lived else SLOW_PATH_LOCK_WAIT_S)  # fmt: skip
 
 
 def slow_path(config: SiteConfig, op: str, env: Mapping[str, str]) -> str:
