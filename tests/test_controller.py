@@ -248,9 +248,9 @@ def test_a_chains_job_left_behind_by_a_refused_cancel_is_not_granted_and_cancell
     assert batch.job(first).cancelled and store.count_decisions(first) == 1
 
 
-def test_a_subjob_requeued_with_no_next_job_waits_for_its_begin_time_to_go_back_to_its_node(site, batch, tmp_path):
-    """Its node died with the runner, or the runner could not submit the next job: the chain goes on in the
-    requeued job itself, granted on another node until the begin time Slurm moved ahead has passed."""
+def chain_subjob_requeued(site, batch, tmp_path):
+    """A chain's only job, seen running on a node, then requeued by Slurm (no next job from its runner): the
+    store, the controller, the job, the node it ran on and the other node."""
     store = Store(site.state)
     c = Controller(site, store, batch)
     first = batch.add(CHAIN.format(tmp_path / "ckpt"))
@@ -260,6 +260,13 @@ def test_a_subjob_requeued_with_no_next_job_waits_for_its_begin_time_to_go_back_
     made(batch, first)
     c.step()
     batch.requeue(first)
+    return store, c, first, ran_on, other
+
+
+def test_a_subjob_requeued_with_no_next_job_waits_for_its_begin_time_to_go_back_to_its_node(site, batch, tmp_path):
+    """Its node died with the runner, or the runner could not submit the next job: the chain goes on in the
+    requeued job itself, granted on another node until the begin time Slurm moved ahead has passed."""
+    store, c, first, ran_on, other = chain_subjob_requeued(site, batch, tmp_path)
     batch.set_node_up(other, False)
     for _ in range(3):
         c.step()
@@ -273,15 +280,7 @@ def test_a_subjob_requeued_with_no_next_job_waits_for_its_begin_time_to_go_back_
 def test_pins_refused_after_a_requeue_do_not_send_the_subjob_back_to_the_node_it_ran_on(site, batch, tmp_path):
     """Granted elsewhere after Slurm requeued it, the subjob's pins are refused there: its decision then names
     that node, yet the node it ran on stays out of its grants until the begin time Slurm moved ahead."""
-    store = Store(site.state)
-    c = Controller(site, store, batch)
-    first = batch.add(CHAIN.format(tmp_path / "ckpt"))
-    c.step()
-    ran_on = store.decision(first).node
-    other = next(n for n in ("n1", "n2") if n != ran_on)
-    made(batch, first)
-    c.step()
-    batch.requeue(first)
+    store, c, first, ran_on, other = chain_subjob_requeued(site, batch, tmp_path)
     batch.refuse.add(first)
     for _ in range(6):
         c.step()
