@@ -51,23 +51,26 @@ class NodeLock:
         while True:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            if deadline is None:
-                fcntl.flock(self._fd, fcntl.LOCK_EX)
-            else:
-                while True:
-                    try:
-                        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        break
-                    except BlockingIOError:
-                        if time.monotonic() > deadline:
-                            raise NodeBusy(f"the node's GPU work is held by another process (the node agent) "
-                                           f"for over {self.wait_s:.0f} s ({self.path})") from None  # fmt: skip
-                        time.sleep(0.05)
+            self._flock(self._fd, deadline)
             if self._is_the_file():
                 return
             fcntl.flock(self._fd, fcntl.LOCK_UN)  # the file was removed or replaced: lock the one now there
             os.close(self._fd)
             self._fd = None
+
+    def _flock(self, fd: int, deadline: float | None) -> None:
+        if deadline is None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            return
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise NodeBusy(f"the node's GPU work is held by another process (the node agent) for over "
+                                   f"{self.wait_s:.0f} s ({self.path})") from None  # fmt: skip
+                time.sleep(0.05)
 
     def _is_the_file(self) -> bool:
         try:
