@@ -296,6 +296,20 @@ def test_the_reconcile_destroys_every_rank_of_a_job_that_is_gone(site, gpus):
     assert len(a.reconcile()) == 4 and gpus.instances(0) == gpus.instances(1) == []
 
 
+def test_a_lost_journal_keeps_every_rank_of_a_running_job(site, gpus):
+    """The journal removed while a multi-instance job runs: the reconcile journals each rank again from the
+    job's report, and its Epilog destroys all four."""
+    batch = FakeBatch(["n1"])
+    job = _released(batch, SPOTS)
+    _agent(site, batch, gpus).prolog(job)
+    made = gpus.instances(0) + gpus.instances(1)
+    (site.node_dir / "journal" / "entries.log").unlink()
+    a = _agent(site, batch, gpus)
+    assert a.reconcile() == [] and gpus.instances(0) + gpus.instances(1) == made
+    a.epilog(job)
+    assert gpus.instances(0) == gpus.instances(1) == []
+
+
 # --- the TaskProlog and job_submit.lua's table ----------------------------------------------------------
 
 

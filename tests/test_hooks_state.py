@@ -359,6 +359,44 @@ def test_reconcile_destroys_what_no_live_job_owns_and_keeps_the_rest(site, batch
     assert tag is not None and tag.strays == 2 and tag.reconciled >= a.started
 
 
+def test_a_lost_journal_does_not_cost_a_running_job_its_instance(site, batch, gpus):
+    """The journal removed while a job runs (a wiped directory, an operator's clean-up), the agent restarted:
+    its reconcile journals the running job's instance again from the job's report instead of destroying
+    it as a stray, and the job's Epilog destroys it. An ended job's instance is still a stray."""
+    a = agent(site, batch, gpus)
+    live, gone = decide(batch, 1, "4g.20gb", 0), decide(batch, 0, "1g.5gb", 0)
+    a.prolog(live)
+    a.prolog(gone)
+    batch.finish(gone)  # its Epilog never ran
+    [kept] = gpus.instances(1)
+    (site.node_dir / "journal" / "entries.log").unlink()
+    restarted = agent(site, batch, gpus)
+    strays = restarted.reconcile()
+    assert len(strays) == 1 and "on GPU 0" in strays[0] and gpus.instances(0) == []
+    assert gpus.instances(1) == [kept]
+    [entry] = Journal(site.node_dir / "journal").entries()
+    assert (entry.job, entry.gpu, entry.gi_id, entry.uuid) == (live, 1, kept.gi_id, kept.uuid)
+    tag = parse_agent_tag(batch.nodes()[0].agent_tag)
+    assert tag is not None and tag.problems == 2  # the instance taken back and the stray destroyed
+    restarted.epilog(live)
+    assert gpus.instances(1) == []
+
+
+def test_a_report_that_names_another_instance_is_not_taken_back(site, batch, gpus):
+    """An unjournaled instance whose UUID a running job's report names, but on another GPU instance id, or for a
+    rank the journal holds already, is a stray all the same."""
+    a = agent(site, batch, gpus)
+    job = decide(batch, 1, "4g.20gb", 0)
+    a.prolog(job)
+    [inst] = gpus.instances(1)
+    report = parse_report(batch.job(job).admin_tag)
+    batch.set_job_tag(job, batch.job(job).admin_tag.replace(f"/{inst.gi_id}/{inst.uuid}",
+                                                            f"/{inst.gi_id + 1}/{inst.uuid}"))  # fmt: skip
+    assert parse_report(batch.job(job).admin_tag) != report
+    (site.node_dir / "journal" / "entries.log").unlink()
+    assert len(agent(site, batch, gpus).reconcile()) == 1 and gpus.instances(1) == []
+
+
 def test_the_nodes_field_ends_with_the_newest_state_when_two_publishes_overlap(site, batch, gpus):
     """Two sweeps publish at once (each sends outside the node's lock), the first one's send slow to be
     answered: the node's field ends with the newer state, not with whichever send arrived last."""

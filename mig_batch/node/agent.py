@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -116,6 +116,19 @@ def _reported(admin_tag: str) -> bool:
         return parse_report(admin_tag) is not None
     except ValueError:  # unreadable: ours replaces it
         return False
+
+
+def _reported_spots(jobs: Iterable[BatchJob]) -> dict[str, tuple[str, NodeReport]]:
+    """UUID -> (journal key, report) of every instance the jobs' node reports name (a job's rank r: job#r)."""
+    spots = {}
+    for job in jobs:
+        try:
+            report = parse_report(job.admin_tag) if job.managed else None
+        except ValueError:
+            continue
+        for rank, spot in enumerate(report.ranks() if report is not None else ()):
+            spots[spot.uuid] = (rank_key(job.job_id, rank), spot)
+    return spots
 
 
 def _spots(verb: str, entries: list[Entry]) -> str:
@@ -498,15 +511,36 @@ class NodeAgent:
             if self.mig_off:
                 log.warning("MIG mode is off on GPU(s) %s: no MIG job is placed there until an administrator "
                             "enables it (nvidia-smi -i N -mig 1)", ", ".join(map(str, self.mig_off)))  # fmt: skip
+            reported = _reported_spots(running.values())
             for gpu in gpus:
                 if gpu.mig_enabled:
-                    strays += [self._destroy_stray(i) for i in self.backend.instances(gpu.index) if i.uuid not in owned]
+                    for inst in self.backend.instances(gpu.index):
+                        if inst.uuid in owned:
+                            continue
+                        if not self._take_back(inst, reported.get(inst.uuid)):
+                            strays.append(self._destroy_stray(inst))
             self.reconciled, self.strays = self.clock(), len(strays)
             if strays:
                 self._note_problem(NodeProblem("reconcile", "", f"destroyed {len(strays)} stray "
                                                f"instance(s): {', '.join(strays)}"))  # fmt: skip
         self._publish()
         return strays
+
+    def _take_back(self, inst, reported: tuple[str, NodeReport] | None) -> bool:
+        """Journal again an instance that a running job's report names but the journal does not (the journal
+        was lost: a wiped directory, an operator's clean-up), rather than destroy it under the job. Only
+        where the report names this very instance (GPU, id and UUID) and the job's rank has no other entry."""
+        if reported is None:
+            return False
+        key, rank = reported
+        if (rank.gpu, rank.gi_id) != (inst.gpu, inst.gi_id) or self.journal.get(key) is not None:
+            return False
+        self.journal.add(Entry(key, inst.gpu, inst.gi_id, inst.profile, inst.start, inst.uuid, self.clock()))
+        detail = f"{inst.profile}@{inst.start} on GPU {inst.gpu}, named by job {job_of(key)}'s report but not " \
+                 "in the journal: kept and journaled again"  # fmt: skip
+        log.warning("reconcile: %s", detail)
+        self._note_problem(NodeProblem("reconcile", job_of(key), detail))
+        return True
 
     def _write_job_file(self, job_id: str, exports: list[str]) -> None:
         """``export NAME=value`` lines for the TaskProlog (node-local, read by the job's tasks)."""
