@@ -131,6 +131,28 @@ def test_agent_killed_with_jobs_running_leaves_them_unharmed(bed):
     assert_clean(bed, jobs)
 
 
+def test_a_journal_lost_while_jobs_run_keeps_their_instances(bed):
+    """Each node's journal removed while its agent is down and jobs run: the agent's start reconcile journals
+    the running jobs' instances again from their reports (on the old code it destroyed them as strays) and
+    their Epilogs destroy them."""
+    jobs = submit(bed, 3, 25)
+    wait_for(lambda: sum(s == "RUNNING" for s, _ in states(bed, set(jobs)).values()) == 3, 60, "jobs running")
+    made = {node: instances(bed, node) for node in bed.nodes}
+    assert sum(len(m) for m in made.values()) == 3
+    journals = [bed.node_dir(node) / "lib" / "node" / "journal" / "entries.log" for node in bed.nodes]
+    for node, journal in zip(bed.nodes, journals, strict=True):
+        bed.stop_agent(node, signal.SIGKILL)
+        journal.unlink(missing_ok=True)
+    for node in bed.nodes:
+        bed.start_agent(node, wait=False)
+    wait_for(lambda: sum(f.exists() and f.read_text().count('"add"') for f in journals) == 3, 30,
+             "the running jobs' instances journaled again")  # fmt: skip
+    assert {node: instances(bed, node) for node in bed.nodes} == made
+    assert all(s == "RUNNING" for s, _ in states(bed, set(jobs)).values())
+    wait_for(lambda: done(bed, jobs), 120, "all jobs to end")
+    assert_clean(bed, jobs)
+
+
 def test_controller_down_for_a_minute_during_a_burst_loses_nothing(bed):
     first = submit(bed, 60, 1)
     wait_for(lambda: any(s == "RUNNING" for s, _ in states(bed, set(first)).values()), 60, "the burst to start")
