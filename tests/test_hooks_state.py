@@ -114,25 +114,36 @@ def test_a_report_slurm_did_not_take_is_sent_again_at_the_next_reconcile(site, g
     assert sent.kind == ("made" if lost == "report" else "requeue")
 
 
-class SlowListing(FakeBatch):
-    """The jobs as they were when asked, answered only once ``answer`` is set."""
+class SlowAnswers(FakeBatch):
+    """Once ``slow`` is set, the next answer (a job or the listing) is given as it was when asked, but only
+    once ``answer`` is set."""
 
     def __init__(self, nodes):
         super().__init__(nodes)
+        self.slow = False
         self.asked, self.answer = threading.Event(), threading.Event()
 
+    def _late(self, answer):
+        if self.slow:
+            self.slow = False
+            self.asked.set()
+            self.answer.wait(10)
+        return answer
+
     def jobs(self):
-        listing = super().jobs()
-        self.asked.set()
-        self.answer.wait(10)
-        return listing
+        return self._late(super().jobs())
+
+    def job(self, job):
+        return self._late(super().job(job))
 
 
 def test_a_reconcile_asks_the_batch_system_outside_the_nodes_lock_and_keeps_what_started_meanwhile(site, gpus):
     """A slow slurmctld must not hold up the Prologs (the lock was held across the question), and a job
     provisioned while the question was out is not in the answer: its instance is not a stray."""
-    batch = SlowListing(["n1"])
+    batch = SlowAnswers(["n1"])
     a = agent(site, batch, gpus)
+    a.prolog(decide(batch, 0, "1g.5gb", 0))  # a job the reconcile asks about
+    batch.slow = True
     sweep = threading.Thread(target=a.reconcile)
     sweep.start()
     assert batch.asked.wait(10)
@@ -145,7 +156,57 @@ def test_a_reconcile_asks_the_batch_system_outside_the_nodes_lock_and_keeps_what
     sweep.join(10)
     done.join(10)
     assert not prolog_waited, "the Prolog waited for the reconcile's question to the batch system"
-    assert [i.uuid for i in gpus.instances(1)] == [a.journal.get(job).uuid]
+    assert [i.uuid for i in gpus.instances(1)] == [a.journal.get(job).uuid] and len(gpus.instances(0)) == 1
+
+
+class CountingBatch(FakeBatch):
+    """Counts the listings of every job and records the jobs asked about one at a time; ``on_ask`` runs at
+    the next question about one job."""
+
+    def __init__(self, nodes):
+        super().__init__(nodes)
+        self.listings, self.asked, self.on_ask = 0, [], None
+
+    def jobs(self):
+        self.listings += 1
+        return super().jobs()
+
+    def job(self, job):
+        self.asked.append(job)
+        if self.on_ask is not None:
+            self.on_ask, on_ask = None, self.on_ask
+            on_ask()
+        return super().job(job)
+
+
+def test_a_reconcile_asks_about_the_journals_jobs_and_lists_every_job_only_for_an_unjournaled_instance(site, gpus):
+    """Every node's reconcile listing the whole queue would cost the batch system a pass over it per node and
+    interval: only the jobs the node journaled are asked about, unless an instance here is not journaled."""
+    batch = CountingBatch(["n1"])
+    a = agent(site, batch, gpus)
+    live, gone = decide(batch, 1, "4g.20gb", 0), decide(batch, 0, "1g.5gb", 0)
+    a.prolog(live)
+    a.prolog(gone)
+    batch.finish(gone)  # its Epilog never ran
+    for _ in range(50):
+        batch.add("not a MIG job")
+    batch.asked.clear()
+    [stray] = a.reconcile()
+    assert f"job {gone}'s" in stray and batch.listings == 0 and sorted(batch.asked) == sorted([live, gone])
+    gpus.create(0, "1g.5gb", 6)  # made behind mig_batch's back
+    assert len(a.reconcile()) == 1 and batch.listings == 1 and gpus.instances(0) == []
+    assert len(gpus.instances(1)) == 1
+
+
+def test_an_instance_made_after_the_reconciles_look_is_left_to_the_next_reconcile(site, gpus):
+    """Its job was not among those asked about (it may have started since): the next reconcile lists every job
+    and destroys it when no running job's report names it."""
+    batch = CountingBatch(["n1"])
+    a = agent(site, batch, gpus)
+    a.prolog(decide(batch, 1, "4g.20gb", 0))
+    batch.on_ask = lambda: gpus.create(0, "1g.5gb", 6)  # between the look at the GPUs and the node's lock
+    assert a.reconcile() == [] and len(gpus.instances(0)) == 1
+    assert len(a.reconcile()) == 1 and gpus.instances(0) == [] and batch.listings == 1
 
 
 def test_an_epilog_destroys_the_strays_on_its_jobs_gpu_and_leaves_other_gpus_to_the_reconcile(site, batch, gpus):

@@ -488,7 +488,7 @@ class NodeAgent:
         started since."""
         asked = self.clock()
         try:
-            running = {j.job_id: j for j in self.channel.jobs() if j.running and j.node == self.node}
+            running, asked_about = self._live_here()
         except BatchError as exc:
             log.warning("reconcile skipped: the batch system did not answer (%s)", exc)
             return []
@@ -497,8 +497,9 @@ class NodeAgent:
             self.journal.look_for_old_files()  # an earlier release's hook may have written one since
             strays = []
             for entry in self.journal.entries():
-                if job_of(entry.job) in running or entry.created >= asked:  # a multi-instance job's rank r: job#r
-                    continue
+                job = job_of(entry.job)  # a multi-instance job's rank r: job#r
+                if job in running or entry.created >= asked or (asked_about is not None and job not in asked_about):
+                    continue  # alive, or journaled after the question (its job not asked about: the next time)
                 with_job = f"job {entry.job}'s "
                 found = self.backend.find(entry.uuid, entry.gpu)
                 if found is not None:
@@ -515,8 +516,8 @@ class NodeAgent:
             for gpu in gpus:
                 if gpu.mig_enabled:
                     for inst in self.backend.instances(gpu.index):
-                        if inst.uuid in owned:
-                            continue
+                        if inst.uuid in owned or asked_about is not None:
+                            continue  # owned, or made since the look: the next reconcile lists every job
                         if not self._take_back(inst, reported.get(inst.uuid)):
                             strays.append(self._destroy_stray(inst))
             self.reconciled, self.strays = self.clock(), len(strays)
@@ -525,6 +526,22 @@ class NodeAgent:
                                                f"instance(s): {', '.join(strays)}"))  # fmt: skip
         self._publish()
         return strays
+
+    def _live_here(self) -> tuple[dict[str, BatchJob], set[str] | None]:
+        """The jobs running on this node among those asked about, and which those were (None: every job).
+        Asked one at a time: the journal's jobs and those whose report waits to be sent again. A listing of
+        every job from each node's reconcile would cost the batch system a pass over its whole queue per node
+        and interval. Every job is listed only when an instance here is not journaled: a running job's
+        (its journal lost) is told from a stray by the job's report."""
+        entries = self.journal.entries()
+        owned = {e.uuid for e in entries}
+        gpus = [g.index for g in self.backend.gpus() if g.mig_enabled]
+        if any(i.uuid not in owned for g in gpus for i in self.backend.instances(g)):
+            jobs, asked_about = self.channel.jobs(), None
+        else:
+            asked_about = {job_of(e.job) for e in entries} | set(self.unsent)
+            jobs = [j for j in map(self.channel.job, sorted(asked_about)) if j is not None]
+        return {j.job_id: j for j in jobs if j.running and j.node == self.node}, asked_about
 
     def _take_back(self, inst, reported: tuple[str, NodeReport] | None) -> bool:
         """Journal again an instance that a running job's report names but the journal does not (the journal
