@@ -137,12 +137,16 @@ class SlowAnswers(FakeBatch):
         return self._late(super().job(job))
 
 
-def test_a_reconcile_asks_the_batch_system_outside_the_nodes_lock_and_keeps_what_started_meanwhile(site, gpus):
+@pytest.mark.parametrize("question", ["its journal's jobs", "every job"])
+def test_a_reconcile_asks_the_batch_system_outside_the_nodes_lock_and_keeps_what_started_meanwhile(site, gpus,
+                                                                                                   question):
     """A slow slurmctld must not hold up the Prologs (the lock was held across the question), and a job
     provisioned while the question was out is not in the answer: its instance is not a stray."""
     batch = SlowAnswers(["n1"])
     a = agent(site, batch, gpus)
     a.prolog(decide(batch, 0, "1g.5gb", 0))  # a job the reconcile asks about
+    if question == "every job":
+        gpus.create(0, "1g.5gb", 6)  # not journaled: the reconcile lists every job (and destroys this one)
     batch.slow = True
     sweep = threading.Thread(target=a.reconcile)
     sweep.start()
@@ -207,6 +211,41 @@ def test_an_instance_made_after_the_reconciles_look_is_left_to_the_next_reconcil
     batch.on_ask = lambda: gpus.create(0, "1g.5gb", 6)  # between the look at the GPUs and the node's lock
     assert a.reconcile() == [] and len(gpus.instances(0)) == 1
     assert len(a.reconcile()) == 1 and gpus.instances(0) == [] and batch.listings == 1
+
+
+def test_an_entry_journaled_after_the_reconciles_look_is_kept_though_dated_before_it(site, gpus):
+    """Another writer (a Prolog's thread, a hook's fallback) stamps its entry before the reconcile's question and
+    writes it after the reconcile read the journal: its job was not asked about, so its instance is kept, and
+    the next reconcile asks."""
+    from mig_batch.node.journal import Entry
+
+    batch = CountingBatch(["n1"])
+    a = agent(site, batch, gpus)
+    a.prolog(decide(batch, 1, "4g.20gb", 0))
+
+    def journaled_late():
+        inst = gpus.create(0, "1g.5gb", 0)
+        Journal(site.node_dir / "journal").add(Entry("77", 0, inst.gi_id, "1g.5gb", 0, inst.uuid, 1.0))
+
+    batch.on_ask = journaled_late
+    assert a.reconcile() == [] and len(gpus.instances(0)) == 1
+    [stray] = a.reconcile()  # job 77 is unknown to the batch system
+    assert stray.startswith("job 77's") and gpus.instances(0) == []
+
+
+def test_a_job_the_batch_system_could_not_be_asked_about_keeps_its_instance(site, gpus):
+    """One failed question must not stop the reconcile, nor destroy that job's instance."""
+    batch = FlakyBatch(["n1"])
+    a = agent(site, batch, gpus)
+    kept, gone = decide(batch, 1, "4g.20gb", 0), decide(batch, 0, "1g.5gb", 0)
+    a.prolog(kept)
+    a.prolog(gone)
+    batch.finish(gone)
+    batch.finish(kept)
+    batch.blind = 1  # the first question (about the lower id: kept) is not answered
+    [stray] = a.reconcile()
+    assert stray.startswith(f"job {gone}'s") and len(gpus.instances(1)) == 1
+    assert len(a.reconcile()) == 1 and gpus.instances(1) == []
 
 
 def test_an_epilog_destroys_the_strays_on_its_jobs_gpu_and_leaves_other_gpus_to_the_reconcile(site, batch, gpus):
@@ -444,8 +483,8 @@ def test_a_lost_journal_does_not_cost_a_running_job_its_instance(site, batch, gp
 
 
 def test_a_report_that_names_another_instance_is_not_taken_back(site, batch, gpus):
-    """An unjournaled instance whose UUID a running job's report names, but on another GPU instance id, or for a
-    rank the journal holds already, is a stray all the same."""
+    """An unjournaled instance whose UUID a running job's report names, but with another GPU instance id, is a
+    stray all the same."""
     a = agent(site, batch, gpus)
     job = decide(batch, 1, "4g.20gb", 0)
     a.prolog(job)
@@ -456,6 +495,35 @@ def test_a_report_that_names_another_instance_is_not_taken_back(site, batch, gpu
     assert parse_report(batch.job(job).admin_tag) != report
     (site.node_dir / "journal" / "entries.log").unlink()
     assert len(agent(site, batch, gpus).reconcile()) == 1 and gpus.instances(1) == []
+
+
+def test_a_rank_the_journal_holds_is_not_taken_back_for_another_instance(site, batch, gpus):
+    """The job's rank is journaled with its own instance: an unjournaled instance its report names (a report
+    rewritten by hand, say) is a stray, and the journaled one is kept."""
+    a = agent(site, batch, gpus)
+    job = decide(batch, 1, "4g.20gb", 0)
+    a.prolog(job)
+    [mine] = gpus.instances(1)
+    other = gpus.create(0, "1g.5gb", 0)
+    batch.set_job_tag(job, batch.job(job).admin_tag.replace(f"node=made:1/4g.20gb@0/{mine.gi_id}/{mine.uuid}",
+                                                            f"node=made:0/1g.5gb@0/{other.gi_id}/{other.uuid}"))
+    assert parse_report(batch.job(job).admin_tag).uuid == other.uuid
+    assert len(a.reconcile()) == 1 and gpus.instances(0) == [] and gpus.instances(1) == [mine]
+
+
+def test_a_report_not_yet_in_the_jobs_record_is_enough_to_take_an_instance_back(site, gpus):
+    """The Prolog's report was not taken (it waits in the agent) and the journal is lost: the reconcile sends
+    the report and journals the instance again from it."""
+    batch = FlakyBatch(["n1"])
+    a = agent(site, batch, gpus)
+    job = decide(batch, 1, "4g.20gb", 0)
+    batch.fail = 1  # the report is not taken
+    a.prolog(job)
+    assert job in a.unsent and parse_report(batch.job(job).admin_tag) is None
+    (site.node_dir / "journal" / "entries.log").unlink()
+    assert a.reconcile() == [] and len(gpus.instances(1)) == 1
+    assert [e.job for e in Journal(site.node_dir / "journal").entries()] == [job]
+    assert parse_report(batch.job(job).admin_tag) is not None
 
 
 def test_the_nodes_field_ends_with_the_newest_state_when_two_publishes_overlap(site, batch, gpus):

@@ -8,9 +8,10 @@ jobs fail as Slurm would refuse them, as are pins to a node outside the job's pa
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from mig_batch.batch.system import MANAGED_PREFIX, After, BatchError, BatchJob, JobState, NodeStatus, Pin
 from mig_batch.batch.tags import NodeReport, parse_place, with_report
@@ -112,6 +113,14 @@ class FakeBatch:
 
     def job(self, job: str) -> BatchJob | None:
         return self._jobs.get(job)
+
+    def jobs_named(self, jobs: Collection[str]) -> dict[str, BatchJob | None]:
+        """As Slurm's adapter: one question a job, one that fails left out."""
+        out: dict[str, BatchJob | None] = {}
+        for job in jobs:
+            with contextlib.suppress(BatchError):
+                out[job] = self.job(job)
+        return out
 
     def start(self, job: str, report: NodeReport | None = None, node: str | None = None) -> None:
         """The scheduler starts a released job on its pinned node (or ``node``: its owner moved it after the

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -140,6 +140,10 @@ class BatchSystem(Protocol):
 
     def job(self, job: str) -> BatchJob | None:
         """One job (a node agent reading its decision); None when the batch system no longer knows it."""
+
+    def jobs_named(self, jobs: Collection[str]) -> dict[str, BatchJob | None]:
+        """Each of ``jobs`` the batch system answered about (a node agent's reconcile): its record, or None when
+        it no longer shows the job queued or running. One it could not be asked about is left out."""
 
     def nodes(self) -> list[NodeStatus]: ...
 

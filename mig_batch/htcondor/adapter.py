@@ -23,7 +23,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +190,24 @@ class HTCondorBatch:
             if not ads:
                 ads = self.schedd.history(constraint=constraint, projection=PROJECTION, match=1)
         return to_batch_job(self._plain(ads[0]), self._startd_nodes()) if ads else None
+
+    def jobs_named(self, jobs: Collection[str]) -> dict[str, BatchJob | None]:
+        """The queue's records of ``jobs`` in one query (None: no longer queued, so not running); an id that is
+        not HTCondor's is left out."""
+        wanted: dict[str, str] = {}  # ClusterId.ProcId -> the id as asked
+        for job in jobs:
+            with contextlib.suppress(HTCondorError):
+                _job_constraint(job)
+                cluster, _, proc = job.partition(".")
+                wanted[f"{cluster}.{proc or 0}"] = job
+        if not wanted:
+            return {}
+        constraint = " || ".join(f"({_job_constraint(job)})" for job in wanted)
+        nodes = self._startd_nodes()
+        with self._call("schedd.query(the jobs named)"):
+            ads = self.schedd.query(constraint=constraint, projection=PROJECTION)
+        found = {job.job_id: job for job in (to_batch_job(self._plain(ad), nodes) for ad in ads)}
+        return {asked: found.get(key) for key, asked in wanted.items()}
 
     def nodes(self) -> list[NodeStatus]:
         """One status per MigBatchNodeName: up while its startd advertises a slot that is not drained."""

@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -53,6 +53,8 @@ class NodeChannel(Protocol):
     def job(self, job: str) -> BatchJob | None: ...
 
     def jobs(self) -> list[BatchJob]: ...
+
+    def jobs_named(self, jobs: Collection[str]) -> dict[str, BatchJob | None]: ...
 
     def set_job_tag(self, job: str, admin_tag: str) -> None: ...
 
@@ -118,16 +120,18 @@ def _reported(admin_tag: str) -> bool:
         return False
 
 
-def _reported_spots(jobs: Iterable[BatchJob]) -> dict[str, tuple[str, NodeReport]]:
-    """UUID -> (journal key, report) of every instance the jobs' node reports name (a job's rank r: job#r)."""
+def _reported_spots(jobs: Mapping[str, BatchJob],
+                    reports: Mapping[str, NodeReport]) -> dict[str, tuple[str, NodeReport]]:  # fmt: skip
+    """UUID -> (journal key, report) of every instance the jobs' node reports name (a job's rank r: job#r);
+    ``reports``: those not in the jobs' records as read (sent since, or not taken)."""
     spots = {}
-    for job in jobs:
+    for job_id, job in jobs.items():
         try:
-            report = parse_report(job.admin_tag) if job.managed else None
+            report = reports.get(job_id) or (parse_report(job.admin_tag) if job.managed else None)
         except ValueError:
             continue
         for rank, spot in enumerate(report.ranks() if report is not None else ()):
-            spots[spot.uuid] = (rank_key(job.job_id, rank), spot)
+            spots[spot.uuid] = (rank_key(job_id, rank), spot)
     return spots
 
 
@@ -492,6 +496,7 @@ class NodeAgent:
         except BatchError as exc:
             log.warning("reconcile skipped: the batch system did not answer (%s)", exc)
             return []
+        unsent = {job: report for job, (report, _) in self.unsent.items()}
         self._send_unsent(running, asked)
         with self.lock:
             self.journal.look_for_old_files()  # an earlier release's hook may have written one since
@@ -512,7 +517,7 @@ class NodeAgent:
             if self.mig_off:
                 log.warning("MIG mode is off on GPU(s) %s: no MIG job is placed there until an administrator "
                             "enables it (nvidia-smi -i N -mig 1)", ", ".join(map(str, self.mig_off)))  # fmt: skip
-            reported = _reported_spots(running.values())
+            reported = _reported_spots(running, unsent)
             for gpu in gpus:
                 if gpu.mig_enabled:
                     for inst in self.backend.instances(gpu.index):
@@ -528,20 +533,24 @@ class NodeAgent:
         return strays
 
     def _live_here(self) -> tuple[dict[str, BatchJob], set[str] | None]:
-        """The jobs running on this node among those asked about, and which those were (None: every job).
-        Asked one at a time: the journal's jobs and those whose report waits to be sent again. A listing of
-        every job from each node's reconcile would cost the batch system a pass over its whole queue per node
-        and interval. Every job is listed only when an instance here is not journaled: a running job's
-        (its journal lost) is told from a stray by the job's report."""
+        """The jobs running on this node among those the batch system answered about, and which those were
+        (None: every job). Asked about: the journal's jobs and those whose report waits to be sent again. A
+        listing of every job from each node's reconcile would cost the batch system a pass over its whole
+        queue per node and interval. Every job is listed only when an instance here is not journaled (or the
+        GPUs could not be read): a running job's instance (its journal lost) is told from a stray by the
+        job's report."""
         entries = self.journal.entries()
         owned = {e.uuid for e in entries}
-        gpus = [g.index for g in self.backend.gpus() if g.mig_enabled]
-        if any(i.uuid not in owned for g in gpus for i in self.backend.instances(g)):
-            jobs, asked_about = self.channel.jobs(), None
-        else:
-            asked_about = {job_of(e.job) for e in entries} | set(self.unsent)
-            jobs = [j for j in map(self.channel.job, sorted(asked_about)) if j is not None]
-        return {j.job_id: j for j in jobs if j.running and j.node == self.node}, asked_about
+        try:
+            gpus = [g.index for g in self.backend.gpus() if g.mig_enabled]
+            listing = any(i.uuid not in owned for g in gpus for i in self.backend.instances(g))
+        except GpuBackendError:  # an instance destroyed while listed, say: the listing answers for everything
+            listing = True
+        if listing:
+            return {j.job_id: j for j in self.channel.jobs() if j.running and j.node == self.node}, None
+        answered = self.channel.jobs_named({job_of(e.job) for e in entries} | set(self.unsent))
+        running = {job: j for job, j in answered.items() if j is not None and j.running and j.node == self.node}
+        return running, set(answered)
 
     def _take_back(self, inst, reported: tuple[str, NodeReport] | None) -> bool:
         """Journal again an instance that a running job's report names but the journal does not (the journal

@@ -17,7 +17,7 @@ import re
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -608,6 +608,17 @@ class SlurmCli:
             if "Invalid job id" in str(exc):
                 return None
             raise
+
+    def jobs_named(self, jobs: Collection[str]) -> dict[str, BatchJob | None]:
+        """One job-info RPC (or ``squeue -j``) a job: slurmctld's cost is that of the jobs asked about, where a
+        listing costs it a pass over its whole queue. A job Slurm could not be asked about is left out."""
+        out: dict[str, BatchJob | None] = {}
+        for job in jobs:
+            try:
+                out[job] = self.job(job)
+            except SlurmError as exc:
+                log.warning("job %s could not be read: %s", job, exc)
+        return out
 
     def submit(self, argv: Sequence[str], script: str | None = None) -> str:
         """``sbatch --parsable`` with ``argv`` (the script on stdin when given); returns the job id."""
