@@ -233,19 +233,21 @@ def test_an_entry_journaled_after_the_reconciles_look_is_kept_though_dated_befor
     assert stray.startswith("job 77's") and gpus.instances(0) == []
 
 
-def test_a_job_the_batch_system_could_not_be_asked_about_keeps_its_instance(site, gpus):
-    """One failed question must not stop the reconcile, nor destroy that job's instance."""
+def test_a_question_the_batch_system_does_not_answer_skips_the_reconcile_and_destroys_nothing(site, gpus):
+    """Its jobs may still run: nothing is destroyed, the reports waiting to be sent wait on, and the next
+    reconcile goes on."""
     batch = FlakyBatch(["n1"])
     a = agent(site, batch, gpus)
-    kept, gone = decide(batch, 1, "4g.20gb", 0), decide(batch, 0, "1g.5gb", 0)
-    a.prolog(kept)
-    a.prolog(gone)
-    batch.finish(gone)
-    batch.finish(kept)
-    batch.blind = 1  # the first question (about the lower id: kept) is not answered
+    ended, running = decide(batch, 1, "4g.20gb", 0), decide(batch, 0, "1g.5gb", 0)
+    a.prolog(ended)
+    batch.fail = 1  # its report is not taken
+    a.prolog(running)
+    batch.finish(ended)  # its Epilog never ran
+    batch.blind = 1  # the first question is not answered: the rest are not asked
+    assert a.reconcile() == [] and len(gpus.instances(1)) == len(gpus.instances(0)) == 1 and running in a.unsent
     [stray] = a.reconcile()
-    assert stray.startswith(f"job {gone}'s") and len(gpus.instances(1)) == 1
-    assert len(a.reconcile()) == 1 and gpus.instances(1) == []
+    assert stray.startswith(f"job {ended}'s") and gpus.instances(1) == [] and len(gpus.instances(0)) == 1
+    assert not a.unsent and parse_report(batch.job(running).admin_tag) is not None
 
 
 def test_an_epilog_destroys_the_strays_on_its_jobs_gpu_and_leaves_other_gpus_to_the_reconcile(site, batch, gpus):

@@ -61,7 +61,7 @@ def test_held_jobs_say_why_and_pending_ones_have_no_start():
     assert to_batch_job(ad(LastRejMatchReason="no match found")).reason == "no match found"  # held, but idle
 
 
-@pytest.mark.parametrize("bad", ["", "7.x", "abc", "7.0; true"])
+@pytest.mark.parametrize("bad", ["", "7.x", "abc", "7.0; true", "\u0663.0"])
 def test_job_ids_that_are_not_cluster_proc_are_refused(bad):
     with pytest.raises(HTCondorError, match="not an HTCondor job id"):
         _job_constraint(bad)

@@ -80,7 +80,7 @@ def test_a_job_reads_the_same_through_libslurm_as_through_squeue(cluster, clis, 
         assert sorted(records(api.api.job_lines(int(job)), JOB_HEAD)) == sorted(records(squeue, JOB_HEAD)), job
         assert api.api.job_lines(int(job)).endswith("\x1e\n") and squeue.endswith("\x1e\n")  # squeue sorts them
     assert api.api.job_lines(999999) == ""
-    named = [held, running, done, f"{array}_1", "999999"]
+    named = [held, running, done, "999999"]  # the agents' journals hold Slurm's numeric SLURM_JOB_ID
     assert api.jobs_named(named) == commands.jobs_named(named) == {job: api.job(job) for job in named}
     assert api.jobs_named(named)["999999"] is None and api.jobs_named(named)[running].running
     assert api.job(held).admin_tag == "mig-batch:v1;gres=mig:1g.10gb é=x y"

@@ -142,8 +142,9 @@ class BatchSystem(Protocol):
         """One job (a node agent reading its decision); None when the batch system no longer knows it."""
 
     def jobs_named(self, jobs: Collection[str]) -> dict[str, BatchJob | None]:
-        """Each of ``jobs`` the batch system answered about (a node agent's reconcile): its record, or None when
-        it no longer shows the job queued or running. One it could not be asked about is left out."""
+        """Each of ``jobs`` (the ids a node agent journaled, for its reconcile): its record, or None when the
+        batch system no longer shows the job; an id that is not one of this batch system's is left out.
+        ``BatchError`` when it does not answer."""
 
     def nodes(self) -> list[NodeStatus]: ...
 

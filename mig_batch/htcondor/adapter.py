@@ -107,11 +107,17 @@ def to_batch_job(ad: Mapping[str, Any], nodes_by_startd: dict[str, str] | None =
     )
 
 
-def _job_constraint(job: str) -> str:
+def _cluster_proc(job: str) -> tuple[int, int]:
+    """(ClusterId, ProcId) of ``cluster.proc`` (``cluster``: its proc 0)."""
     cluster, _, proc = job.partition(".")
-    if not cluster.isdigit() or not (proc or "0").isdigit():
+    if not all(part.isascii() and part.isdigit() for part in (cluster, proc or "0")):
         raise HTCondorError(f"not an HTCondor job id: {job!r}")
-    return f"ClusterId == {cluster} && ProcId == {proc or 0}"
+    return int(cluster), int(proc or 0)
+
+
+def _job_constraint(job: str) -> str:
+    cluster, proc = _cluster_proc(job)
+    return f"ClusterId == {cluster} && ProcId == {proc}"
 
 
 class HTCondorBatch:
@@ -194,20 +200,18 @@ class HTCondorBatch:
     def jobs_named(self, jobs: Collection[str]) -> dict[str, BatchJob | None]:
         """The queue's records of ``jobs`` in one query (None: no longer queued, so not running); an id that is
         not HTCondor's is left out."""
-        wanted: dict[str, str] = {}  # ClusterId.ProcId -> the id as asked
+        wanted: dict[str, tuple[int, int]] = {}  # the id as asked -> (ClusterId, ProcId)
         for job in jobs:
             with contextlib.suppress(HTCondorError):
-                _job_constraint(job)
-                cluster, _, proc = job.partition(".")
-                wanted[f"{cluster}.{proc or 0}"] = job
+                wanted[job] = _cluster_proc(job)
         if not wanted:
             return {}
-        constraint = " || ".join(f"({_job_constraint(job)})" for job in wanted)
+        constraint = " || ".join(f"(ClusterId == {c} && ProcId == {p})" for c, p in set(wanted.values()))
         nodes = self._startd_nodes()
         with self._call("schedd.query(the jobs named)"):
             ads = self.schedd.query(constraint=constraint, projection=PROJECTION)
-        found = {job.job_id: job for job in (to_batch_job(self._plain(ad), nodes) for ad in ads)}
-        return {asked: found.get(key) for key, asked in wanted.items()}
+        found = {(int(ad["ClusterId"]), int(ad["ProcId"])): ad for ad in map(self._plain, ads)}
+        return {job: to_batch_job(found[key], nodes) if key in found else None for job, key in wanted.items()}
 
     def nodes(self) -> list[NodeStatus]:
         """One status per MigBatchNodeName: up while its startd advertises a slot that is not drained."""

@@ -123,11 +123,11 @@ def _reported(admin_tag: str) -> bool:
 def _reported_spots(jobs: Mapping[str, BatchJob],
                     reports: Mapping[str, NodeReport]) -> dict[str, tuple[str, NodeReport]]:  # fmt: skip
     """UUID -> (journal key, report) of every instance the jobs' node reports name (a job's rank r: job#r);
-    ``reports``: those not in the jobs' records as read (sent since, or not taken)."""
+    ``reports``: the agent's own for jobs whose record as read has none (sent since, or not taken)."""
     spots = {}
     for job_id, job in jobs.items():
         try:
-            report = reports.get(job_id) or (parse_report(job.admin_tag) if job.managed else None)
+            report = (parse_report(job.admin_tag) if job.managed else None) or reports.get(job_id)
         except ValueError:
             continue
         for rank, spot in enumerate(report.ranks() if report is not None else ()):
@@ -359,12 +359,12 @@ class NodeAgent:
             self._publish()
 
     def _send_unsent(self, live: dict[str, BatchJob], asked: float) -> None:
-        """The reports not taken at their Prolog, for jobs that still run here (those the listing of
-        ``asked`` does not show running are dropped, unless the report is newer than the listing)."""
+        """The reports not taken at their Prolog, for jobs that still run here (those the question of
+        ``asked`` does not show running are dropped, unless the report is newer than the question)."""
         for job_id, (report, since) in list(self.unsent.items()):
             job = live.get(job_id)
             if job is None and since >= asked:
-                continue  # its job may have started after the listing: the next reconcile sees it
+                continue  # its job may have started after the question: the next reconcile sees it
             if job is None or not job.managed or _reported(job.admin_tag):
                 self.unsent.pop(job_id, None)  # ended, not ours, or reported since
                 continue
@@ -496,7 +496,7 @@ class NodeAgent:
         except BatchError as exc:
             log.warning("reconcile skipped: the batch system did not answer (%s)", exc)
             return []
-        unsent = {job: report for job, (report, _) in self.unsent.items()}
+        unsent = {job: report for job, (report, _) in self.unsent.copy().items()}  # Prologs add to it meanwhile
         self._send_unsent(running, asked)
         with self.lock:
             self.journal.look_for_old_files()  # an earlier release's hook may have written one since
@@ -536,19 +536,15 @@ class NodeAgent:
         """The jobs running on this node among those the batch system answered about, and which those were
         (None: every job). Asked about: the journal's jobs and those whose report waits to be sent again. A
         listing of every job from each node's reconcile would cost the batch system a pass over its whole
-        queue per node and interval. Every job is listed only when an instance here is not journaled (or the
-        GPUs could not be read): a running job's instance (its journal lost) is told from a stray by the
-        job's report."""
+        queue per node and interval. Every job is listed only when an instance here is not journaled: a
+        running job's instance (its journal lost) is told from a stray by the job's report. A GPU that
+        cannot be read fails the reconcile, as it would under the lock."""
         entries = self.journal.entries()
         owned = {e.uuid for e in entries}
-        try:
-            gpus = [g.index for g in self.backend.gpus() if g.mig_enabled]
-            listing = any(i.uuid not in owned for g in gpus for i in self.backend.instances(g))
-        except GpuBackendError:  # an instance destroyed while listed, say: the listing answers for everything
-            listing = True
-        if listing:
+        gpus = [g.index for g in self.backend.gpus() if g.mig_enabled]
+        if any(i.uuid not in owned for g in gpus for i in self.backend.instances(g)):
             return {j.job_id: j for j in self.channel.jobs() if j.running and j.node == self.node}, None
-        answered = self.channel.jobs_named({job_of(e.job) for e in entries} | set(self.unsent))
+        answered = self.channel.jobs_named(sorted({job_of(e.job) for e in entries} | set(self.unsent)))
         running = {job: j for job, j in answered.items() if j is not None and j.running and j.node == self.node}
         return running, set(answered)
 
