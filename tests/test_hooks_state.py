@@ -202,6 +202,28 @@ def test_a_reconcile_asks_about_the_journals_jobs_and_lists_every_job_only_for_a
     assert len(gpus.instances(1)) == 1
 
 
+@pytest.mark.parametrize("question", ["its journal's jobs", "every job"])
+def test_every_gpu_call_of_a_reconcile_is_made_under_the_nodes_lock(site, gpus, question):
+    """The agent's GPU calls take turns (a Prolog's thread creates while the sweep's thread looks): a hang of
+    the emulated driver, whose calls are not thread-safe, showed a read made outside the lock."""
+    batch = CountingBatch(["n1"])
+    a = agent(site, batch, gpus)
+    a.prolog(decide(batch, 1, "4g.20gb", 0))
+    if question == "every job":
+        gpus.create(0, "1g.5gb", 6)
+    calls = []
+
+    class Watched:
+        def __getattr__(self, name):
+            call = getattr(gpus, name)
+            return lambda *args, **kwargs: calls.append((name, a.lock._mutex.locked())) or call(*args, **kwargs)
+
+    a.backend = Watched()
+    a.reconcile()
+    assert calls and all(held for _, held in calls), calls
+    assert batch.listings == (question == "every job")
+
+
 def test_an_instance_made_after_the_reconciles_look_is_left_to_the_next_reconcile(site, gpus):
     """Its job was not among those asked about (it may have started since): the next reconcile lists every job
     and destroys it when no running job's report names it."""

@@ -541,8 +541,10 @@ class NodeAgent:
         cannot be read fails the reconcile, as it would under the lock."""
         entries = self.journal.entries()
         owned = {e.uuid for e in entries}
-        gpus = [g.index for g in self.backend.gpus() if g.mig_enabled]
-        if any(i.uuid not in owned for g in gpus for i in self.backend.instances(g)):
+        with self.lock:  # all GPU work takes turns, reads too (the emulated driver's calls are not thread-safe)
+            gpus = [g.index for g in self.backend.gpus() if g.mig_enabled]
+            unjournaled = any(i.uuid not in owned for g in gpus for i in self.backend.instances(g))
+        if unjournaled:
             return {j.job_id: j for j in self.channel.jobs() if j.running and j.node == self.node}, None
         answered = self.channel.jobs_named(sorted({job_of(e.job) for e in entries} | set(self.unsent)))
         running = {job: j for job, j in answered.items() if j is not None and j.running and j.node == self.node}
