@@ -538,7 +538,7 @@ class NodeAgent:
         listing of every job from each node's reconcile would cost the batch system a pass over its whole
         queue per node and interval. Every job is listed only when an instance here is not journaled: a
         running job's instance (its journal lost) is told from a stray by the job's report. A GPU that
-        cannot be read fails the reconcile, as it would under the lock."""
+        cannot be read fails the reconcile."""
         entries = self.journal.entries()
         owned = {e.uuid for e in entries}
         with self.lock:  # all GPU work takes turns, reads too (the emulated driver's calls are not thread-safe)
