@@ -517,7 +517,7 @@ class NodeAgent:
             if self.mig_off:
                 log.warning("MIG mode is off on GPU(s) %s: no MIG job is placed there until an administrator "
                             "enables it (nvidia-smi -i N -mig 1)", ", ".join(map(str, self.mig_off)))  # fmt: skip
-            reported = _reported_spots(running, unsent)
+            reported = _reported_spots(running, unsent) if asked_about is None else {}  # only a listing takes back
             for gpu in gpus:
                 if gpu.mig_enabled:
                     for inst in self.backend.instances(gpu.index):
