@@ -23,7 +23,7 @@ from mig_batch.node import hook_client
 from mig_batch.node.agent import NodeAgent
 from mig_batch.node.journal import Journal
 from mig_batch.node.service import AgentServer, serve
-from mig_batch.state import SCHEMA_VERSION, Decision, StateError, Store
+from mig_batch.state import SCHEMA_VERSION, Decision, InstanceRecord, StateError, Store
 
 TAG = "mig-batch:v1;req=4g.20gb"
 
@@ -695,6 +695,24 @@ def test_a_jobs_newest_event_of_a_kind_is_read_through_an_index_also_in_a_store_
     store.db.set_trace_callback(None)
     plan = " ".join(str(row) for row in store.db.execute("EXPLAIN QUERY PLAN " + sql[-1]))
     assert "USING INDEX events_job" in plan or "USING COVERING INDEX events_job" in plan, plan
+
+
+def test_forgetting_a_jobs_instances_removes_every_rank_of_it_only_through_the_primary_key(tmp_path):
+    """mig-batchd forgets an ended job's instances each pass; a scan of every instance cost 1 ms a job with
+    18,000 running. Keys that share the job's digits (``4``, ``42``, ``420``, ``42$``) are other jobs'."""
+    store = Store(tmp_path / "state.db")
+    for job in ("4", "420", "42$", "43#1"):
+        store.record_instance(InstanceRecord(job, "n1", 0, "1g.10gb", 0, 1, f"MIG-{job}"))
+    store.record_instances([InstanceRecord("42", "n1", gpu, "1g.10gb", 0, 1, f"MIG-42-{gpu}") for gpu in range(12)])
+    assert {r.job for r in store.instances()} >= {"42", "42#1", "42#11"}
+    sql: list[str] = []
+    store.db.set_trace_callback(sql.append)
+    store.forget_instance("42")
+    store.db.set_trace_callback(None)
+    assert sorted(r.job for r in store.instances()) == sorted(["4", "420", "42$", "43#1"])
+    delete = next(s for s in sql if s.startswith("DELETE FROM instances"))
+    plan = " ".join(str(row) for row in store.db.execute("EXPLAIN QUERY PLAN " + delete))
+    assert "SCAN" not in plan and "sqlite_autoindex_instances_1" in plan, plan
 
 
 @pytest.fixture(scope="module", params=["python", "c"])
