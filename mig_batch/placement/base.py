@@ -155,6 +155,7 @@ def apply_migrations(cluster: Cluster, plan: list[Migration]) -> None:
 @dataclass
 class _Ranked:
     entries: list[tuple[tuple[Any, ...], int, int | None]] = field(default_factory=list)  # (key, mask, start)
+    masks: frozenset[int] = frozenset()  # the entries' masks
 
 
 class MaskScoredPolicy(Policy):
@@ -181,7 +182,7 @@ class MaskScoredPolicy(Policy):
                 if choice is not None:
                     entries.append((choice[0], mask, choice[1]))
             entries.sort(key=lambda e: e[0])
-            ranked = self._ranked[key] = _Ranked(entries)
+            ranked = self._ranked[key] = _Ranked(entries, frozenset(mask for _, mask, _ in entries))
         return ranked
 
     def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
@@ -191,6 +192,8 @@ class MaskScoredPolicy(Policy):
             if tables is None:
                 continue
             ranked = self._ranking(tables, tables.index(profile))
+            if cluster.present[model].isdisjoint(ranked.masks):
+                continue  # no GPU has a mask this policy would take: the loop below would find none
             found_key = None
             for key, mask, start in ranked.entries:
                 if found_key is not None and key != found_key:

@@ -69,10 +69,13 @@ class Cluster:
         self.models: dict[str, GpuModel] = {g.model: get_model(g.model) for g in self.gpus}
         self.tables: dict[str, ModelTables] = {name: tables_for(name) for name in self.models}
         self.buckets: dict[str, dict[int, _Bucket]] = {name: {} for name in self.models}
+        # per model, the masks at least one unfenced GPU has: a request none of whose masks is here is
+        # refused without visiting the masks (a saturated cluster's long queue is mostly such requests)
+        self.present: dict[str, set[int]] = {name: set() for name in self.models}
         self.job_gpu: dict[str, int] = {}
         self.fenced: set[int] = set()  # GPUs no policy may place on (their node is down or not reconciled)
         for gpu in self.gpus:
-            self._bucket(gpu.model, gpu.mask).add(gpu.gid)
+            self._enter_bucket(gpu)
 
     @classmethod
     def homogeneous(cls, model: str, n_gpus: int, gpus_per_host: int = 8) -> Cluster:
@@ -90,8 +93,9 @@ class Cluster:
         return bucket
 
     def occupied_masks(self, model: str) -> Iterator[tuple[int, _Bucket]]:
-        """(mask, bucket) for every mask that at least one GPU of ``model`` has now."""
-        return ((m, b) for m, b in self.buckets[model].items() if b.members)
+        """(mask, bucket) for every mask that at least one unfenced GPU of ``model`` has now."""
+        buckets = self.buckets[model]
+        return ((m, buckets[m]) for m in self.present[model])
 
     def lowest_gpu(self, model: str, mask: int) -> int | None:
         bucket = self.buckets[model].get(mask)
@@ -133,18 +137,24 @@ class Cluster:
     def unfence(self, gid: int) -> None:
         if gid in self.fenced:
             self.fenced.discard(gid)
-            self._bucket(self.gpus[gid].model, self.gpus[gid].mask).add(gid)
+            self._enter_bucket(self.gpus[gid])
+
+    def _enter_bucket(self, gpu: Gpu) -> None:
+        self._bucket(gpu.model, gpu.mask).add(gpu.gid)
+        self.present[gpu.model].add(gpu.mask)
 
     def _leave_bucket(self, gpu: Gpu) -> None:
         bucket = self.buckets[gpu.model].get(gpu.mask)  # a GPU fenced before its mask was ever seen has none
         if bucket is not None:
             bucket.discard(gpu.gid)
+            if not bucket.members:
+                self.present[gpu.model].discard(gpu.mask)
 
     def _move(self, gpu: Gpu, new_mask: int) -> None:
         self._leave_bucket(gpu)
         gpu.mask = new_mask
         if gpu.gid not in self.fenced:
-            self._bucket(gpu.model, new_mask).add(gpu.gid)
+            self._enter_bucket(gpu)
 
     # -- metrics ---------------------------------------------------------------------------
     def active_gpus(self) -> int:
