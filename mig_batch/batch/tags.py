@@ -18,6 +18,7 @@ own field carries its agent's state (:class:`AgentTag`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -88,6 +89,7 @@ class JobTag:
         return ";".join(parts)
 
 
+@functools.lru_cache(maxsize=4096)  # a pass reads every queued job's tag; most queued jobs share a few
 def parse_tag(text: str) -> JobTag:
     if not text.startswith(MANAGED_PREFIX):
         raise ValueError(f"not a mig_batch tag: {text!r}")
