@@ -1138,3 +1138,15 @@ def test_a_dependency_the_batch_system_says_never_holds_keeps_the_job_waiting(si
     assert store.decision(job) is None
     assert [e["reason"] for e in store.events(job=job)] == [
         "its dependency on job 77, which the batch system says can never be met"]  # said once
+
+
+def test_the_pass_bench_keeps_its_queue_and_places_the_churn():
+    """``mig-batch bench pass`` on a small cluster: as many jobs arrive as end between passes, so the
+    submitted count is running or queued at the end; each steady pass places about as many as ended."""
+    from mig_batch.bench.controller_pass import bench_controller_pass
+
+    (row,) = bench_controller_pass([16], jobs_per_gpu=6, gpus_per_node=4, churn=10, passes=3)
+    assert (row.gpus, row.nodes) == (16, 4)
+    assert row.running + row.queued == 16 * 6
+    assert row.queued > 0 and 0 < row.placed_per_pass <= 10 + 7  # what ended frees, give or take a fit
+    assert 0 < row.p50_ms <= row.max_ms

@@ -50,6 +50,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--load", type=float, default=0.9, help="share of memory slices preloaded")
     m.add_argument("--json", action="store_true")
     m.set_defaults(handler=cmd_bench_moldable)
+    r = kinds.add_parser("pass", help="one mig-batchd pass against cluster size and queue length (in-memory "
+                         "batch system)")  # fmt: skip
+    r.add_argument("--sizes", default="1000,8000", help="cluster sizes in GPUs (A100-80GB)")
+    r.add_argument("--jobs-per-gpu", type=float, default=2.5,
+                   help="rigid MIG jobs submitted per GPU at once; what does not fit stays queued")  # fmt: skip
+    r.add_argument("--gpus-per-node", type=int, default=8)
+    r.add_argument("--churn", type=int, default=200, help="jobs ending and jobs arriving between passes")
+    r.add_argument("--passes", type=int, default=5, help="steady passes timed per size (median and max)")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(handler=cmd_bench_pass)
     c = kinds.add_parser("controller", help="one burst through a local Slurm: bare, no-op hooks, MIG jobs "
                          "(root, slurm-wlm)")  # fmt: skip
     c.add_argument("--jobs", type=int, default=1000)
@@ -121,6 +131,28 @@ def cmd_bench_moldable(args: argparse.Namespace) -> int:
     for r in rows:
         table.add_row(f"{r.gpus:,}", f"{r.setup_ms:.1f}", f"{r.p50_us:.0f}", f"{r.p99_us:.0f}", f"{r.pass_ms:.0f}",
                       str(r.started), str(r.reserved), str(r.waiting))  # fmt: skip
+    console.print(table)
+    return 0
+
+
+def cmd_bench_pass(args: argparse.Namespace) -> int:
+    from mig_batch.bench.controller_pass import bench_controller_pass
+
+    sizes = cluster_sizes(args.sizes)
+    if args.jobs_per_gpu <= 0 or args.gpus_per_node < 1 or args.churn < 0 or args.passes < 1:
+        raise ValueError("--jobs-per-gpu must be above 0, --gpus-per-node and --passes at least 1, --churn at "
+                         "least 0")  # fmt: skip
+    rows = bench_controller_pass(sizes, args.jobs_per_gpu, args.gpus_per_node, args.churn, args.passes)
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+        return 0
+    table = Table(title=f"one mig-batchd pass, {args.jobs_per_gpu:g} jobs per GPU submitted, {args.churn} ending "
+                        f"and {args.churn} arriving between passes")  # fmt: skip
+    for col in ("GPUs", "nodes", "running", "queued", "placed/pass", "pass p50 ms", "pass max ms"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(f"{r.gpus:,}", f"{r.nodes:,}", f"{r.running:,}", f"{r.queued:,}", f"{r.placed_per_pass:.0f}",
+                      f"{r.p50_ms:.0f}", f"{r.max_ms:.0f}")  # fmt: skip
     console.print(table)
     return 0
 
