@@ -78,6 +78,7 @@ class SiteConfig:
     node_dir: Path = Path("/var/lib/mig-batch/node")  # on each GPU node: the agent's journal (root, 0700)
     agent_socket: Path = Path("/run/mig-batch/agent.sock")  # on each GPU node: where the hooks ask the agent
     reconcile_interval_s: float = 60.0  # on each GPU node: how often the agent reconciles with the batch system
+    retention_days: float = 30.0  # mig-batchd forgets ended jobs' decisions and events this old; 0: never
     nodes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     slurm_bin: str = ""
     slurm_library: str = ""  # the helper `mig-batch slurm install` builds: per-job Slurm calls without a process
@@ -147,6 +148,7 @@ def load_config(explicit: str | os.PathLike | None = None) -> SiteConfig:
         node_dir=_path(raw, "node_dir", SiteConfig.node_dir, path),
         agent_socket=_path(raw, "agent_socket", SiteConfig.agent_socket, path),
         reconcile_interval_s=_seconds(raw, "reconcile_interval_s", SiteConfig.reconcile_interval_s, path),
+        retention_days=_retention_days(raw, path),
         nodes=nodes,
         slurm_bin=_text(raw, "slurm_bin", "", path),
         slurm_library=_text(raw, "slurm_library", "", path),
@@ -201,6 +203,14 @@ def _seconds(raw: dict, key: str, default: float, path: Path) -> float:
         raise ConfigError(f"{path}: {key} must be a number of seconds (got {value!r})")
     if not math.isfinite(value) or value <= 0:
         raise ConfigError(f"{path}: {key} must be positive and finite (got {value!r})")
+    return float(value)
+
+
+def _retention_days(raw: dict, path: Path) -> float:
+    value = raw.get("retention_days", SiteConfig.retention_days)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{path}: retention_days must be a number of days, at least 0 (0 keeps every ended "
+                          f"job's decision and events; got {value!r})")  # fmt: skip
     return float(value)
 
 

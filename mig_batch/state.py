@@ -24,6 +24,7 @@ when it opens the store, so that an index added since (events by job) reaches a 
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mig_batch.batch.states import ACTIVE, check_decision
+from mig_batch.batch.states import ACTIVE, CHAIN_OVER, DECIDABLE, check_decision
 from mig_batch.batch.tags import RANK_SEPARATOR, rank_key
 from mig_batch.errors import MigBatchError
 
@@ -138,6 +139,7 @@ CREATE TABLE IF NOT EXISTS events (
     detail TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_job ON events(job, kind);
+CREATE INDEX IF NOT EXISTS events_time ON events(time);
 """
 
 
@@ -515,6 +517,67 @@ class Store:
                                               "reason"), r, strict=True)) for r in replies]})  # fmt: skip
         return out
 
+    # retention
+    def prune(self, before: float, batch: int = 2000, budget_s: float = math.inf) -> tuple[dict[str, int], bool]:
+        """Forget what ended before ``before`` (epoch seconds), so that the store stops growing:
+          - chains over and unchanged since, with their jobs and subjobs;
+          - decisions ended or requeued and unchanged since, with their ranks and all their job's events;
+          - the events older than that of jobs with no decision (waiting, unplaceable, ...);
+          (a chain still going keeps its jobs' decisions and events);
+          - node events older than that, except each kind's newest per node (``mig-batch status`` and
+            mig-batchd read those back);
+          - gaps offered that closed before it and that no kept subjob names, with their replies.
+        An active decision's job keeps every event. Rows go in transactions of at most ``batch``, so that
+        mig-batchd's own writes and the readers wait for one of them at most; no transaction starts after
+        ``budget_s``. Returns the rows deleted per table, and whether nothing is left to delete."""
+        gone = {"chains": 0, "decisions": 0, "events": 0, "offers": 0}
+        until = time.monotonic() + budget_s
+
+        def more(rows: list[Any]) -> bool:
+            return bool(rows) and time.monotonic() < until
+
+        over, decidable = _marks(CHAIN_OVER), _marks(DECIDABLE)
+        going = f"SELECT job FROM chains WHERE state NOT IN ({over[0]})"
+        while more(chains := self._ids(f"SELECT job FROM chains WHERE state IN ({over[0]}) AND updated_at<? "
+                                       "LIMIT ?", [*over[1], before, batch])):  # fmt: skip
+            with self._tx() as db:
+                marks = ",".join("?" * len(chains))
+                db.execute(f"DELETE FROM subjobs WHERE job IN ({marks}) OR job IN "
+                           f"(SELECT job FROM chain_jobs WHERE chain IN ({marks}))", chains * 2)  # fmt: skip
+                db.execute(f"DELETE FROM chain_jobs WHERE chain IN ({marks})", chains)
+                db.execute(f"DELETE FROM chains WHERE job IN ({marks})", chains)
+            gone["chains"] += len(chains)
+        kept = f"job IN ({going}) OR job IN (SELECT job FROM chain_jobs WHERE chain IN ({going}))"
+        while more(jobs := self._ids(f"SELECT job FROM decisions WHERE state IN ({decidable[0]}) AND updated_at<? "
+                                     f"AND NOT ({kept}) LIMIT ?", [*decidable[1], before, *over[1], *over[1], batch])):
+            with self._tx() as db:
+                marks = ",".join("?" * len(jobs))
+                gone["events"] += db.execute(f"DELETE FROM events WHERE job IN ({marks})", jobs).rowcount
+                db.execute(f"DELETE FROM decision_spots WHERE job IN ({marks})", jobs)
+                db.execute(f"DELETE FROM decisions WHERE job IN ({marks})", jobs)
+            gone["decisions"] += len(jobs)
+        undecided = (f"SELECT id FROM events WHERE time<? AND job IS NOT NULL AND job NOT IN "
+                     f"(SELECT job FROM decisions) AND NOT ({kept})", [*over[1], *over[1]])  # fmt: skip
+        newest = "SELECT max(id) FROM events WHERE job IS NULL GROUP BY kind, json_extract(detail, '$.node')"
+        nodes = f"SELECT id FROM events WHERE time<? AND job IS NULL AND id NOT IN ({newest})", []
+        for sql, args in (undecided, nodes):
+            while more(ids := self._ids(f"{sql} LIMIT ?", [before, *args, batch])):
+                with self._tx() as db:
+                    db.execute(f"DELETE FROM events WHERE id IN ({','.join('?' * len(ids))})", ids)
+                gone["events"] += len(ids)
+        named = "SELECT offer FROM subjobs WHERE offer IS NOT NULL"
+        while more(offers := self._ids(f"SELECT id FROM offers WHERE closes<? AND id NOT IN ({named}) LIMIT ?",
+                                       [before, batch])):  # fmt: skip
+            with self._tx() as db:
+                marks = ",".join("?" * len(offers))
+                db.execute(f"DELETE FROM replies WHERE offer IN ({marks})", offers)
+                db.execute(f"DELETE FROM offers WHERE id IN ({marks})", offers)
+            gone["offers"] += len(offers)
+        return gone, time.monotonic() < until
+
+    def _ids(self, sql: str, args: list[Any]) -> list[Any]:
+        return [row[0] for row in self.db.execute(sql, args)]
+
     # events
     def event(self, job: str | None, kind: str, **detail: Any) -> None:
         with self._tx() as db:
@@ -549,6 +612,11 @@ class Store:
     def _event(db: sqlite3.Connection, job: str | None, kind: str, detail: dict[str, Any]) -> None:
         db.execute("INSERT INTO events (time, job, kind, detail) VALUES (?,?,?,?)",
                    (time.time(), job, kind, json.dumps(detail)))  # fmt: skip
+
+
+def _marks(values: tuple[str, ...]) -> tuple[str, list[str]]:
+    """SQL placeholders for ``values`` and the values as text: ``IN ({marks})``."""
+    return ",".join("?" * len(values)), [str(v) for v in values]
 
 
 _DECISION_COLS = "job, request, node, gpu, model, profile, start, state, policy"

@@ -74,6 +74,8 @@ TAKE_BACK_AFTER_S = 60.0
 # a released subjob waiting for a begin time this far ahead was requeued by the batch system (Slurm moves it
 # cred_expire + 1 s ahead, and cred_expire is at least 5 s); its pin had set it to its release
 REQUEUE_BEGIN_MARGIN_S = 5.0
+PRUNE_EVERY_S = 3600.0  # how often mig-batchd forgets what ended longer ago than retention_days
+PRUNE_BUDGET_S = 0.2  # at most this much of a pass
 
 
 @dataclass
@@ -132,6 +134,7 @@ class Controller:
         self._mig_off: dict[str, tuple[int, ...]] = {}  # per node, the GPUs its agent found with MIG mode off
         self._reported: set[str] = {r.job for r in store.instances()}  # jobs whose node report is recorded
         self._problems_seen: dict[str, str] = {}  # node -> the key of its agent's last problem recorded
+        self._pruned = -math.inf  # when the store was last pruned to the end
         for d in store.decisions():
             self._occupy(d)
 
@@ -969,9 +972,25 @@ class Controller:
         gid = self.gid.get((d.node, gpu))
         return get_model(self.view.gpus[gid].model if gid is not None else d.model)
 
+    def prune(self, now: float) -> None:
+        """Forget the ended jobs older than the configured retention: at start, then every ``PRUNE_EVERY_S``.
+        At most ``PRUNE_BUDGET_S`` of each pass goes to it (an old store's first prune takes several)."""
+        days = self.config.retention_days
+        if not days or now - self._pruned < PRUNE_EVERY_S:
+            return
+        gone, done = self.store.prune(now - days * 86400, budget_s=PRUNE_BUDGET_S)
+        if done:
+            self._pruned = now
+        if any(gone.values()):
+            log.info("forgot what ended over %g days ago: %s", days, ", ".join(f"{n} {t}" for t, n in gone.items()))
+
     def run(self, stop_after: float | None = None) -> None:
         deadline = None if stop_after is None else time.monotonic() + stop_after
         while deadline is None or time.monotonic() < deadline:
+            try:
+                self.prune(time.time())
+            except Exception:  # upkeep: a failure must not stop placement; tried again next pass
+                log.exception("pruning the store failed")
             try:
                 stats = self.step()
                 if stats.placed or stats.ended:
