@@ -604,6 +604,15 @@ class Store:
             rows = self.db.execute(sql + " ORDER BY id", args).fetchall()
         return [{"time": t, "job": j, "kind": k, **json.loads(d)} for t, j, k, d in rows]
 
+    def newest_node_events(self, kind: str) -> dict[str, dict[str, Any]]:
+        """Each node's newest event of ``kind`` among the events of no job (``mig-off``, ``node-down``, ...),
+        by node, in one query: ``events(kind=, node=, last=1)`` per node reads the events once per node."""
+        rows = self.db.execute(
+            "SELECT detail FROM events WHERE id IN (SELECT max(id) FROM events WHERE job IS NULL AND kind=? "
+            "GROUP BY json_extract(detail, '$.node'))", (kind,))  # fmt: skip
+        newest = (json.loads(detail) for (detail,) in rows)
+        return {str(d["node"]): d for d in newest if d.get("node") is not None}
+
     def event_kinds(self) -> list[str]:
         """The kinds of the events recorded, sorted."""
         return [k for (k,) in self.db.execute("SELECT DISTINCT kind FROM events ORDER BY kind")]

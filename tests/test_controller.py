@@ -549,6 +549,8 @@ def test_gpus_an_agent_finds_with_mig_mode_off_take_no_placement_and_status_says
     batch.set_node_tag("n1", AgentTag(started=0, reconciled=1).text())  # an administrator enabled it
     c.step()
     assert store.decision(jobs[1]).node == "n1"
+    assert main(["status", "--config", str(site_file), "--json"]) == 0  # the node's newest mig-off event counts
+    assert {g["mig_mode"] for g in __import__("json").loads(capsys.readouterr().out)} == {"on"}
 
 
 def _fragmented(tmp_path, live_defrag: bool):

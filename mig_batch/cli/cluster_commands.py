@@ -166,12 +166,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             if not spots:
                 decisions.setdefault((d.node, d.gpu), []).append(d)
         instances = {r.job: r for r in store.instances()}
-        mig_off = {node: set(last[-1].get("gpus", [])) for node in config.nodes
-                   if (last := store.events(kind=MIG_OFF, node=node, last=1))}  # fmt: skip
+        mig_off = {node: set(e.get("gpus", [])) for node, e in store.newest_node_events(MIG_OFF).items()}
+    models = {name: get_model(name) for name in {m for ms in config.nodes.values() for m in ms}}
     gpus = []
     for node in sorted(config.nodes):
         for index, model_name in enumerate(config.nodes[node]):
-            model = get_model(model_name)
+            model = models[model_name]
             jobs = []
             for d in sorted(decisions.get((node, index), []), key=lambda d: d.start):
                 inst = instances.get(d.job)
