@@ -140,6 +140,7 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE INDEX IF NOT EXISTS events_job ON events(job, kind);
 CREATE INDEX IF NOT EXISTS events_time ON events(time);
+CREATE INDEX IF NOT EXISTS events_kind ON events(kind);
 """
 
 
@@ -605,10 +606,11 @@ class Store:
         return [{"time": t, "job": j, "kind": k, **json.loads(d)} for t, j, k, d in rows]
 
     def newest_node_events(self, kind: str) -> dict[str, dict[str, Any]]:
-        """Each node's newest event of ``kind`` among the events of no job (``mig-off``, ``node-down``, ...),
-        by node, in one query: ``events(kind=, node=, last=1)`` per node reads the events once per node."""
+        """The newest event of ``kind`` that names each node (``mig-off``, ``node-problem``, ...), by node, in
+        one query through the kind's index (``events(kind=, node=, last=1)`` per node reads back through
+        every event for a node that has none)."""
         rows = self.db.execute(
-            "SELECT detail FROM events WHERE id IN (SELECT max(id) FROM events WHERE job IS NULL AND kind=? "
+            "SELECT detail FROM events WHERE id IN (SELECT max(id) FROM events WHERE kind=? "
             "GROUP BY json_extract(detail, '$.node'))", (kind,))  # fmt: skip
         newest = (json.loads(detail) for (detail,) in rows)
         return {str(d["node"]): d for d in newest if d.get("node") is not None}

@@ -130,3 +130,20 @@ def test_retention_days_must_be_a_number_of_days(tmp_path, value):
         load_config(path)
     path.write_text("retention_days: 7\n")
     assert load_config(path).retention_days == 7
+
+
+def test_each_nodes_newest_event_of_a_kind_is_read_through_the_kinds_index(tmp_path):
+    """``mig-batch status`` (mig-off) and a restarted mig-batchd (node-problem) read each node's newest event
+    of a kind: one query through the kind's index, not a read back through every event per node."""
+    store = Store(tmp_path / "state.db")
+    store.event(None, "mig-off", node="n1", gpus=[0])
+    store.event("7", "node-problem", node="n2", key="1/1")
+    store.event(None, "mig-off", node="n1", gpus=[])
+    store.event(None, "mig-off", node="n2", gpus=[1])
+    sql: list[str] = []
+    store.db.set_trace_callback(sql.append)
+    assert store.newest_node_events("mig-off") == {"n1": {"node": "n1", "gpus": []}, "n2": {"node": "n2", "gpus": [1]}}
+    assert store.newest_node_events("node-problem") == {"n2": {"node": "n2", "key": "1/1"}}
+    store.db.set_trace_callback(None)
+    plan = " ".join(str(row) for row in store.db.execute("EXPLAIN QUERY PLAN " + sql[-1]))
+    assert "events_kind" in plan and "SCAN events" not in plan.replace("SCAN events USING", ""), plan

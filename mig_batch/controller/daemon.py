@@ -133,7 +133,7 @@ class Controller:
         self._refused: dict[str, dict[str, list[float]]] = {}
         self._mig_off: dict[str, tuple[int, ...]] = {}  # per node, the GPUs its agent found with MIG mode off
         self._reported: set[str] = {r.job for r in store.instances()}  # jobs whose node report is recorded
-        self._problems_seen: dict[str, str] = {}  # node -> the key of its agent's last problem recorded
+        self._problems_seen: dict[str, str] | None = None  # node -> the key of its agent's last problem recorded
         self._pruned = -math.inf  # when the store was last pruned to the end
         for d in store.decisions():
             self._occupy(d)
@@ -340,10 +340,9 @@ class Controller:
         """The agent's last problem as a ``node-problem`` event, once: keyed by the agent's start and
         problem count (a restart of the controller finds the key in the store)."""
         key = f"{agent.started:.3f}/{agent.problems}"
-        if node not in self._problems_seen:
-            last = self.store.events(kind=NODE_PROBLEM, node=node, last=1)
-            self._problems_seen[node] = last[0].get("key", "") if last else ""
-        if self._problems_seen[node] == key:
+        if self._problems_seen is None:  # every node's, in one query, when the first problem is seen
+            self._problems_seen = {n: e.get("key", "") for n, e in self.store.newest_node_events(NODE_PROBLEM).items()}
+        if self._problems_seen.get(node) == key:
             return
         self._problems_seen[node] = key
         problem = agent.problem
