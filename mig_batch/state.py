@@ -519,7 +519,7 @@ class Store:
         return out
 
     # retention
-    def prune(self, before: float, batch: int = 2000, budget_s: float = math.inf) -> tuple[dict[str, int], bool]:
+    def prune(self, before: float, batch: int = 500, budget_s: float = math.inf) -> tuple[dict[str, int], bool]:
         """Forget what ended before ``before`` (epoch seconds), so that the store stops growing:
           - chains over and unchanged since, with their jobs and subjobs;
           - decisions ended or requeued and unchanged since, with their ranks and all their job's events;
