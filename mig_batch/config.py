@@ -208,9 +208,11 @@ def _seconds(raw: dict, key: str, default: float, path: Path) -> float:
 
 def _retention_days(raw: dict, path: Path) -> float:
     value = raw.get("retention_days", SiteConfig.retention_days)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ConfigError(f"{path}: retention_days must be a number of days, at least 0 (0 keeps every ended "
-                          f"job's decision and events; got {value!r})")  # fmt: skip
+    # under a day, a requeued job's decision could go while Slurm still delays its start (minutes)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not (value == 0 or value >= 1):  # fmt: skip
+        raise ConfigError(f"{path}: retention_days must be a number of days, at least 1, or 0 to keep every "
+                          f"ended job's decision and events (got {value!r})")  # fmt: skip
     return float(value)
 
 

@@ -27,7 +27,7 @@ import json
 import math
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +40,8 @@ from mig_batch.errors import MigBatchError
 SCHEMA_VERSION = 4
 INTERRUPTED = ("not-started", "requeued")  # subjob outcomes taken back from it, neither a failure nor a success
 MIG_OFF = "mig-off"  # event: a node's agent found these GPUs with MIG mode off (an empty list: none now)
+NODE_PROBLEM = "node-problem"  # event: a node's hook or reconcile problem
+READ_BACK = (MIG_OFF, NODE_PROBLEM)  # node events read back (each node's newest): kept by the prune
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS decisions (
@@ -56,6 +58,7 @@ CREATE TABLE IF NOT EXISTS decisions (
     updated_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS decisions_state ON decisions(state);
+CREATE INDEX IF NOT EXISTS decisions_ended ON decisions(state, updated_at);
 CREATE TABLE IF NOT EXISTS instances (
     job TEXT PRIMARY KEY,
     node TEXT NOT NULL,
@@ -519,62 +522,86 @@ class Store:
         return out
 
     # retention
-    def prune(self, before: float, batch: int = 500, budget_s: float = math.inf) -> tuple[dict[str, int], bool]:
+    def prune(self, before: float, live: Collection[str] | None = None, batch: int = 400,
+              budget_s: float = math.inf) -> tuple[dict[str, int], bool]:  # fmt: skip
         """Forget what ended before ``before`` (epoch seconds), so that the store stops growing:
-          - chains over and unchanged since, with their jobs and subjobs;
-          - decisions ended or requeued and unchanged since, with their ranks and all their job's events;
-          - the events older than that of jobs with no decision (waiting, unplaceable, ...);
-          (a chain still going keeps its jobs' decisions and events);
-          - node events older than that, except each kind's newest per node (``mig-batch status`` and
-            mig-batchd read those back);
+          - chains over and unchanged since, with their jobs and subjobs; also, where ``live`` (the jobs
+            the batch system lists now) is given, chains unchanged since none of whose jobs is listed
+            (abandoned: their held job was cancelled before a subjob ran);
+          - decisions ended or requeued and unchanged since, with their ranks and their job's events, save
+            those of a chain kept;
+          - the events older than that of jobs with no decision (waiting, unplaceable, ...), and of no job;
           - gaps offered that closed before it and that no kept subjob names, with their replies.
-        An active decision's job keeps every event. Rows go in transactions of at most ``batch``, so that
-        mig-batchd's own writes and the readers wait for one of them at most; no transaction starts after
-        ``budget_s``. Returns the rows deleted per table, and whether nothing is left to delete."""
+        Each node's newest ``mig-off`` and ``node-problem`` events are kept (``mig-batch status`` and a
+        restarted mig-batchd read them back), and an active decision's job keeps every event. The rows of
+        at most ``batch`` jobs, chains or offers go per transaction, so that mig-batchd's own writes and the
+        readers wait for one of them at most. After the first transaction, none starts past ``budget_s``:
+        every call makes progress. Returns the rows deleted per table, and whether nothing is left."""
         gone = {"chains": 0, "decisions": 0, "events": 0, "offers": 0}
-        until = time.monotonic() + budget_s
-
-        def more(rows: list[Any]) -> bool:
-            return bool(rows) and time.monotonic() < until
-
+        budget = _Budget(budget_s)
+        self._keep_newest_node_events()
+        chains = self._ids(f"SELECT job FROM chains WHERE state IN ({_marks(CHAIN_OVER)[0]}) AND updated_at<?",
+                           [*_marks(CHAIN_OVER)[1], before]) + self._abandoned_chains(before, live)  # fmt: skip
+        for i in range(0, len(chains), batch):
+            if not budget.left():
+                return gone, False
+            part = chains[i : i + batch]
+            with self._tx() as db:
+                marks = ",".join("?" * len(part))
+                db.execute(f"DELETE FROM subjobs WHERE job IN ({marks}) OR job IN "
+                           f"(SELECT job FROM chain_jobs WHERE chain IN ({marks}))", part * 2)  # fmt: skip
+                db.execute(f"DELETE FROM chain_jobs WHERE chain IN ({marks})", part)
+                db.execute(f"DELETE FROM chains WHERE job IN ({marks})", part)
+            gone["chains"] += len(part)
+            budget.spend()
         over, decidable = _marks(CHAIN_OVER), _marks(DECIDABLE)
         going = f"SELECT job FROM chains WHERE state NOT IN ({over[0]})"
-        while more(chains := self._ids(f"SELECT job FROM chains WHERE state IN ({over[0]}) AND updated_at<? "
-                                       "LIMIT ?", [*over[1], before, batch])):  # fmt: skip
-            with self._tx() as db:
-                marks = ",".join("?" * len(chains))
-                db.execute(f"DELETE FROM subjobs WHERE job IN ({marks}) OR job IN "
-                           f"(SELECT job FROM chain_jobs WHERE chain IN ({marks}))", chains * 2)  # fmt: skip
-                db.execute(f"DELETE FROM chain_jobs WHERE chain IN ({marks})", chains)
-                db.execute(f"DELETE FROM chains WHERE job IN ({marks})", chains)
-            gone["chains"] += len(chains)
         kept = f"job IN ({going}) OR job IN (SELECT job FROM chain_jobs WHERE chain IN ({going}))"
-        while more(jobs := self._ids(f"SELECT job FROM decisions WHERE state IN ({decidable[0]}) AND updated_at<? "
-                                     f"AND NOT ({kept}) LIMIT ?", [*decidable[1], before, *over[1], *over[1], batch])):
+        keep = "id NOT IN (SELECT id FROM temp.prune_keep)"
+        ended = (f"SELECT job FROM decisions WHERE state IN ({decidable[0]}) AND updated_at<? AND NOT ({kept}) "
+                 "LIMIT ?")  # fmt: skip
+        while budget.left() and (jobs := self._ids(ended, [*decidable[1], before, *over[1], *over[1], batch])):
             with self._tx() as db:
                 marks = ",".join("?" * len(jobs))
-                gone["events"] += db.execute(f"DELETE FROM events WHERE job IN ({marks})", jobs).rowcount
+                gone["events"] += db.execute(f"DELETE FROM events WHERE job IN ({marks}) AND {keep}", jobs).rowcount
                 db.execute(f"DELETE FROM decision_spots WHERE job IN ({marks})", jobs)
                 db.execute(f"DELETE FROM decisions WHERE job IN ({marks})", jobs)
             gone["decisions"] += len(jobs)
-        undecided = (f"SELECT id FROM events WHERE time<? AND job IS NOT NULL AND job NOT IN "
-                     f"(SELECT job FROM decisions) AND NOT ({kept})", [*over[1], *over[1]])  # fmt: skip
-        newest = "SELECT max(id) FROM events WHERE job IS NULL GROUP BY kind, json_extract(detail, '$.node')"
-        nodes = f"SELECT id FROM events WHERE time<? AND job IS NULL AND id NOT IN ({newest})", []
-        for sql, args in (undecided, nodes):
-            while more(ids := self._ids(f"{sql} LIMIT ?", [before, *args, batch])):
-                with self._tx() as db:
-                    db.execute(f"DELETE FROM events WHERE id IN ({','.join('?' * len(ids))})", ids)
-                gone["events"] += len(ids)
-        named = "SELECT offer FROM subjobs WHERE offer IS NOT NULL"
-        while more(offers := self._ids(f"SELECT id FROM offers WHERE closes<? AND id NOT IN ({named}) LIMIT ?",
-                                       [before, batch])):  # fmt: skip
+            budget.spend()
+        undecided = (f"SELECT id FROM events WHERE time<? AND {keep} AND (job IS NULL OR (job NOT IN "
+                     f"(SELECT job FROM decisions) AND NOT ({kept}))) LIMIT ?")  # fmt: skip
+        while budget.left() and (ids := self._ids(undecided, [before, *over[1], *over[1], batch])):
+            with self._tx() as db:
+                db.execute(f"DELETE FROM events WHERE id IN ({','.join('?' * len(ids))})", ids)
+            gone["events"] += len(ids)
+            budget.spend()
+        closed = ("SELECT id FROM offers WHERE closes<? AND id NOT IN "
+                  "(SELECT offer FROM subjobs WHERE offer IS NOT NULL) LIMIT ?")  # fmt: skip
+        while budget.left() and (offers := self._ids(closed, [before, batch])):
             with self._tx() as db:
                 marks = ",".join("?" * len(offers))
                 db.execute(f"DELETE FROM replies WHERE offer IN ({marks})", offers)
                 db.execute(f"DELETE FROM offers WHERE id IN ({marks})", offers)
             gone["offers"] += len(offers)
-        return gone, time.monotonic() < until
+            budget.spend()
+        return gone, budget.left()
+
+    def _keep_newest_node_events(self) -> None:
+        """Note, in a table of this connection, each node's newest event of the kinds read back."""
+        self.db.execute("CREATE TEMP TABLE IF NOT EXISTS prune_keep (id INTEGER PRIMARY KEY)")
+        self.db.execute("DELETE FROM temp.prune_keep")
+        marks, kinds = _marks(READ_BACK)
+        self.db.execute(f"INSERT INTO temp.prune_keep SELECT max(id) FROM events WHERE kind IN ({marks}) "
+                        "GROUP BY kind, json_extract(detail, '$.node')", kinds)  # fmt: skip
+
+    def _abandoned_chains(self, before: float, live: Collection[str] | None) -> list[str]:
+        """Chains not over, unchanged since ``before``, none of whose jobs is in ``live`` (None: not judged)."""
+        if live is None:
+            return []
+        live = live if isinstance(live, (set, frozenset, dict)) else set(live)
+        stale = self._ids(f"SELECT job FROM chains WHERE state NOT IN ({_marks(CHAIN_OVER)[0]}) AND updated_at<?",
+                          [*_marks(CHAIN_OVER)[1], before])  # fmt: skip
+        return [c for c in stale if c not in live and not any(j in live for j in self.chain_jobs(c))]
 
     def _ids(self, sql: str, args: list[Any]) -> list[Any]:
         return [row[0] for row in self.db.execute(sql, args)]
@@ -623,6 +650,20 @@ class Store:
     def _event(db: sqlite3.Connection, job: str | None, kind: str, detail: dict[str, Any]) -> None:
         db.execute("INSERT INTO events (time, job, kind, detail) VALUES (?,?,?,?)",
                    (time.time(), job, kind, json.dumps(detail)))  # fmt: skip
+
+
+class _Budget:
+    """Seconds for a prune, counted from its first transaction."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.until = seconds, math.inf
+
+    def spend(self) -> None:
+        if self.until == math.inf:
+            self.until = time.monotonic() + self.seconds
+
+    def left(self) -> bool:
+        return time.monotonic() < self.until
 
 
 def _marks(values: tuple[str, ...]) -> tuple[str, list[str]]:

@@ -61,11 +61,10 @@ from mig_batch.placement.cluster import Cluster, Gpu, PlacementConflict
 from mig_batch.placement.moldable import MoldableJob, MoldablePlanner, expected_end
 from mig_batch.placement.multi import MultiPlacement, MultiPolicy
 from mig_batch.placement.policies import make_policy
-from mig_batch.state import MIG_OFF, ChainRecord, Decision, InstanceRecord, Store
+from mig_batch.state import MIG_OFF, NODE_PROBLEM, ChainRecord, Decision, InstanceRecord, Store
 
 Decided = TypeVar("Decided")
 log = logging.getLogger("mig-batchd")
-NODE_PROBLEM = "node-problem"  # the event kind of a node's hook or reconcile problem
 PIN_TRIES = 3  # refused pins in a row on one node before its job is decided again elsewhere
 REFUSED_FOR_S = 600.0  # ... and how long that node is not tried again for it
 # A placed job is taken back for its begin time only when that is further away than this: a slot idle that
@@ -972,12 +971,19 @@ class Controller:
         return get_model(self.view.gpus[gid].model if gid is not None else d.model)
 
     def prune(self, now: float) -> None:
-        """Forget the ended jobs older than the configured retention: at start, then every ``PRUNE_EVERY_S``.
-        At most ``PRUNE_BUDGET_S`` of each pass goes to it (an old store's first prune takes several)."""
+        """Forget the ended jobs older than the configured retention: after the first pass that listed the
+        jobs (abandoned chains are judged by it), then every ``PRUNE_EVERY_S``. About ``PRUNE_BUDGET_S`` of a
+        pass goes to it until it is done (an old store's first prune takes several). A failure is logged and
+        tried again ``PRUNE_EVERY_S`` later: upkeep must not hold up placement."""
         days = self.config.retention_days
         if not days or now - self._pruned < PRUNE_EVERY_S:
             return
-        gone, done = self.store.prune(now - days * 86400, budget_s=PRUNE_BUDGET_S)
+        try:
+            gone, done = self.store.prune(now - days * 86400, live=self._jobs.keys(), budget_s=PRUNE_BUDGET_S)
+        except Exception:
+            log.exception("pruning the store failed; tried again in %.0f s", PRUNE_EVERY_S)
+            self._pruned = now
+            return
         if done:
             self._pruned = now
         if any(gone.values()):
@@ -987,14 +993,11 @@ class Controller:
         deadline = None if stop_after is None else time.monotonic() + stop_after
         while deadline is None or time.monotonic() < deadline:
             try:
-                self.prune(time.time())
-            except Exception:  # upkeep: a failure must not stop placement; tried again next pass
-                log.exception("pruning the store failed")
-            try:
                 stats = self.step()
                 if stats.placed or stats.ended:
                     log.info("pass %.1f ms: placed %d, ended %d, waiting %d", stats.seconds * 1e3, stats.placed,
                              stats.ended, stats.waiting)  # fmt: skip
+                self.prune(time.time())  # with the jobs this pass listed
             except BatchError as exc:
                 log.warning("pass failed: %s", exc)
             except Exception:  # a bug in one pass must not stop placement for everyone: log it, go on
