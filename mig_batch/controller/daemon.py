@@ -74,7 +74,7 @@ TAKE_BACK_AFTER_S = 60.0
 # cred_expire + 1 s ahead, and cred_expire is at least 5 s); its pin had set it to its release
 REQUEUE_BEGIN_MARGIN_S = 5.0
 PRUNE_EVERY_S = 3600.0  # how often mig-batchd forgets what ended longer ago than retention_days
-PRUNE_BUDGET_S = 0.2  # at most this much of a pass
+PRUNE_BUDGET_S = 0.2  # of a pass, past its first transaction (each pass makes progress)
 
 
 @dataclass
