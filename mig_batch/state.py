@@ -539,9 +539,10 @@ class Store:
         every call makes progress. Returns the rows deleted per table, and whether nothing is left."""
         gone = {"chains": 0, "decisions": 0, "events": 0, "offers": 0}
         budget = _Budget(budget_s)
+        (over, over_args), (decidable, decidable_args) = _marks(CHAIN_OVER), _marks(DECIDABLE)
         self._keep_newest_node_events()
-        chains = self._ids(f"SELECT job FROM chains WHERE state IN ({_marks(CHAIN_OVER)[0]}) AND updated_at<?",
-                           [*_marks(CHAIN_OVER)[1], before]) + self._abandoned_chains(before, live)  # fmt: skip
+        chains = self._ids(f"SELECT job FROM chains WHERE state IN ({over}) AND updated_at<?", [*over_args, before])
+        chains += self._abandoned_chains(before, live)
         for i in range(0, len(chains), batch):
             if not budget.left():
                 return gone, False
@@ -554,37 +555,36 @@ class Store:
                 db.execute(f"DELETE FROM chains WHERE job IN ({marks})", part)
             gone["chains"] += len(part)
             budget.spend()
-        over, decidable = _marks(CHAIN_OVER), _marks(DECIDABLE)
-        going = f"SELECT job FROM chains WHERE state NOT IN ({over[0]})"
+        going = f"SELECT job FROM chains WHERE state NOT IN ({over})"
         kept = f"job IN ({going}) OR job IN (SELECT job FROM chain_jobs WHERE chain IN ({going}))"
         keep = "id NOT IN (SELECT id FROM temp.prune_keep)"
-        ended = (f"SELECT job FROM decisions WHERE state IN ({decidable[0]}) AND updated_at<? AND NOT ({kept}) "
-                 "LIMIT ?")  # fmt: skip
-        while budget.left() and (jobs := self._ids(ended, [*decidable[1], before, *over[1], *over[1], batch])):
-            with self._tx() as db:
-                marks = ",".join("?" * len(jobs))
-                gone["events"] += db.execute(f"DELETE FROM events WHERE job IN ({marks}) AND {keep}", jobs).rowcount
-                db.execute(f"DELETE FROM decision_spots WHERE job IN ({marks})", jobs)
-                db.execute(f"DELETE FROM decisions WHERE job IN ({marks})", jobs)
+        ended = f"SELECT job FROM decisions WHERE state IN ({decidable}) AND updated_at<? AND NOT ({kept}) LIMIT ?"
+        for db, jobs, marks in self._batches(budget, ended, [*decidable_args, before, *over_args, *over_args, batch]):
+            gone["events"] += db.execute(f"DELETE FROM events WHERE job IN ({marks}) AND {keep}", jobs).rowcount
+            db.execute(f"DELETE FROM decision_spots WHERE job IN ({marks})", jobs)
+            db.execute(f"DELETE FROM decisions WHERE job IN ({marks})", jobs)
             gone["decisions"] += len(jobs)
-            budget.spend()
         undecided = (f"SELECT id FROM events WHERE time<? AND {keep} AND (job IS NULL OR (job NOT IN "
                      f"(SELECT job FROM decisions) AND NOT ({kept}))) LIMIT ?")  # fmt: skip
-        while budget.left() and (ids := self._ids(undecided, [before, *over[1], *over[1], batch])):
-            with self._tx() as db:
-                db.execute(f"DELETE FROM events WHERE id IN ({','.join('?' * len(ids))})", ids)
+        for db, ids, marks in self._batches(budget, undecided, [before, *over_args, *over_args, batch]):
+            db.execute(f"DELETE FROM events WHERE id IN ({marks})", ids)
             gone["events"] += len(ids)
-            budget.spend()
         closed = ("SELECT id FROM offers WHERE closes<? AND id NOT IN "
                   "(SELECT offer FROM subjobs WHERE offer IS NOT NULL) LIMIT ?")  # fmt: skip
-        while budget.left() and (offers := self._ids(closed, [before, batch])):
-            with self._tx() as db:
-                marks = ",".join("?" * len(offers))
-                db.execute(f"DELETE FROM replies WHERE offer IN ({marks})", offers)
-                db.execute(f"DELETE FROM offers WHERE id IN ({marks})", offers)
+        for db, offers, marks in self._batches(budget, closed, [before, batch]):
+            db.execute(f"DELETE FROM replies WHERE offer IN ({marks})", offers)
+            db.execute(f"DELETE FROM offers WHERE id IN ({marks})", offers)
             gone["offers"] += len(offers)
-            budget.spend()
         return gone, budget.left()
+
+    def _batches(self, budget: _Budget, select: str,
+                 args: list[Any]) -> Iterator[tuple[sqlite3.Connection, list[Any], str]]:  # fmt: skip
+        """Each batch of ids ``select`` finds while ``budget`` lasts, with its placeholders, in a transaction of
+        its own (rolled back if the caller's work on it fails)."""
+        while budget.left() and (ids := self._ids(select, args)):
+            with self._tx() as db:
+                yield db, ids, ",".join("?" * len(ids))
+            budget.spend()
 
     def _keep_newest_node_events(self) -> None:
         """Note, in a table of this connection, each node's newest event of the kinds read back."""
@@ -598,9 +598,8 @@ class Store:
         """Chains not over, unchanged since ``before``, none of whose jobs is in ``live`` (None: not judged)."""
         if live is None:
             return []
-        live = live if isinstance(live, (set, frozenset, dict)) else set(live)
-        stale = self._ids(f"SELECT job FROM chains WHERE state NOT IN ({_marks(CHAIN_OVER)[0]}) AND updated_at<?",
-                          [*_marks(CHAIN_OVER)[1], before])  # fmt: skip
+        over, over_args = _marks(CHAIN_OVER)
+        stale = self._ids(f"SELECT job FROM chains WHERE state NOT IN ({over}) AND updated_at<?", [*over_args, before])
         return [c for c in stale if c not in live and not any(j in live for j in self.chain_jobs(c))]
 
     def _ids(self, sql: str, args: list[Any]) -> list[Any]:
