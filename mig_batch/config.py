@@ -79,6 +79,10 @@ class SiteConfig:
     agent_socket: Path = Path("/run/mig-batch/agent.sock")  # on each GPU node: where the hooks ask the agent
     reconcile_interval_s: float = 60.0  # on each GPU node: how often the agent reconciles with the batch system
     retention_days: float = 30.0  # mig-batchd forgets ended jobs' decisions and events this old; 0: never
+    # Slurm: placements decided ahead per request job_submit.lua binds a job to at its submission, which then
+    # starts without a hold (docs/slurm.md "Prompt slots"); 0: off, every MIG job waits held for mig-batchd
+    prompt_slots: int = 0
+    slots_file: Path = Path("/run/mig-batch/slots")  # on the controller host: where job_submit.lua reads them
     nodes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     slurm_bin: str = ""
     slurm_library: str = ""  # the helper `mig-batch slurm install` builds: per-job Slurm calls without a process
@@ -138,6 +142,9 @@ def load_config(explicit: str | os.PathLike | None = None) -> SiteConfig:
         except UnknownModelError as exc:
             raise ConfigError(f"{path}: nodes.{node}: {exc}") from None
     interval = _seconds(raw, "poll_interval_s", 1.0, path)
+    if raw.get("prompt_slots") and raw.get("slice_gres"):  # a slot's job is not pinned: nothing would set its GRES
+        raise ConfigError(f"{path}: prompt_slots needs slice_gres off (job_submit.lua does not count the slices of "
+                          "a job it binds to a slot); set one of them to 0 or empty")  # fmt: skip
     return SiteConfig(
         state=_path(raw, "state", SiteConfig.state, path),
         policy=policy,
@@ -149,6 +156,8 @@ def load_config(explicit: str | os.PathLike | None = None) -> SiteConfig:
         agent_socket=_path(raw, "agent_socket", SiteConfig.agent_socket, path),
         reconcile_interval_s=_seconds(raw, "reconcile_interval_s", SiteConfig.reconcile_interval_s, path),
         retention_days=_retention_days(raw, path),
+        prompt_slots=_prompt_slots(raw, path),
+        slots_file=_path(raw, "slots_file", SiteConfig.slots_file, path),
         nodes=nodes,
         slurm_bin=_text(raw, "slurm_bin", "", path),
         slurm_library=_text(raw, "slurm_library", "", path),
@@ -214,6 +223,17 @@ def _retention_days(raw: dict, path: Path) -> float:
         raise ConfigError(f"{path}: retention_days must be a number of days, at least 1, or 0 to keep every "
                           f"ended job's decision and events (got {value!r})")  # fmt: skip
     return float(value)
+
+
+MAX_PROMPT_SLOTS = 1000  # per request; job_submit.lua reads the whole file at each MIG submission
+
+
+def _prompt_slots(raw: dict, path: Path) -> int:
+    value = raw.get("prompt_slots", SiteConfig.prompt_slots)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_PROMPT_SLOTS:
+        raise ConfigError(f"{path}: prompt_slots must be a whole number of slots per request from 0 (off) to "
+                          f"{MAX_PROMPT_SLOTS} (got {value!r})")  # fmt: skip
+    return value
 
 
 def _section(raw: Any, path: Path, name: str, cls: type) -> Any:

@@ -134,6 +134,17 @@ CREATE TABLE IF NOT EXISTS decision_spots (
     start INTEGER NOT NULL,
     PRIMARY KEY (job, rank)
 );
+CREATE TABLE IF NOT EXISTS slots (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    request TEXT NOT NULL,
+    node TEXT NOT NULL,
+    gpu INTEGER NOT NULL,
+    model TEXT NOT NULL,
+    profile TEXT NOT NULL,
+    start INTEGER NOT NULL,
+    made_at REAL NOT NULL,
+    withdrawn_at REAL
+);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     time REAL NOT NULL,
@@ -162,6 +173,20 @@ class Decision:
     start: int
     state: str
     policy: str
+
+
+@dataclass(frozen=True)
+class SlotRecord:
+    """A placement decided ahead for the next job of ``request`` that job_submit.lua binds to it."""
+
+    id: int
+    request: str
+    node: str
+    gpu: int
+    model: str
+    profile: str
+    start: int
+    withdrawn_at: float | None = None  # out of the published file since then; its spot is freed later
 
 
 @dataclass(frozen=True)
@@ -336,6 +361,27 @@ class Store:
 
     def count_decisions(self, job: str) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM events WHERE job=? AND kind='decided'", (job,)).fetchone()[0])
+
+    # prompt slots
+    def add_slot(self, request: str, node: str, gpu: int, model: str, profile: str, start: int) -> SlotRecord:
+        with self._tx() as db:
+            cur = db.execute("INSERT INTO slots (request, node, gpu, model, profile, start, made_at) VALUES "
+                             "(?,?,?,?,?,?,?)", (request, node, gpu, model, profile, start, time.time()))  # fmt: skip
+        return SlotRecord(int(cur.lastrowid or 0), request, node, gpu, model, profile, start)
+
+    def slots(self) -> list[SlotRecord]:
+        rows = self.db.execute("SELECT id, request, node, gpu, model, profile, start, withdrawn_at FROM slots "
+                               "ORDER BY id").fetchall()  # fmt: skip
+        return [SlotRecord(*r) for r in rows]
+
+    def withdraw_slots(self, ids: Collection[int], at: float) -> None:
+        with self._tx() as db:
+            db.executemany("UPDATE slots SET withdrawn_at=? WHERE id=? AND withdrawn_at IS NULL",
+                           [(at, i) for i in ids])  # fmt: skip
+
+    def drop_slots(self, ids: Collection[int]) -> None:
+        with self._tx() as db:
+            db.executemany("DELETE FROM slots WHERE id=?", [(i,) for i in ids])
 
     # instances
     def record_instance(self, r: InstanceRecord) -> None:

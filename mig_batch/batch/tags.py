@@ -12,8 +12,10 @@ submits one job per subjob). ``n`` asks for that many instances on one node, one
 a tag without it parses as before). ``place`` (and ``window``, a subjob's granted seconds) is the controller's
 decision, written when it pins the job (a multi-instance job's ``place`` is its rank 0 and ``spots`` lists
 every rank's spot, all in one write): the node agent reads it from there, never from a field a user can
-set. ``node=`` is the node's report, appended by the agent in the Prolog (:class:`NodeReport`). A node's
-own field carries its agent's state (:class:`AgentTag`).
+set. ``;place=...;slot=<id>`` is written by job_submit.lua instead, at submission, when it binds the job to
+a prompt slot that mig-batchd decided ahead (docs/slurm.md "Prompt slots"). ``node=`` is the node's
+report, appended by the agent in the Prolog (:class:`NodeReport`). A node's own field carries its agent's
+state (:class:`AgentTag`).
 """
 
 from __future__ import annotations
@@ -178,6 +180,17 @@ def parse_place(text: str) -> Placed | None:
         return Placed(node, int(gpu), profile, int(start), window, subjob, spots)
     except ValueError:
         raise ValueError(f"mig_batch tag with an unreadable place=: {text!r}") from None
+
+
+def parse_slot(text: str) -> int | None:
+    """The prompt slot job_submit.lua bound a job to at its submission (``;slot=<id>`` after its ``place=``);
+    None for a job mig-batchd placed."""
+    if ";slot=" not in text:  # every pass asks this of every job: the common answer without a split
+        return None
+    try:
+        return int(_fields(text)["slot"])
+    except (KeyError, ValueError):
+        raise ValueError(f"mig_batch tag with an unreadable slot=: {text!r}") from None
 
 
 REPORT_KINDS = ("made", "replaced", "requeue")

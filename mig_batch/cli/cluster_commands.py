@@ -75,7 +75,8 @@ def cmd_gen_lua(args: argparse.Namespace) -> int:
 
     config = None if args.all_models else _maybe_config(args.config)
     sys.stdout.write(job_submit_lua(_models(config, args.all_models), config.nodes if config else None,
-                                    bool(config and config.flex.leaf_requests)))  # fmt: skip
+                                    bool(config and config.flex.leaf_requests),
+                                    str(config.slots_file) if config and config.prompt_slots else ""))  # fmt: skip
     return 0
 
 
@@ -115,7 +116,8 @@ def cmd_install(args: argparse.Namespace) -> int:
     created = not dest.exists()
     written, which = install(dest, args.python, str(Path(args.config).resolve()), str(config.job_dir),
                              str(config.agent_socket), _models(config, False), config.nodes, config.slice_gres,
-                             config.flex.leaf_requests, args.hook_client, config.slurm_bin)  # fmt: skip
+                             config.flex.leaf_requests, args.hook_client, config.slurm_bin,
+                             str(config.slots_file) if config.prompt_slots else "")  # fmt: skip
     for path in written:
         console.print(f"wrote {path}", highlight=False)
     console.print(which, highlight=False)

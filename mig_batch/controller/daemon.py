@@ -21,7 +21,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from mig_batch.atomize.defrag import Steer, keep_windows
@@ -48,6 +48,7 @@ from mig_batch.batch.tags import (
     parse_agent_tag,
     parse_place,
     parse_report,
+    parse_slot,
     parse_tag,
     placed_tag,
     profiles_by_model,
@@ -55,13 +56,22 @@ from mig_batch.batch.tags import (
 )
 from mig_batch.config import SiteConfig
 from mig_batch.controller.chains import ChainDriver
+from mig_batch.controller.slots import (
+    REQUEST_KEPT_S,
+    REWRITE_EVERY_S,
+    WITHDRAWN_GRACE_S,
+    slot_key,
+    slots_text,
+    takes_slots,
+    write_slots_file,
+)
 from mig_batch.mig.models import GpuModel, get_model
 from mig_batch.placement.base import Placement, PlacementRequest
 from mig_batch.placement.cluster import Cluster, Gpu, PlacementConflict
 from mig_batch.placement.moldable import MoldableJob, MoldablePlanner, expected_end
 from mig_batch.placement.multi import MultiPlacement, MultiPolicy
 from mig_batch.placement.policies import make_policy
-from mig_batch.state import MIG_OFF, NODE_PROBLEM, ChainRecord, Decision, InstanceRecord, Store
+from mig_batch.state import MIG_OFF, NODE_PROBLEM, ChainRecord, Decision, InstanceRecord, SlotRecord, Store
 
 Decided = TypeVar("Decided")
 log = logging.getLogger("mig-batchd")
@@ -134,8 +144,25 @@ class Controller:
         self._reported: set[str] = {r.job for r in store.instances()}  # jobs whose node report is recorded
         self._problems_seen: dict[str, str] | None = None  # node -> the key of its agent's last problem recorded
         self._pruned = -math.inf  # when the store was last pruned to the end
+        self._slots: dict[int, SlotRecord] = {}  # prompt slots, open or withdrawn, each held in the view
+        self._asked: dict[str, float] = {}  # request text that may take slots -> when a job last asked for it
+        self._bound: set[str] = set()  # jobs bound to a slot at submission whose binding is recorded
+        self._slots_written = -math.inf  # when the slots file was last written
         for d in store.decisions():
             self._occupy(d)
+        for slot in store.slots():
+            self._hold_slot(slot)
+
+    def _hold_slot(self, slot: SlotRecord) -> None:
+        gid = self.gid.get((slot.node, slot.gpu))
+        try:
+            if gid is None:
+                raise PlacementConflict(f"{slot.node} GPU {slot.gpu} is not in the inventory")
+            self.view.allocate(gid, slot_key(slot.id), slot.profile, slot.start)
+        except PlacementConflict:  # its spot went to a job already: the slot is gone
+            self.store.drop_slots([slot.id])
+            return
+        self._slots[slot.id] = slot
 
     def _occupy(self, d: Decision) -> None:
         spots = self.store.spots(d.job) or [(d.gpu, d.profile, d.start)]
@@ -169,6 +196,7 @@ class Controller:
     def step(self) -> PassStats:
         t0 = time.perf_counter()
         stats = PassStats()
+        listed_at = time.time()
         jobs = {j.job_id: j for j in self.batch.jobs()}
         self._jobs, self._arrays = jobs, None
         nodes = self.batch.nodes()
@@ -178,6 +206,7 @@ class Controller:
             del self._why_waiting[gone]
         self._watch_nodes(nodes)
         now = time.time()
+        self._adopt(jobs)
         pins = self._follow(jobs, stats, now)
         self._measure_room(nodes, jobs)
         waiting = sorted((j for j in jobs.values()
@@ -210,6 +239,8 @@ class Controller:
                 continue
             if not self._in_some_partition(job):
                 continue  # never placeable here: no reservation either
+            if self.config.prompt_slots and takes_slots(tag):
+                self._asked[tag.text()] = now
             self._confine(job)
             d = self._place_multi(job, tag) if tag.instances > 1 else self._place(job, tag)
             if d is not None:
@@ -243,8 +274,100 @@ class Controller:
                     timelines, steers = self._steer(jobs, now, blocked_all, kept_for_moldable, timelines)
                 decided += self._offer(chains, timelines, now, steers)
         self._pin_and_release([*pins, *decided], stats)
+        self._refill_slots(listed_at, crowded=stats.waiting > 0 or bool(chains))
         stats.seconds = time.perf_counter() - t0
         return stats
+
+    def _adopt(self, jobs: Mapping[str, BatchJob]) -> None:
+        """Record the jobs job_submit.lua bound to a slot since the last pass: the slot's spot becomes the job's.
+        A slot this controller no longer holds (withdrawn and freed, or from a lost store) is taken when its
+        spot is free; when it is not, a job not yet started is held and decided again."""
+        self._bound &= jobs.keys()
+        for job in jobs.values():
+            if job.held or job.job_id in self._bound or not job.managed:
+                continue
+            try:
+                slot = parse_slot(job.admin_tag)
+                place = parse_place(job.admin_tag) if slot is not None else None
+                tag = parse_tag(job.admin_tag)
+            except ValueError as exc:
+                self._bound.add(job.job_id)
+                self.store.event(job.job_id, "bad-tag", error=str(exc))
+                continue
+            if slot is None or place is None:
+                continue
+            self._bound.add(job.job_id)
+            if self.store.decision(job.job_id) is not None:
+                continue  # recorded by an earlier pass (before a restart)
+            held = self._slots.pop(slot, None)
+            if held is not None:
+                self.view.release(slot_key(slot))
+                self.store.drop_slots([slot])
+            if takes_slots(tag):
+                self._asked[tag.text()] = time.time()
+            gid = self.gid.get((place.node, place.gpu))
+            model = self.view.gpus[gid].model if gid is not None else held.model if held else ""
+            d = Decision(job.job_id, tag.text(), place.node, place.gpu, model, place.profile, place.start,
+                         DecisionState.RELEASED, f"slot-{self.config.policy}")  # fmt: skip
+            self.store.record_decision(d)
+            if job.finished:
+                continue
+            try:
+                if gid is None:
+                    raise PlacementConflict(f"{place.node} GPU {place.gpu} is not in the inventory")
+                self.view.allocate(gid, job.job_id, place.profile, place.start)
+            except PlacementConflict as exc:
+                self.store.event(job.job_id, "view-conflict", error=str(exc), slot=slot)
+                if not job.running:
+                    self._requeue(d, job, f"its slot {slot} was no longer free")
+
+    def _refill_slots(self, listed_at: float, crowded: bool) -> None:
+        """Keep ``prompt_slots`` open slots for each request asked for lately, decided by the policy on what
+        is left after this pass's placements; none while a job waits for room (a slot's spot is one such a
+        job could have) or every node is full. A slot is withdrawn when its node may take no placement
+        now, and its spot freed once a listing shows no job bound to it."""
+        if not self._slots and not self.config.prompt_slots:
+            return
+        now = time.time()
+        self._asked = {r: t for r, t in self._asked.items() if now - t < REQUEST_KEPT_S}
+        wanted = set() if crowded or self._overflow or not self.config.prompt_slots else set(self._asked)
+        gone = [s.id for s in self._slots.values()
+                if s.withdrawn_at is not None and listed_at > s.withdrawn_at + WITHDRAWN_GRACE_S]  # fmt: skip
+        for slot in gone:
+            self.view.release(slot_key(slot))
+            del self._slots[slot]
+        self.store.drop_slots(gone)
+        opened = [s for s in self._slots.values() if s.withdrawn_at is None]
+        withdrawn = [s.id for s in opened if s.request not in wanted or
+                     self.gid[(s.node, s.gpu)] in self.view.fenced]  # fmt: skip
+        held = {r: sum(1 for s in opened if s.request == r and s.id not in withdrawn) for r in wanted}
+        made = []
+        for request in sorted(wanted):
+            profiles = self.profiles_for(parse_tag(request))
+            while isinstance(profiles, dict) and held[request] < self.config.prompt_slots:
+                p = self.policy.decide(self.view, PlacementRequest(slot_key(0), profiles, now, None))
+                if not isinstance(p, Placement):
+                    break
+                slot = self.store.add_slot(request, p.host, p.gpu_index, p.model, p.profile, p.start)
+                self.view.allocate(p.gid, slot_key(slot.id), p.profile, p.start)
+                self._slots[slot.id] = slot
+                self._use_room(p.host, 1)
+                held[request] += 1
+                made.append(slot.id)
+        if not (made or withdrawn or gone) and now - self._slots_written < REWRITE_EVERY_S:
+            return
+        published = [s for s in self._slots.values() if s.withdrawn_at is None and s.id not in withdrawn]
+        try:
+            write_slots_file(self.config.slots_file, slots_text(published, listed_at, self._room, self._partitions))
+        except OSError as exc:
+            log.warning("cannot write the prompt slots to %s: %s", self.config.slots_file, exc)
+            return
+        written = time.time()
+        self._slots_written = written
+        if withdrawn:
+            self.store.withdraw_slots(withdrawn, written)
+            for slot in withdrawn:
+                self._slots[slot] = replace(self._slots[slot], withdrawn_at=written)
 
     def _pin_and_release(self, decided: list[Decision], stats: PassStats) -> None:
         """Every decision is recorded already: a pin the batch system refuses is applied again next pass."""
@@ -362,6 +485,9 @@ class Controller:
                 node = self.view.gpus[self.view.job_gpu[job.job_id]].host
                 if node in self._room:
                     self._room[node] -= job.cpus
+        for slot in self._slots.values():  # an open slot promises its node's CPU to the job it will take
+            if slot.withdrawn_at is None and slot.node in self._room:
+                self._room[slot.node] -= 1
         self._floor = None
         self._fits_nowhere = set()
         self._apply_fences()

@@ -6,6 +6,7 @@ between nodes that may differ); without a compiler, the shims run the Python cli
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -155,9 +156,11 @@ def profile_table(models: Iterable[GpuModel], nodes: Mapping[str, Sequence[str]]
 
 
 def job_submit_lua(models: Iterable[GpuModel], nodes: Mapping[str, Sequence[str]] | None = None,
-                   leaf_requests: bool = False) -> str:  # fmt: skip
+                   leaf_requests: bool = False, slots_file: str = "") -> str:  # fmt: skip
+    """The generated job_submit.lua; ``slots_file``: where it reads mig-batchd's prompt slots ("": it takes none)."""
     template = resource_path("plugins", "slurm", "job_submit.lua.in").read_text()
-    return template.replace("--@PROFILES@", profile_table(models, nodes, leaf_requests))
+    text = template.replace("--@PROFILES@", profile_table(models, nodes, leaf_requests))
+    return text.replace("nil --@SLOTS_FILE@", json.dumps(slots_file) if slots_file else "nil")
 
 
 def node_slices(nodes: Mapping[str, Sequence[str]]) -> dict[str, int]:
@@ -184,7 +187,7 @@ def slice_accounting_conf(nodes: Mapping[str, Sequence[str]], gres: str) -> tupl
 def install(dest: Path, python: str, config: str, job_dir: str, agent_socket: str, models: Iterable[GpuModel],
             nodes: Mapping[str, Sequence[str]] | None = None, slice_gres: str = "",
             leaf_requests: bool = False, hook_client_kind: str = "auto",
-            slurm_bin: str = "") -> tuple[list[Path], str]:  # fmt: skip
+            slurm_bin: str = "", slots_file: str = "") -> tuple[list[Path], str]:  # fmt: skip
     """Write the hooks, job_submit.lua and the Slurm API helper into ``dest``: (the files written, which hook
     client the hooks are or run and why, and whether the helper was built). ``hook_client_kind``: ``direct``
     (the compiled client is the hooks), ``c`` (shell shims run it), ``python`` (shims run the Python
@@ -228,7 +231,7 @@ def install(dest: Path, python: str, config: str, job_dir: str, agent_socket: st
             _replace_with(path, lambda tmp, text=text: (tmp.write_text(text), tmp.chmod(0o755)))
         written.append(path)
     path = dest / "job_submit.lua"
-    path.write_text(job_submit_lua(models, nodes, leaf_requests))
+    path.write_text(job_submit_lua(models, nodes, leaf_requests, slots_file))
     written.append(path)
     library, why_not = build_slurm_library(dest, slurm_bin=slurm_bin)
     if library is not None:

@@ -318,6 +318,7 @@ class MigTestbed:
     hook_client: str = "auto"  # direct, c, python or auto (direct here: see mig_batch.slurm.install)
     slurm_api: bool = True  # the per-job Slurm calls through the helper library where it builds; False: commands
     slurm_library: str = ""  # the helper library the configs name ("": none)
+    prompt_slots: int = 0  # mig-batchd's prompt slots per request (0: off; docs/slurm.md "Prompt slots")
     cluster: LocalCluster | None = None
     controller: subprocess.Popen | None = None
     agents: dict[str, subprocess.Popen] = field(default_factory=dict)
@@ -338,6 +339,11 @@ class MigTestbed:
     @property
     def store_path(self) -> Path:
         return self.controller_dir / "store" / "state.db"
+
+    @property
+    def slots_file(self) -> Path:
+        """Where mig-batchd publishes its prompt slots and job_submit.lua (in slurmctld, on the host) reads them."""
+        return self.controller_dir / "slots" / "slots"
 
     def node_dir(self, node: str) -> Path:
         return self.root / "nodes" / node
@@ -395,6 +401,7 @@ class MigTestbed:
         self.controller_config.write_text(yaml.safe_dump({
             **common, "state": str(self.store_path), "poll_interval_s": self.poll_interval_s,
             **({"atomize": dict(self.atomize)} if self.atomize else {}),
+            **({"prompt_slots": self.prompt_slots, "slots_file": str(self.slots_file)} if self.prompt_slots else {}),
         }))  # fmt: skip
 
     def memory_dirs(self, node: str) -> tuple[Path, Path]:
@@ -451,7 +458,8 @@ class MigTestbed:
         etc = self.root / "etc"
         models = [get_model(m) for m in sorted({m for ms in self.nodes.values() for m in ms})]
         written, _ = install(etc, str(self.node_python), str(self.config_path), f"{NODE_PATHS[1]}/jobs",
-                             f"{NODE_PATHS[1]}/agent.sock", models, self.nodes, hook_client_kind=self.hook_client)
+                             f"{NODE_PATHS[1]}/agent.sock", models, self.nodes, hook_client_kind=self.hook_client,
+                             slots_file=str(self.slots_file) if self.prompt_slots else "")
         library = etc / SLURM_LIBRARY
         if self.slurm_api and library in written:
             self.slurm_library = str(library)
