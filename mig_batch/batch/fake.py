@@ -42,7 +42,8 @@ class FakeBatch:
             if j.running:
                 held[j.node] = held.get(j.node, 0) + j.cpus
         return [
-            dataclasses.replace(n, cpus_idle=self.cpus_per_node - held.get(n.node, 0)) for n in self._nodes.values()
+            dataclasses.replace(n, cpus_idle=self.cpus_per_node - held.get(n.node, 0), cpus_total=self.cpus_per_node)
+            for n in self._nodes.values()
         ]
 
     def pin_and_release(self, pins: Sequence[Pin]) -> dict[str, str]:

@@ -121,6 +121,7 @@ class NodeStatus:
     up: bool  # the batch system can run jobs there (not down, not failing)
     agent_tag: str = ""  # what the node's agent published (see tags.NodeAgentTag)
     cpus_idle: int | None = None  # CPUs no job holds now; None: the batch system does not say
+    cpus_total: int | None = None  # the node's CPUs, held or not; None: the batch system does not say
     partitions: tuple[str, ...] = ()  # the node's partitions (Slurm); (): the batch system has none
 
 

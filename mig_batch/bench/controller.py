@@ -75,7 +75,8 @@ def _burst(run, script: Path, jobs: int, gres: list[str], timeout_s: float) -> t
     return len(ids) - left, submit_s, total_s, cpu_s
 
 
-def bench_mode(mode: str, jobs: int, gpus_per_node: int, nodes: int, timeout_s: float = 900) -> BurstRun:
+def bench_mode(mode: str, jobs: int, gpus_per_node: int, nodes: int, timeout_s: float = 900,
+               prompt_slots: int = 0) -> BurstRun:  # fmt: skip
     root = Path(tempfile.mkdtemp(prefix=f"mig-batch-bench-{mode}-"))
     names = [f"n{i + 1}" for i in range(nodes)]
     script = root / "job.sh"
@@ -83,7 +84,8 @@ def bench_mode(mode: str, jobs: int, gpus_per_node: int, nodes: int, timeout_s: 
     try:
         script.write_text("#!/bin/sh\ntrue\n")
         if mode == "mig":
-            bed = MigTestbed(root, nodes={n: ["A100-80GB"] * gpus_per_node for n in names}, reconcile_interval_s=60)
+            bed = MigTestbed(root, nodes={n: ["A100-80GB"] * gpus_per_node for n in names}, reconcile_interval_s=60,
+                             prompt_slots=prompt_slots)  # fmt: skip
             bed.start()
             run, gres = bed.cluster.run, ["--gres=mig:1g.10gb"]
         else:

@@ -124,6 +124,7 @@ class Controller:
         self.chains = ChainDriver(config, store, self.view)
         self._down_since: dict[str, float] = {}  # fenced nodes: when the batch system reported them down
         self._room: dict[str, int] = {}  # node -> CPUs idle and not promised to a released job (when known)
+        self._cpus: dict[str, int] = {}  # node -> its CPUs (when known)
         self._gids_of: dict[str, list[int]] = {}  # node -> its GPUs in the view
         for g in self.view.gpus:
             self._gids_of.setdefault(g.host, []).append(g.gid)
@@ -278,6 +279,44 @@ class Controller:
         stats.seconds = time.perf_counter() - t0
         return stats
 
+    def _make_slots(self, wanted: set[str], opened: list[SlotRecord], now: float) -> list[int]:
+        """Up to ``prompt_slots`` open slots for each of ``wanted``, where the policy would place such a job now,
+        at most an equal share of them on each node that may take a placement (a node's jobs wait for its
+        CPUs: slots spread them); the new slots' ids."""
+        up = {node for node, gids in self._gids_of.items() if any(g not in self.view.fenced for g in gids)}
+        share = math.ceil(self.config.prompt_slots / max(len(up), 1))
+        made: list[int] = []
+        for request in sorted(wanted):
+            profiles = self.profiles_for(parse_tag(request))
+            mine = [s.node for s in opened if s.request == request]
+            shut: list[int] = []  # GPUs fenced while this request's slots are made: their node has its share
+            try:
+                for node in up:
+                    if mine.count(node) >= share:
+                        shut += self._fence_node(node)
+                while isinstance(profiles, dict) and len(mine) < self.config.prompt_slots:
+                    p = self.policy.decide(self.view, PlacementRequest(slot_key(0), profiles, now, None))
+                    if not isinstance(p, Placement):
+                        break
+                    slot = self.store.add_slot(request, p.host, p.gpu_index, p.model, p.profile, p.start)
+                    self.view.allocate(p.gid, slot_key(slot.id), p.profile, p.start)
+                    self._slots[slot.id] = slot
+                    mine.append(p.host)
+                    made.append(slot.id)
+                    if mine.count(p.host) >= share:
+                        shut += self._fence_node(p.host)
+            finally:
+                for gid in shut:
+                    self.view.unfence(gid)
+        return made
+
+    def _fence_node(self, node: str) -> list[int]:
+        """Fence the node's GPUs that are not fenced; those GPUs."""
+        gids = [gid for gid in self._gids_of[node] if gid not in self.view.fenced]
+        for gid in gids:
+            self.view.fence(gid)
+        return gids
+
     def _adopt(self, jobs: Mapping[str, BatchJob]) -> None:
         """Record the jobs job_submit.lua bound to a slot since the last pass: the slot's spot becomes the job's.
         A slot this controller no longer holds (withdrawn and freed, or from a lost store) is taken when its
@@ -330,7 +369,7 @@ class Controller:
             return
         now = time.time()
         self._asked = {r: t for r, t in self._asked.items() if now - t < REQUEST_KEPT_S}
-        wanted = set() if crowded or self._overflow or not self.config.prompt_slots else set(self._asked)
+        wanted = set() if crowded or not self.config.prompt_slots else set(self._asked)
         gone = [s.id for s in self._slots.values()
                 if s.withdrawn_at is not None and listed_at > s.withdrawn_at + WITHDRAWN_GRACE_S]  # fmt: skip
         for slot in gone:
@@ -340,25 +379,12 @@ class Controller:
         opened = [s for s in self._slots.values() if s.withdrawn_at is None]
         withdrawn = [s.id for s in opened if s.request not in wanted or
                      self.gid[(s.node, s.gpu)] in self.view.fenced]  # fmt: skip
-        held = {r: sum(1 for s in opened if s.request == r and s.id not in withdrawn) for r in wanted}
-        made = []
-        for request in sorted(wanted):
-            profiles = self.profiles_for(parse_tag(request))
-            while isinstance(profiles, dict) and held[request] < self.config.prompt_slots:
-                p = self.policy.decide(self.view, PlacementRequest(slot_key(0), profiles, now, None))
-                if not isinstance(p, Placement):
-                    break
-                slot = self.store.add_slot(request, p.host, p.gpu_index, p.model, p.profile, p.start)
-                self.view.allocate(p.gid, slot_key(slot.id), p.profile, p.start)
-                self._slots[slot.id] = slot
-                self._use_room(p.host, 1)
-                held[request] += 1
-                made.append(slot.id)
+        made = self._make_slots(wanted, [s for s in opened if s.id not in withdrawn], now)
         if not (made or withdrawn or gone) and now - self._slots_written < REWRITE_EVERY_S:
             return
         published = [s for s in self._slots.values() if s.withdrawn_at is None and s.id not in withdrawn]
         try:
-            write_slots_file(self.config.slots_file, slots_text(published, listed_at, self._room, self._partitions))
+            write_slots_file(self.config.slots_file, slots_text(published, listed_at, self._cpus, self._partitions))
         except OSError as exc:
             log.warning("cannot write the prompt slots to %s: %s", self.config.slots_file, exc)
             return
@@ -478,6 +504,7 @@ class Controller:
         started. A job pinned to a node without them waits there while another node idles, so such
         nodes take no placement this pass (unless every node is full: see ``_apply_fences``)."""
         self._room = {n.node: n.cpus_idle for n in nodes if n.cpus_idle is not None and n.node in self.config.nodes}
+        self._cpus = {n.node: n.cpus_total for n in nodes if n.cpus_total is not None}
         self._partitions = {n.node: frozenset(n.partitions) for n in nodes if n.partitions}
         self._outside_of, self._outside = {}, frozenset()
         for job in jobs.values():
@@ -485,9 +512,6 @@ class Controller:
                 node = self.view.gpus[self.view.job_gpu[job.job_id]].host
                 if node in self._room:
                     self._room[node] -= job.cpus
-        for slot in self._slots.values():  # an open slot promises its node's CPU to the job it will take
-            if slot.withdrawn_at is None and slot.node in self._room:
-                self._room[slot.node] -= 1
         self._floor = None
         self._fits_nowhere = set()
         self._apply_fences()

@@ -40,13 +40,15 @@ def slots_text(slots: Iterable[SlotRecord], listed_at: float, cpus: Mapping[str,
                partitions: Mapping[str, Iterable[str]]) -> str:  # fmt: skip
     """The file job_submit.lua reads: a header with the time of the listing the slots were decided after,
     then per open slot ``<id> <request> <node> <gpu> <profile> <start> <cpus> <partitions>``: ``cpus`` the
-    most CPUs a job bound to it may ask for, ``partitions`` the node's (``-``: any; ``cpus`` ``-``: no limit)."""
+    node's CPUs, the most a job bound to it may ask for (``-``: unknown), ``partitions`` the node's (``-``:
+    any). A job bound to a node whose CPUs are all held waits there for one, as a job mig-batchd places
+    when every node is full does."""
     lines = [f"{SLOTS_HEADER} {int(listed_at)}"]
     for s in slots:
         room = cpus.get(s.node)
         parts = ",".join(sorted(partitions.get(s.node, ()))) or "-"
         lines.append(f"{s.id} {s.request} {s.node} {s.gpu} {s.profile} {s.start} "
-                     f"{'-' if room is None else max(room, 1)} {parts}")  # fmt: skip
+                     f"{'-' if room is None else room} {parts}")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

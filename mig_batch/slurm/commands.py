@@ -242,8 +242,9 @@ def parse_node_line(line: str) -> NodeStatus:
     name, state, cpus, partition, comment = f
     base, *flags = state.upper().rstrip("*~#!%$@^-").split("+")
     counts = cpus.split("/")  # allocated/idle/other/total
+    idle, total = (_int(counts[1], 0), _int(counts[3], 0)) if len(counts) == 4 else (None, None)
     return NodeStatus(name, base in NODE_UP and not set(flags) & NODE_TROUBLE, "" if comment == "(null)" else comment,
-                      _int(counts[1], 0) if len(counts) == 4 else None, (partition,) if partition else ())  # fmt: skip
+                      idle, total, (partition,) if partition else ())  # fmt: skip
 
 
 def _int(text: str, default: int = 0) -> int:
