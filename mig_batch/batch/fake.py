@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path
 
 from mig_batch.batch.system import MANAGED_PREFIX, After, BatchError, BatchJob, JobState, NodeStatus, Pin
 from mig_batch.batch.tags import NodeReport, parse_place, with_report
@@ -29,6 +30,7 @@ class FakeBatch:
         self.calls: list[tuple[str, ...]] = []
         self.clock = 1_000.0
         self._next = 1
+        self._slots_taken: set[str] = set()  # prompt slots job_submit.lua bound a job to (add_bound)
 
     # the protocol
     def jobs(self) -> list[BatchJob]:
@@ -110,6 +112,24 @@ class FakeBatch:
                                    cpus=cpus, partitions=tuple(partitions), not_before=not_before,
                                    after=tuple(after), array=array, array_tasks=tuple(array_tasks))  # fmt: skip
         return job
+
+    def add_bound(self, tag: str, slots_file: Path, cpus: int = 1, partitions: Sequence[str] = ()) -> str:
+        """A job as job_submit.lua submits it with prompt slots: bound to the first slot of its request in
+        ``slots_file`` that no job took yet and whose node fits it (pending there, not held), else as :meth:`add`."""
+        lines = slots_file.read_text().splitlines()[1:] if slots_file.exists() else []
+        for line in lines:
+            slot, request, node, gpu, profile, start, room, parts = line.split(" ")
+            fits = room == "-" or cpus <= int(room)
+            if request != tag or slot in self._slots_taken or not fits:
+                continue
+            if parts != "-" and partitions and not set(parts.split(",")) & set(partitions):
+                continue
+            self._slots_taken.add(slot)
+            job = self.add(tag, cpus=cpus, partitions=partitions)
+            self._set(job, state=JobState.PENDING, node=node,
+                      admin_tag=f"{tag};place={node}/{gpu}/{profile}@{start};slot={slot}")  # fmt: skip
+            return job
+        return self.add(tag, cpus=cpus, partitions=partitions)
 
     def job(self, job: str) -> BatchJob | None:
         return self._jobs.get(job)

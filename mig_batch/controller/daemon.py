@@ -208,6 +208,7 @@ class Controller:
         self._watch_nodes(nodes)
         now = time.time()
         self._adopt(jobs)
+        self._free_withdrawn_slots(listed_at)
         pins = self._follow(jobs, stats, now)
         self._measure_room(nodes, jobs)
         waiting = sorted((j for j in jobs.values()
@@ -360,27 +361,31 @@ class Controller:
                 if not job.running:
                     self._requeue(d, job, f"its slot {slot} was no longer free")
 
-    def _refill_slots(self, listed_at: float, crowded: bool) -> None:
-        """Keep ``prompt_slots`` open slots for each request asked for lately, decided by the policy on what
-        is left after this pass's placements; none while a job waits for room (a slot's spot is one such a
-        job could have) or every node is full. A slot is withdrawn when its node may take no placement
-        now, and its spot freed once a listing shows no job bound to it."""
-        if not self._slots and not self.config.prompt_slots:
-            return
-        now = time.time()
-        self._asked = {r: t for r, t in self._asked.items() if now - t < REQUEST_KEPT_S}
-        wanted = set() if crowded or not self.config.prompt_slots else set(self._asked)
+    def _free_withdrawn_slots(self, listed_at: float) -> None:
+        """Free the spots of the slots withdrawn long enough before this pass's listing that a job bound to one
+        would be in it (and was adopted first): this pass's placements may take them."""
         gone = [s.id for s in self._slots.values()
                 if s.withdrawn_at is not None and listed_at > s.withdrawn_at + WITHDRAWN_GRACE_S]  # fmt: skip
         for slot in gone:
             self.view.release(slot_key(slot))
             del self._slots[slot]
         self.store.drop_slots(gone)
+
+    def _refill_slots(self, listed_at: float, crowded: bool) -> None:
+        """Keep ``prompt_slots`` open slots for each request asked for lately, decided by the policy on what
+        is left after this pass's placements, and publish them; none while a job waits for a spot (a slot's
+        spot is one it could have) or a chain for a gap. A slot is withdrawn when its node may take no
+        placement now (down, MIG off, or no CPU to give while another node has some)."""
+        if not self._slots and not self.config.prompt_slots:
+            return
+        now = time.time()
+        self._asked = {r: t for r, t in self._asked.items() if now - t < REQUEST_KEPT_S}
+        wanted = set() if crowded or not self.config.prompt_slots else set(self._asked)
         opened = [s for s in self._slots.values() if s.withdrawn_at is None]
         withdrawn = [s.id for s in opened if s.request not in wanted or
                      self.gid[(s.node, s.gpu)] in self.view.fenced]  # fmt: skip
         made = self._make_slots(wanted, [s for s in opened if s.id not in withdrawn], now)
-        if not (made or withdrawn or gone) and now - self._slots_written < REWRITE_EVERY_S:
+        if not (made or withdrawn) and now - self._slots_written < REWRITE_EVERY_S:
             return
         published = [s for s in self._slots.values() if s.withdrawn_at is None and s.id not in withdrawn]
         try:

@@ -1,0 +1,215 @@
+"""Prompt slots over the in-memory batch system: mig-batchd decides placements ahead per request and
+publishes them, job_submit.lua (here FakeBatch.add_bound) binds a new job to one at submission, and the
+next pass records the binding; withdrawals, conflicts and restarts. The real job_submit.lua runs in
+tests/test_prompt_slots_e2e.py."""
+
+import dataclasses
+
+import pytest
+
+from mig_batch.batch.fake import FakeBatch
+from mig_batch.batch.system import JobState
+from mig_batch.batch.tags import NodeReport, parse_place, parse_slot
+from mig_batch.config import ConfigError, SiteConfig, load_config
+from mig_batch.controller import daemon
+from mig_batch.controller.daemon import Controller
+from mig_batch.controller.slots import SLOTS_HEADER, slot_key
+from mig_batch.slurm.install import job_submit_lua
+from mig_batch.state import Store
+
+RIGID = "mig-batch:v1;req=1g.10gb"
+BIG = "mig-batch:v1;req=7g.80gb"
+
+
+@pytest.fixture
+def site(tmp_path):
+    return SiteConfig(state=tmp_path / "state.db", nodes={"n1": ("A100-80GB",), "n2": ("A100-80GB",)},
+                      prompt_slots=3, slots_file=tmp_path / "run" / "slots")  # fmt: skip
+
+
+@pytest.fixture
+def batch():
+    return FakeBatch(["n1", "n2"], cpus_per_node=16)
+
+
+def published(site) -> list[list[str]]:
+    lines = site.slots_file.read_text().splitlines()
+    assert lines[0].startswith(SLOTS_HEADER + " ")
+    return [line.split(" ") for line in lines[1:]]
+
+
+def spot(store, job):
+    d = store.decision(job)
+    return d.node, d.gpu, d.profile, d.start
+
+
+def test_a_request_asked_for_gets_slots_spread_over_the_nodes_and_published(site, batch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    first = batch.add(RIGID)
+    c.step()
+    assert store.decision(first).state == "released"  # the first job of a request waits held, as before
+    slots = store.slots()
+    assert len(slots) == 3 and {s.request for s in slots} == {RIGID}
+    assert sorted(s.node for s in slots).count("n1") <= 2 and sorted(s.node for s in slots).count("n2") <= 2
+    lines = published(site)
+    assert [int(line[0]) for line in lines] == [s.id for s in slots]
+    assert all(line[1] == RIGID and line[6] == "16" and line[7] == "-" for line in lines)
+    for s in slots:  # held in the view: no job is placed there
+        gid = c.gid[(s.node, s.gpu)]
+        assert c.view.job_gpu[slot_key(s.id)] == gid and c.view.gpus[gid].instances[slot_key(s.id)] == (s.profile,
+                                                                                                          s.start)
+
+
+def test_a_job_bound_to_a_slot_is_recorded_at_its_spot_without_a_pin_and_the_slot_is_made_again(site, batch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    batch.add(RIGID)
+    c.step()
+    first = store.slots()[0]
+    job = batch.add_bound(RIGID, site.slots_file)
+    assert parse_slot(batch.job(job).admin_tag) == first.id and batch.job(job).state is JobState.PENDING
+    c.step()
+    d = store.decision(job)
+    assert d.state == "released" and d.policy == "slot-mfi" and d.request == RIGID
+    assert spot(store, job) == (first.node, first.gpu, first.profile, first.start)
+    assert not [call for call in batch.calls if call[0] == "pin" and call[1] == job]
+    assert first.id not in {s.id for s in store.slots()} and len(store.slots()) == 3  # made again
+    assert slot_key(first.id) not in c.view.job_gpu and job in c.view.job_gpu
+    p = parse_place(batch.job(job).admin_tag)
+    batch.start(job, NodeReport("made", p.gpu, p.profile, p.start, 1, f"MIG-{job}"))
+    c.step()
+    assert store.decision(job).state == "running" and store.instance(job).uuid == f"MIG-{job}"
+    batch.finish(job)
+    c.step()
+    assert store.decision(job).state == "ended" and job not in c.view.job_gpu
+    assert store.count_decisions(job) == 1
+
+
+def test_a_bound_job_that_ended_before_the_next_pass_leaves_its_spot_free(site, batch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    batch.add(RIGID)
+    c.step()
+    job = batch.add_bound(RIGID, site.slots_file)
+    batch.finish(job)
+    c.step()
+    assert store.decision(job).state == "ended" and job not in c.view.job_gpu
+
+
+def test_a_slot_on_a_node_gone_down_leaves_the_file_and_its_spot_is_freed_after_the_grace(site, batch, monkeypatch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    batch.add(RIGID)
+    c.step()
+    on_n1 = [s.id for s in store.slots() if s.node == "n1"]
+    assert on_n1
+    batch.set_node_up("n1", False)
+    c.step()
+    assert not [line for line in published(site) if line[2] == "n1"]
+    withdrawn = {s.id: s for s in store.slots() if s.id in on_n1}
+    assert all(s.withdrawn_at is not None for s in withdrawn.values())
+    assert all(slot_key(i) in c.view.job_gpu for i in on_n1)  # a job bound from the old file may yet show up
+    monkeypatch.setattr(daemon, "WITHDRAWN_GRACE_S", -60.0)
+    c.step()
+    assert not set(on_n1) & {s.id for s in store.slots()}
+    assert not [k for k in c.view.job_gpu if k in {slot_key(i) for i in on_n1}]
+
+
+def test_a_job_bound_to_a_spot_taken_since_is_held_unplaced_and_decided_again(site, batch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    placed = batch.add(RIGID)
+    c.step()
+    node, gpu, profile, start = spot(store, placed)
+    # a file from before (a lost store): its slot names the spot mig-batchd has given to another job since
+    site.slots_file.write_text(f"{SLOTS_HEADER} 1\n999 {RIGID} {node} {gpu} {profile} {start} 16 -\n")
+    job = batch.add_bound(RIGID, site.slots_file)
+    assert parse_slot(batch.job(job).admin_tag) == 999
+    c.step()
+    assert ("hold", job) in batch.calls and batch.job(job).held
+    assert parse_place(batch.job(job).admin_tag) is None  # released by its owner, it starts nowhere
+    assert store.decision(job).state == "requeued"
+    assert [e["kind"] for e in store.events(job=job, kind="view-conflict")] == ["view-conflict"]
+    c.step()
+    assert store.decision(job).state == "released" and spot(store, job) != (node, gpu, profile, start)
+
+
+def test_slots_go_while_a_job_waits_for_a_spot_they_hold(site, batch, monkeypatch):
+    monkeypatch.setattr(daemon, "WITHDRAWN_GRACE_S", -60.0)
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    batch.add(RIGID)
+    c.step()
+    assert len(store.slots()) == 3 and {s.node for s in store.slots()} == {"n1", "n2"}
+    big = batch.add(BIG)  # a whole GPU: both GPUs hold slots or the first job
+    assert c.step().waiting == 1
+    assert published(site) == []  # withdrawn at once ...
+    c.step()  # ... freed once a listing shows no job took them
+    assert store.decision(big).state == "released"
+
+
+def test_a_restart_holds_the_stores_slots_in_the_view(site, batch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    batch.add(RIGID)
+    c.step()
+    restarted = Controller(site, Store(site.state), batch)
+    assert {k: v for k, v in restarted.view.job_gpu.items() if k.startswith("~")} == \
+        {k: v for k, v in c.view.job_gpu.items() if k.startswith("~")}  # fmt: skip
+    restarted.step()
+    assert len(store.slots()) == 3
+
+
+def test_no_file_without_prompt_slots_and_slots_left_from_before_are_withdrawn(site, batch):
+    off = dataclasses.replace(site, prompt_slots=0)
+    c = Controller(off, Store(site.state), batch)
+    batch.add(RIGID)
+    c.step()
+    assert not site.slots_file.exists()
+    on = Controller(site, Store(site.state), batch)
+    batch.add(RIGID)
+    on.step()
+    assert len(published(site)) == 3
+    Controller(off, Store(site.state), batch).step()
+    assert published(site) == []
+
+
+def test_only_a_job_of_one_instance_neither_moldable_nor_a_chain_asks_for_slots(site, batch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    batch.add("mig-batch:v1;req=1g.10gb;n=2")
+    batch.add("mig-batch:v1;req=1g.10gb;moldable=1g:300,2g:160")
+    c.step()
+    assert store.slots() == []
+
+
+def test_parse_slot():
+    assert parse_slot(RIGID) is None
+    assert parse_slot(f"{RIGID};place=n1/0/1g.10gb@3;slot=17;node=made:0/1g.10gb@3/1/MIG-x") == 17
+    with pytest.raises(ValueError, match="unreadable slot="):
+        parse_slot(f"{RIGID};place=n1/0/1g.10gb@3;slot=x")
+
+
+def test_job_submit_lua_reads_the_slots_file_only_when_given():
+    from mig_batch.mig.models import get_model
+
+    models = [get_model("A100-80GB")]
+    assert 'local SLOTS_FILE = "/run/mig-batch/slots"' in job_submit_lua(models, slots_file="/run/mig-batch/slots")
+    assert "local SLOTS_FILE = nil\n" in job_submit_lua(models)
+
+
+@pytest.mark.parametrize("settings, why", [
+    ("prompt_slots: -1", "prompt_slots must be a whole number"),
+    ("prompt_slots: 2.5", "prompt_slots must be a whole number"),
+    ("prompt_slots: true", "prompt_slots must be a whole number"),
+    ("prompt_slots: 1001", "prompt_slots must be a whole number"),
+    ("prompt_slots: 8\nslice_gres: mig_slices", "prompt_slots needs slice_gres off"),
+])  # fmt: skip
+def test_prompt_slots_setting_is_checked(tmp_path, settings, why):
+    path = tmp_path / "mig-batch.yaml"
+    path.write_text(settings + "\n")
+    with pytest.raises(ConfigError, match=why):
+        load_config(path)
+    path.write_text("prompt_slots: 8\nslots_file: /run/x/slots\n")
+    assert load_config(path).prompt_slots == 8 and str(load_config(path).slots_file) == "/run/x/slots"
