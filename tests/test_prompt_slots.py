@@ -110,6 +110,8 @@ def test_a_slot_on_a_node_gone_down_leaves_the_file_and_its_spot_is_freed_after_
     withdrawn = {s.id: s for s in store.slots() if s.id in on_n1}
     assert all(s.withdrawn_at is not None for s in withdrawn.values())
     assert all(slot_key(i) in c.view.job_gpu for i in on_n1)  # a job bound from the old file may yet show up
+    c.step()  # ... in a listing made up to WITHDRAWN_GRACE_S after the file without the slot
+    assert all(slot_key(i) in c.view.job_gpu for i in on_n1)
     monkeypatch.setattr(daemon, "WITHDRAWN_GRACE_S", -60.0)
     c.step()
     assert not set(on_n1) & {s.id for s in store.slots()}
