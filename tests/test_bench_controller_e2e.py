@@ -14,9 +14,9 @@ pytestmark = [
 
 def test_the_burst_completes_each_way_and_is_timed_and_costed():
     before = busy_cpu_s()
-    [runs] = bench_controller(jobs=24, gpus_per_node=4, nodes=2, modes=("noop", "mig"))
+    [runs] = bench_controller(jobs=24, gpus_per_node=4, nodes=2, modes=("noop", "mig", "slots"), prompt_slots=8)
     assert busy_cpu_s() > before
-    assert [r.mode for r in runs] == ["noop", "mig"]
+    assert [r.mode for r in runs] == ["noop", "mig", "slots"]
     for r in runs:
         assert r.completed == r.jobs == 24, r
         assert 0 < r.submit_s <= r.total_s and r.jobs_per_s > 0 and r.cpu_ms_per_job > 0, r

@@ -3,7 +3,10 @@ the first submission to the last job *completed*:
 
   bare      Slurm alone, no Prolog/Epilog
   noop      Slurm with Prolog and Epilog shell scripts that only exit 0 (what any site plugin pays)
-  mig       MIG jobs through mig_batch: job_submit.lua, mig-batchd, the node agents, the hooks
+  mig       MIG jobs through mig_batch: job_submit.lua, mig-batchd, the node agents, the hooks; each job
+            waits held until mig-batchd pins and releases it (the default)
+  slots     the same with prompt slots (``prompt_slots``): job_submit.lua binds most jobs to a slot
+            mig-batchd decided ahead, and they start without the hold
 
 With ``rounds`` above one the three bursts run again, every other round in reverse order, so that a
 machine whose speed drifts during a run does not always favour the same way; the ratios are then
@@ -29,7 +32,9 @@ from pathlib import Path
 
 from mig_batch.slurm.local_cluster import LocalCluster, MigTestbed
 
-MODES = ("bare", "noop", "mig")
+MODES = ("bare", "noop", "mig", "slots")
+MIG_MODES = ("mig", "slots")
+DEFAULT_PROMPT_SLOTS = 64  # the slots mode's prompt_slots: more than a pass's arrivals at the bench's rate
 
 
 @dataclass(frozen=True)
@@ -76,16 +81,16 @@ def _burst(run, script: Path, jobs: int, gres: list[str], timeout_s: float) -> t
 
 
 def bench_mode(mode: str, jobs: int, gpus_per_node: int, nodes: int, timeout_s: float = 900,
-               prompt_slots: int = 0) -> BurstRun:  # fmt: skip
+               prompt_slots: int = DEFAULT_PROMPT_SLOTS) -> BurstRun:  # fmt: skip
     root = Path(tempfile.mkdtemp(prefix=f"mig-batch-bench-{mode}-"))
     names = [f"n{i + 1}" for i in range(nodes)]
     script = root / "job.sh"
     bed = cluster = None
     try:
         script.write_text("#!/bin/sh\ntrue\n")
-        if mode == "mig":
+        if mode in MIG_MODES:
             bed = MigTestbed(root, nodes={n: ["A100-80GB"] * gpus_per_node for n in names}, reconcile_interval_s=60,
-                             prompt_slots=prompt_slots)  # fmt: skip
+                             prompt_slots=prompt_slots if mode == "slots" else 0)  # fmt: skip
             bed.start()
             run, gres = bed.cluster.run, ["--gres=mig:1g.10gb"]
         else:
@@ -115,21 +120,21 @@ def round_order(index: int, modes: tuple[str, ...] = MODES) -> tuple[str, ...]:
 
 
 def bench_controller(jobs: int = 1000, gpus_per_node: int = 48, nodes: int = 3, modes: tuple[str, ...] = MODES,
-                     rounds: int = 1) -> Iterator[list[BurstRun]]:  # fmt: skip
+                     rounds: int = 1,
+                     prompt_slots: int = DEFAULT_PROMPT_SLOTS) -> Iterator[list[BurstRun]]:  # fmt: skip
     """Each round's bursts as the round ends (in ``modes`` order whatever order they ran in)."""
     for index in range(rounds):
-        ran = {mode: bench_mode(mode, jobs, gpus_per_node, nodes) for mode in round_order(index, modes)}
+        ran = {mode: bench_mode(mode, jobs, gpus_per_node, nodes, prompt_slots=prompt_slots)
+               for mode in round_order(index, modes)}  # fmt: skip
         yield [ran[mode] for mode in modes]
 
 
 def ratios(runs: list[BurstRun]) -> dict[str, float]:
-    """``mig/bare`` and ``mig/noop`` in jobs per second, for the modes a round has."""
+    """``mig/bare``, ``mig/noop``, ``slots/bare`` and ``slots/noop`` in jobs per second, for the modes a round has."""
     by_mode = {r.mode: r for r in runs}
-    mig = by_mode.get("mig")
-    if mig is None:
-        return {}
-    return {f"mig/{base}": mig.jobs_per_s / by_mode[base].jobs_per_s for base in ("bare", "noop")
-            if base in by_mode and by_mode[base].jobs_per_s}  # fmt: skip
+    return {f"{mode}/{base}": by_mode[mode].jobs_per_s / by_mode[base].jobs_per_s
+            for mode in MIG_MODES if mode in by_mode
+            for base in ("bare", "noop") if base in by_mode and by_mode[base].jobs_per_s}  # fmt: skip
 
 
 def median_ratios(rounds: list[list[BurstRun]]) -> dict[str, tuple[float, int]]:

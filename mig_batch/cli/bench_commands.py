@@ -60,14 +60,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--passes", type=int, default=5, help="steady passes timed per size (median and max)")
     r.add_argument("--json", action="store_true")
     r.set_defaults(handler=cmd_bench_pass)
-    c = kinds.add_parser("controller", help="one burst through a local Slurm: bare, no-op hooks, MIG jobs "
-                         "(root, slurm-wlm)")  # fmt: skip
+    c = kinds.add_parser("controller", help="one burst through a local Slurm: bare, no-op hooks, MIG jobs held "
+                         "for mig-batchd, MIG jobs with prompt slots (root, slurm-wlm)")  # fmt: skip
     c.add_argument("--jobs", type=int, default=1000)
     c.add_argument("--nodes", type=int, default=3, help="slurmd processes")
     c.add_argument("--gpus-per-node", type=int, default=48, help="emulated A100-80GB per node")
     c.add_argument("--rounds", type=int, default=1,
                    help="run the three bursts this many times, every other round in reverse order (an even "
                         "number balances the order); the ratios' median is printed too")  # fmt: skip
+    c.add_argument("--prompt-slots", type=int, help="the slots burst's prompt_slots (default: 64, more than a "
+                   "pass's arrivals at the bench's rate)")  # fmt: skip
     c.add_argument("--json", action="store_true")
     c.set_defaults(handler=cmd_bench_controller)
     s = kinds.add_parser("startup", help="start-up time of mig-batch and migsub against python -c pass (ratios)")
@@ -233,18 +235,24 @@ def cmd_bench_startup(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_controller(args: argparse.Namespace) -> int:
-    from mig_batch.bench.controller import BurstRun, bench_controller, median_ratios, ratios
+    from mig_batch.bench.controller import DEFAULT_PROMPT_SLOTS, BurstRun, bench_controller, median_ratios, ratios
+    from mig_batch.config import MAX_PROMPT_SLOTS
     from mig_batch.slurm.local_cluster import LocalCluster
 
+    if args.prompt_slots is None:
+        args.prompt_slots = DEFAULT_PROMPT_SLOTS
+
     if not (1 <= args.jobs <= 100_000 and 1 <= args.nodes <= 64 and 1 <= args.gpus_per_node <= 1024
-            and 1 <= args.rounds <= 100):  # fmt: skip
-        raise ValueError("--jobs must be 1..100000, --nodes 1..64, --gpus-per-node 1..1024 and --rounds 1..100 "
-                         f"(got {args.jobs}, {args.nodes}, {args.gpus_per_node}, {args.rounds})")  # fmt: skip
+            and 1 <= args.rounds <= 100 and 1 <= args.prompt_slots <= MAX_PROMPT_SLOTS):  # fmt: skip
+        raise ValueError(f"--jobs must be 1..100000, --nodes 1..64, --gpus-per-node 1..1024, --rounds 1..100 and "
+                         f"--prompt-slots 1..{MAX_PROMPT_SLOTS} (got {args.jobs}, {args.nodes}, {args.gpus_per_node}, "
+                         f"{args.rounds}, {args.prompt_slots})")  # fmt: skip
     why = LocalCluster.available()
     if why:
         raise ValueError(f"bench controller needs a local Slurm: {why}")
     rounds: list[list[BurstRun]] = []
-    for runs in bench_controller(args.jobs, args.gpus_per_node, args.nodes, rounds=args.rounds):
+    for runs in bench_controller(args.jobs, args.gpus_per_node, args.nodes, rounds=args.rounds,
+                                 prompt_slots=args.prompt_slots):  # fmt: skip
         rounds.append(runs)
         if args.json:
             continue
