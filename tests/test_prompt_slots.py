@@ -215,3 +215,18 @@ def test_prompt_slots_setting_is_checked(tmp_path, settings, why):
         load_config(path)
     path.write_text("prompt_slots: 8\nslots_file: /run/x/slots\n")
     assert load_config(path).prompt_slots == 8 and str(load_config(path).slots_file) == "/run/x/slots"
+
+
+def test_the_slots_file_and_a_directory_it_makes_are_readable_by_slurmctlds_user(tmp_path):
+    import os
+
+    from mig_batch.controller.slots import write_slots_file
+
+    path = tmp_path / "run" / "slots"
+    old = os.umask(0o077)  # as mig-batchd's unit runs it
+    try:
+        write_slots_file(path, f"{SLOTS_HEADER} 1\n")
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o644 and path.parent.stat().st_mode & 0o777 == 0o755
+    assert path.read_text() == f"{SLOTS_HEADER} 1\n" and [p.name for p in path.parent.iterdir()] == ["slots"]

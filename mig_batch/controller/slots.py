@@ -53,8 +53,11 @@ def slots_text(slots: Iterable[SlotRecord], listed_at: float, cpus: Mapping[str,
 
 
 def write_slots_file(path: Path, text: str) -> None:
-    """Replace the file at once (job_submit.lua reads it at any moment); readable by slurmctld's user."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Replace the file at once (job_submit.lua reads it at any moment); readable by slurmctld's user, in a
+    directory it can enter when this makes it (mig-batchd's unit runs with UMask=0077)."""
+    if not path.parent.is_dir():
+        path.parent.mkdir(parents=True)
+        path.parent.chmod(0o755)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     tmp.write_text(text)
     tmp.chmod(0o644)
