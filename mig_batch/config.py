@@ -145,6 +145,9 @@ def load_config(explicit: str | os.PathLike | None = None) -> SiteConfig:
     if raw.get("prompt_slots") and raw.get("slice_gres"):  # a slot's job is not pinned: nothing would set its GRES
         raise ConfigError(f"{path}: prompt_slots needs slice_gres off (job_submit.lua does not count the slices of "
                           "a job it binds to a slot); set one of them to 0 or empty")  # fmt: skip
+    if raw.get("prompt_slots") and raw.get("batch_system") == "htcondor":
+        raise ConfigError(f"{path}: prompt_slots is for Slurm (job_submit.lua binds jobs to them); HTCondor's "
+                          "jobs wait for mig-batchd: set prompt_slots to 0")  # fmt: skip
     return SiteConfig(
         state=_path(raw, "state", SiteConfig.state, path),
         policy=policy,

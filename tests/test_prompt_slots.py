@@ -207,6 +207,7 @@ def test_job_submit_lua_reads_the_slots_file_only_when_given():
     ("prompt_slots: true", "prompt_slots must be a whole number"),
     ("prompt_slots: 1001", "prompt_slots must be a whole number"),
     ("prompt_slots: 8\nslice_gres: mig_slices", "prompt_slots needs slice_gres off"),
+    ("prompt_slots: 8\nbatch_system: htcondor", "prompt_slots is for Slurm"),
 ])  # fmt: skip
 def test_prompt_slots_setting_is_checked(tmp_path, settings, why):
     path = tmp_path / "mig-batch.yaml"
