@@ -207,8 +207,9 @@ class Controller:
             del self._why_waiting[gone]
         self._watch_nodes(nodes)
         now = time.time()
-        self._adopt(jobs)
-        self._free_withdrawn_slots(listed_at)
+        if self.config.prompt_slots or self._slots:  # else no job can be bound: a listed one was adopted
+            self._adopt(jobs)
+            self._free_withdrawn_slots(listed_at)
         pins = self._follow(jobs, stats, now)
         self._measure_room(nodes, jobs)
         waiting = sorted((j for j in jobs.values()
@@ -327,16 +328,18 @@ class Controller:
             if job.held or job.job_id in self._bound or not job.managed:
                 continue
             try:
-                slot = parse_slot(job.admin_tag)
-                place = parse_place(job.admin_tag) if slot is not None else None
-                tag = parse_tag(job.admin_tag)
+                slot = parse_slot(job.admin_tag)  # before anything else: most jobs have none
+                if slot is None:
+                    continue
+                place, tag = parse_place(job.admin_tag), parse_tag(job.admin_tag)
             except ValueError as exc:
                 self._bound.add(job.job_id)
                 self.store.event(job.job_id, "bad-tag", error=str(exc))
                 continue
-            if slot is None or place is None:
-                continue
             self._bound.add(job.job_id)
+            if place is None:  # only job_submit.lua writes slot=, always after place=
+                self.store.event(job.job_id, "bad-tag", error=f"slot={slot} without place=")
+                continue
             if self.store.decision(job.job_id) is not None:
                 continue  # recorded by an earlier pass (before a restart)
             held = self._slots.pop(slot, None)
