@@ -363,11 +363,26 @@ class Store:
         return int(self.db.execute("SELECT COUNT(*) FROM events WHERE job=? AND kind='decided'", (job,)).fetchone()[0])
 
     # prompt slots
-    def add_slot(self, request: str, node: str, gpu: int, model: str, profile: str, start: int) -> SlotRecord:
+    def add_slots(self, slots: list[tuple[str, str, int, str, str, int]]) -> list[SlotRecord]:
+        """Record new slots, each (request, node, gpu, model, profile, start), in one transaction; with their ids."""
+        made, now = [], time.time()
         with self._tx() as db:
-            cur = db.execute("INSERT INTO slots (request, node, gpu, model, profile, start, made_at) VALUES "
-                             "(?,?,?,?,?,?,?)", (request, node, gpu, model, profile, start, time.time()))  # fmt: skip
-        return SlotRecord(int(cur.lastrowid or 0), request, node, gpu, model, profile, start)
+            for slot in slots:
+                cur = db.execute("INSERT INTO slots (request, node, gpu, model, profile, start, made_at) VALUES "
+                                 "(?,?,?,?,?,?,?)", (*slot, now))  # fmt: skip
+                made.append(SlotRecord(int(cur.lastrowid or 0), *slot))
+        return made
+
+    def record_bindings(self, bound: list[tuple[Decision, int]]) -> None:
+        """The decisions of jobs job_submit.lua bound to slots, each with its slot, which goes: one transaction."""
+        now = time.time()
+        with self._tx() as db:
+            for d, slot in bound:
+                self._upsert_decision(db, d, now)
+                db.execute("DELETE FROM decision_spots WHERE job=?", (d.job,))
+                self._event(db, d.job, "decided", {"node": d.node, "gpu": d.gpu, "profile": d.profile,
+                                                   "start": d.start, "slot": slot})  # fmt: skip
+            db.executemany("DELETE FROM slots WHERE id=?", [(slot,) for _, slot in bound])
 
     def slots(self) -> list[SlotRecord]:
         rows = self.db.execute("SELECT id, request, node, gpu, model, profile, start, withdrawn_at FROM slots "

@@ -292,6 +292,7 @@ class Controller:
             profiles = self.profiles_for(parse_tag(request))
             mine = [s.node for s in opened if s.request == request]
             shut: list[int] = []  # GPUs fenced while this request's slots are made: their node has its share
+            new: list[Placement] = []
             try:
                 for node in up:
                     if mine.count(node) >= share:
@@ -300,16 +301,21 @@ class Controller:
                     p = self.policy.decide(self.view, PlacementRequest(slot_key(0), profiles, now, None))
                     if not isinstance(p, Placement):
                         break
-                    slot = self.store.add_slot(request, p.host, p.gpu_index, p.model, p.profile, p.start)
-                    self.view.allocate(p.gid, slot_key(slot.id), p.profile, p.start)
-                    self._slots[slot.id] = slot
+                    self.view.allocate(p.gid, f"{slot_key(0)}.{len(new)}", p.profile, p.start)  # the next one sees it
+                    new.append(p)
                     mine.append(p.host)
-                    made.append(slot.id)
                     if mine.count(p.host) >= share:
                         shut += self._fence_node(p.host)
             finally:
                 for gid in shut:
                     self.view.unfence(gid)
+                for k in range(len(new)):
+                    self.view.release(f"{slot_key(0)}.{k}")
+            for slot in self.store.add_slots([(request, p.host, p.gpu_index, p.model, p.profile, p.start)
+                                              for p in new]):  # fmt: skip
+                self.view.allocate(self.gid[(slot.node, slot.gpu)], slot_key(slot.id), slot.profile, slot.start)
+                self._slots[slot.id] = slot
+                made.append(slot.id)
         return made
 
     def _fence_node(self, node: str) -> list[int]:
@@ -324,6 +330,7 @@ class Controller:
         A slot this controller no longer holds (withdrawn and freed, or from a lost store) is taken when its
         spot is free; when it is not, a job not yet started is held and decided again."""
         self._bound &= jobs.keys()
+        found: list[tuple[BatchJob, int, Placed, JobTag]] = []
         for job in jobs.values():
             if job.held or job.job_id in self._bound or not job.managed:
                 continue
@@ -339,22 +346,26 @@ class Controller:
             self._bound.add(job.job_id)
             if place is None:  # only job_submit.lua writes slot=, always after place=
                 self.store.event(job.job_id, "bad-tag", error=f"slot={slot} without place=")
-                continue
-            if self.store.decision(job.job_id) is not None:
-                continue  # recorded by an earlier pass (before a restart)
+            elif self.store.decision(job.job_id) is None:  # else recorded by an earlier pass (before a restart)
+                found.append((job, slot, place, tag))
+        if not found:
+            return
+        decided = []
+        for job, slot, place, tag in found:
             held = self._slots.pop(slot, None)
             if held is not None:
                 self.view.release(slot_key(slot))
-                self.store.drop_slots([slot])
             if takes_slots(tag):
                 self._asked[tag.text()] = time.time()
             gid = self.gid.get((place.node, place.gpu))
             model = self.view.gpus[gid].model if gid is not None else held.model if held else ""
-            d = Decision(job.job_id, tag.text(), place.node, place.gpu, model, place.profile, place.start,
-                         DecisionState.RELEASED, f"slot-{self.config.policy}")  # fmt: skip
-            self.store.record_decision(d)
+            decided.append((Decision(job.job_id, tag.text(), place.node, place.gpu, model, place.profile, place.start,
+                                     DecisionState.RELEASED, f"slot-{self.config.policy}"), slot))  # fmt: skip
+        self.store.record_bindings(decided)
+        for (job, slot, place, _), (d, _) in zip(found, decided, strict=True):
             if job.finished:
                 continue
+            gid = self.gid.get((place.node, place.gpu))
             try:
                 if gid is None:
                     raise PlacementConflict(f"{place.node} GPU {place.gpu} is not in the inventory")
