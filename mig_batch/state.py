@@ -186,6 +186,7 @@ class SlotRecord:
     model: str
     profile: str
     start: int
+    made_at: float = 0.0
     withdrawn_at: float | None = None  # out of the published file since then; its spot is freed later
 
 
@@ -364,13 +365,17 @@ class Store:
 
     # prompt slots
     def add_slots(self, slots: list[tuple[str, str, int, str, str, int]]) -> list[SlotRecord]:
-        """Record new slots, each (request, node, gpu, model, profile, start), in one transaction; with their ids."""
+        """Record new slots, each (request, node, gpu, model, profile, start), in one transaction; with their ids.
+        An id is never given twice, a lost store's included (job_submit.lua remembers the ids it bound):
+        at least the time in milliseconds."""
         made, now = [], time.time()
         with self._tx() as db:
-            for slot in slots:
-                cur = db.execute("INSERT INTO slots (request, node, gpu, model, profile, start, made_at) VALUES "
-                                 "(?,?,?,?,?,?,?)", (*slot, now))  # fmt: skip
-                made.append(SlotRecord(int(cur.lastrowid or 0), *slot))
+            row = db.execute("SELECT seq FROM sqlite_sequence WHERE name='slots'").fetchone()
+            next_id = max(int(row[0]) + 1 if row else 1, int(now * 1000))
+            for k, slot in enumerate(slots):
+                db.execute("INSERT INTO slots (id, request, node, gpu, model, profile, start, made_at) VALUES "
+                           "(?,?,?,?,?,?,?,?)", (next_id + k, *slot, now))  # fmt: skip
+                made.append(SlotRecord(next_id + k, *slot, made_at=now))
         return made
 
     def record_bindings(self, bound: list[tuple[Decision, int]]) -> None:
@@ -385,8 +390,8 @@ class Store:
             db.executemany("DELETE FROM slots WHERE id=?", [(slot,) for _, slot in bound])
 
     def slots(self) -> list[SlotRecord]:
-        rows = self.db.execute("SELECT id, request, node, gpu, model, profile, start, withdrawn_at FROM slots "
-                               "ORDER BY id").fetchall()  # fmt: skip
+        rows = self.db.execute("SELECT id, request, node, gpu, model, profile, start, made_at, withdrawn_at FROM "
+                               "slots ORDER BY id").fetchall()  # fmt: skip
         return [SlotRecord(*r) for r in rows]
 
     def withdraw_slots(self, ids: Collection[int], at: float) -> None:

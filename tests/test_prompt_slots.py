@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from mig_batch.batch.fake import FakeBatch
-from mig_batch.batch.system import JobState
+from mig_batch.batch.system import BatchError, JobState
 from mig_batch.batch.tags import NodeReport, parse_place, parse_slot
 from mig_batch.config import ConfigError, SiteConfig, load_config
 from mig_batch.controller import daemon
@@ -177,13 +177,92 @@ def test_no_file_without_prompt_slots_and_slots_left_from_before_are_withdrawn(s
     assert published(site) == []
 
 
-def test_only_a_job_of_one_instance_neither_moldable_nor_a_chain_asks_for_slots(site, batch):
+def test_a_job_over_several_instances_or_naming_a_model_asks_for_no_slots(site, batch):
     store = Store(site.state)
     c = Controller(site, store, batch)
     batch.add("mig-batch:v1;req=1g.10gb;n=2")
-    batch.add("mig-batch:v1;req=1g.10gb;moldable=1g:300,2g:160")
+    batch.add("mig-batch:v1;req=1g.10gb;model=A100-80GB")
     c.step()
     assert store.slots() == []
+    batch.add(RIGID)
+    c.step()
+    assert {s.request for s in store.slots()} == {RIGID}
+
+
+def test_a_job_bound_from_the_file_before_a_withdrawal_keeps_its_spot_when_it_shows_up_later(
+        site, batch, monkeypatch):  # fmt: skip
+    site = dataclasses.replace(site, prompt_slots=1)
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    batch.add(RIGID)
+    c.step()
+    before = site.slots_file.with_name("before")
+    before.write_text(site.slots_file.read_text())  # what job_submit.lua read; the job is created later
+    old = {s.id for s in store.slots()}
+    with monkeypatch.context() as m:
+        m.setattr(daemon, "SLOT_LIFETIME_S", -1.0)
+        c.step()  # every slot withdrawn (and made again): out of the file, the spots still held
+    assert old.isdisjoint(int(line[0]) for line in published(site))
+    other = batch.add(RIGID)  # a job mig-batchd places within the grace: not on a spot still held
+    c.step()
+    job = batch.add_bound(RIGID, before)
+    assert parse_slot(batch.job(job).admin_tag) in old
+    c.step()
+    d = store.decision(job)
+    assert d.state == "released" and d.policy == "slot-mfi" and not batch.job(job).held
+    assert c.view.job_gpu[job] == c.gid[(d.node, d.gpu)] and not store.events(kind="view-conflict")
+    assert spot(store, other) != spot(store, job)
+
+
+def test_a_bound_job_held_before_the_pass_is_recorded_and_left_held(site, batch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    batch.add(RIGID)
+    c.step()
+    job = batch.add_bound(RIGID, site.slots_file)
+    batch.hold(job)  # its owner (Slurm shows it as an ordinary hold)
+    c.step()
+    assert store.decision(job).state == "released" and store.decision(job).policy == "slot-mfi"
+    assert batch.job(job).held and not [call for call in batch.calls if call[0] == "pin" and call[1] == job]
+
+
+def test_a_hold_that_fails_leaves_the_passs_other_bindings_recorded_and_placed(site, batch, monkeypatch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    placed = batch.add(RIGID)
+    c.step()
+    node, gpu, profile, start = spot(store, placed)
+    taken = site.slots_file.with_name("taken")
+    taken.write_text(f"{SLOTS_HEADER} 1\n999 {RIGID} {node} {gpu} {profile} {start} 16 -\n")
+    clash = batch.add_bound(RIGID, taken)
+    fine = batch.add_bound(RIGID, site.slots_file)
+
+    def refused(job):
+        raise BatchError(f"Job {job} is not pending")
+
+    monkeypatch.setattr(batch, "hold", refused)
+    c.step()
+    assert store.decision(clash) is not None and store.decision(fine).state == "released"
+    assert fine in c.view.job_gpu and spot(store, placed) == (node, gpu, profile, start)
+
+
+def test_a_slot_no_job_took_in_its_lifetime_is_made_again_under_a_new_id(site, batch, monkeypatch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    batch.add(RIGID)
+    c.step()
+    old = {s.id for s in store.slots()}
+    monkeypatch.setattr(daemon, "SLOT_LIFETIME_S", -1.0)
+    c.step()
+    assert {int(line[0]) for line in published(site)}.isdisjoint(old)
+
+
+def test_slot_ids_are_never_given_twice_even_by_a_new_store(tmp_path):
+    import time
+
+    first = Store(tmp_path / "a.db").add_slots([(RIGID, "n1", 0, "A100-80GB", "1g.10gb", 0)] * 2)
+    again = Store(tmp_path / "b.db").add_slots([(RIGID, "n1", 0, "A100-80GB", "1g.10gb", 0)])  # a lost store
+    assert first[1].id == first[0].id + 1 and again[0].id > first[1].id >= int(time.time() * 1000) - 60_000
 
 
 def test_parse_slot():

@@ -75,13 +75,17 @@ def test_jobs_bound_to_slots_start_without_a_pin_each_on_its_own_instance(bed):
     never_drained(bed)
 
 
-def test_a_job_slurm_may_not_start_now_waits_held_for_mig_batchd(bed):
+def test_only_a_job_slurm_may_start_at_once_on_the_slots_node_is_bound(bed):
     script = job_script(bed, "later", "#SBATCH --gres=mig:1g.10gb", seconds=0.5)
     open_slots(bed, SLOTS)
-    job = sbatch(bed, script, "--begin=now+2")
-    assert parse_slot(tags(bed)[job]) is None
-    wait_done(bed, [job])
-    assert Store(bed.store_path).decision(job).policy == "mfi"
+    held = [sbatch(bed, script, *args) for args in (["--begin=now+2"], ["--mem=1"], ["--constraint=A100-80GB"])]
+    bound = sbatch(bed, script, "--cpus-per-task=2")
+    now = tags(bed)
+    assert [parse_slot(now[j]) for j in held] == [None] * 3 and parse_slot(now[bound]) is not None, now
+    wait_done(bed, [*held, bound])
+    store = Store(bed.store_path)
+    assert [store.decision(j).policy for j in held] == ["mfi"] * 3
+    assert store.decision(held[2]).model == "A100-80GB" and store.decision(bound).policy == "slot-mfi"
     assert_no_overlap_and_no_leak(bed)
 
 

@@ -59,6 +59,7 @@ from mig_batch.controller.chains import ChainDriver
 from mig_batch.controller.slots import (
     REQUEST_KEPT_S,
     REWRITE_EVERY_S,
+    SLOT_LIFETIME_S,
     WITHDRAWN_GRACE_S,
     slot_key,
     slots_text,
@@ -207,8 +208,8 @@ class Controller:
             del self._why_waiting[gone]
         self._watch_nodes(nodes)
         now = time.time()
-        if self.config.prompt_slots or self._slots:  # else no job can be bound: a listed one was adopted
-            self._adopt(jobs)
+        if self.config.prompt_slots or self._slots or now - self._slots_written < REQUEST_KEPT_S:
+            self._adopt(jobs)  # (else no job can be bound to a slot: every one listed since was adopted)
             self._free_withdrawn_slots(listed_at)
         pins = self._follow(jobs, stats, now)
         self._measure_room(nodes, jobs)
@@ -331,8 +332,8 @@ class Controller:
         spot is free; when it is not, a job not yet started is held and decided again."""
         self._bound &= jobs.keys()
         found: list[tuple[BatchJob, int, Placed, JobTag]] = []
-        for job in jobs.values():
-            if job.held or job.job_id in self._bound or not job.managed:
+        for job in jobs.values():  # a bound job held since (by its owner, say) too: placed, its holds are Slurm's
+            if job.job_id in self._bound or not job.managed:
                 continue
             try:
                 slot = parse_slot(job.admin_tag)  # before anything else: most jobs have none
@@ -343,11 +344,13 @@ class Controller:
                 self._bound.add(job.job_id)
                 self.store.event(job.job_id, "bad-tag", error=str(exc))
                 continue
-            self._bound.add(job.job_id)
             if place is None:  # only job_submit.lua writes slot=, always after place=
+                self._bound.add(job.job_id)
                 self.store.event(job.job_id, "bad-tag", error=f"slot={slot} without place=")
-            elif self.store.decision(job.job_id) is None:  # else recorded by an earlier pass (before a restart)
+            elif self.store.decision(job.job_id) is None:
                 found.append((job, slot, place, tag))
+            else:  # recorded by an earlier pass (before a restart)
+                self._bound.add(job.job_id)
         if not found:
             return
         decided = []
@@ -362,7 +365,9 @@ class Controller:
             decided.append((Decision(job.job_id, tag.text(), place.node, place.gpu, model, place.profile, place.start,
                                      DecisionState.RELEASED, f"slot-{self.config.policy}"), slot))  # fmt: skip
         self.store.record_bindings(decided)
+        conflicts = []
         for (job, slot, place, _), (d, _) in zip(found, decided, strict=True):
+            self._bound.add(job.job_id)
             if job.finished:
                 continue
             gid = self.gid.get((place.node, place.gpu))
@@ -373,7 +378,12 @@ class Controller:
             except PlacementConflict as exc:
                 self.store.event(job.job_id, "view-conflict", error=str(exc), slot=slot)
                 if not job.running:
-                    self._requeue(d, job, f"its slot {slot} was no longer free")
+                    conflicts.append((d, job, f"its slot {slot} was no longer free"))
+        for d, job, why in conflicts:  # after every binding is in the view
+            try:
+                self._requeue(d, job, why)
+            except BatchError as exc:  # it started since: its node's agent makes no instance over another's
+                log.warning("job %s: %s; holding it failed: %s", job.job_id, why, exc)
 
     def _free_withdrawn_slots(self, listed_at: float) -> None:
         """Free the spots of the slots withdrawn long enough before this pass's listing that a job bound to one
@@ -396,8 +406,8 @@ class Controller:
         self._asked = {r: t for r, t in self._asked.items() if now - t < REQUEST_KEPT_S}
         wanted = set() if crowded or not self.config.prompt_slots else set(self._asked)
         opened = [s for s in self._slots.values() if s.withdrawn_at is None]
-        withdrawn = [s.id for s in opened if s.request not in wanted or
-                     self.gid[(s.node, s.gpu)] in self.view.fenced]  # fmt: skip
+        withdrawn = [s.id for s in opened if s.request not in wanted or now - s.made_at > SLOT_LIFETIME_S
+                     or self.gid[(s.node, s.gpu)] in self.view.fenced]  # fmt: skip
         made = self._make_slots(wanted, [s for s in opened if s.id not in withdrawn], now)
         if not (made or withdrawn) and now - self._slots_written < REWRITE_EVERY_S:
             return

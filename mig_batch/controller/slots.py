@@ -20,9 +20,12 @@ SLOTS_HEADER = "mig-batch-slots 1"
 SLOT_PREFIX = "~slot"  # a slot's key in the view: never a job id
 REQUEST_KEPT_S = 600.0  # a request's slots are kept this long after a job last asked for it
 # A withdrawn slot's spot is freed only when a listing this much younger than the file without it shows no
-# job bound to it: Slurm runs job_submit.lua under a read lock and creates the job after it, so a job
-# bound from the old file can appear in a listing made shortly after the new file was written.
-WITHDRAWN_GRACE_S = 5.0
+# job bound to it: Slurm runs job_submit.lua under a read lock and creates the job after it, under a write
+# lock that readers may delay, so a job bound from the old file can appear in a later listing.
+WITHDRAWN_GRACE_S = 30.0
+# A slot no job took in this long is withdrawn (and made again, with a new id): job_submit.lua may have
+# bound a submission that never became a job (sbatch --test-only, a submission Slurm refused after it).
+SLOT_LIFETIME_S = 120.0
 REWRITE_EVERY_S = 30.0  # the file is written again this often: job_submit.lua trusts none older than its load
 
 
@@ -32,8 +35,9 @@ def slot_key(slot_id: int) -> str:
 
 def takes_slots(tag: JobTag) -> bool:
     """Whether job_submit.lua may bind a job with this tag to a slot: one instance, neither moldable nor a
-    subjob chain (their sizes and windows are decided when they are placed)."""
-    return tag.instances == 1 and tag.moldable is None and tag.atomize is None
+    subjob chain (their sizes and windows are decided when they are placed), and no GPU model named (that
+    is a constraint on the node, which job_submit.lua leaves to mig-batchd)."""
+    return tag.instances == 1 and tag.moldable is None and tag.atomize is None and tag.model is None
 
 
 def slots_text(slots: Iterable[SlotRecord], listed_at: float, cpus: Mapping[str, int],
