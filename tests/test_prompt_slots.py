@@ -310,3 +310,27 @@ def test_the_slots_file_and_a_directory_it_makes_are_readable_by_slurmctlds_user
         os.umask(old)
     assert path.stat().st_mode & 0o777 == 0o644 and path.parent.stat().st_mode & 0o777 == 0o755
     assert path.read_text() == f"{SLOTS_HEADER} 1\n" and [p.name for p in path.parent.iterdir()] == ["slots"]
+
+
+def test_doctor_names_a_job_submit_lua_that_reads_another_slots_file_or_none(tmp_path):
+    from mig_batch.cli.ops_commands import check_prompt_slots
+    from mig_batch.mig.models import get_model
+
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    show = f"SLURM_CONF = {etc / 'slurm.conf'}\nJobSubmitPlugins = lua\n"
+    lua = etc / "job_submit.lua"
+    slots = tmp_path / "run" / "slots"
+    on = SiteConfig(prompt_slots=8, slots_file=slots)
+    models = [get_model("A100-80GB")]
+    lua.write_text(job_submit_lua(models))
+    check = check_prompt_slots(show, on)
+    assert not check.ok and "reads no slots file" in check.detail and "slurm install" in check.fix
+    assert check_prompt_slots(show, SiteConfig()).ok
+    lua.write_text(job_submit_lua(models, slots_file=str(slots)))
+    assert check_prompt_slots(show, on).ok
+    assert not check_prompt_slots(show, SiteConfig()).ok  # off, yet the script binds jobs to the file's slots
+    slots.parent.mkdir(mode=0o700)
+    slots.parent.chmod(0o700)
+    check = check_prompt_slots(show, on)
+    assert not check.ok and f"{slots.parent} is mode 700" in check.detail

@@ -159,7 +159,8 @@ def doctor(config_file: str | None, role: str | None, node: str) -> list[Check]:
     if role == "controller":
         checks.append(check_store(config.state))
         if show_config is not None:
-            checks += [check_job_submit(show_config), check_scheduler(show_config)]
+            checks += [check_job_submit(show_config), check_prompt_slots(show_config, config),
+                       check_scheduler(show_config)]  # fmt: skip
         return checks
     if node not in config.nodes:
         fix = f"add {node} under nodes: in {path}, or give --node with this node's Slurm NodeName"
@@ -349,6 +350,35 @@ def check_job_submit(show_config: str) -> Check:
     if LUA_MARK not in lua.read_text(errors="replace"):
         return Check("job_submit.lua", False, f"{lua} is not mig_batch's job_submit.lua", fix)
     return Check("job_submit.lua", True, f"{lua} is mig_batch's, JobSubmitPlugins has lua")
+
+
+_LUA_SLOTS_FILE = re.compile(r'^local SLOTS_FILE = (nil|"(.*)")$', re.M)
+
+
+def check_prompt_slots(show_config: str, config: SiteConfig) -> Check:
+    """job_submit.lua reads the slots file mig-batchd writes (prompt_slots above 0), or none (0); the file and
+    its directory open to slurmctld's user."""
+    lua = Path(config_values(show_config).get("SLURM_CONF", "/etc/slurm/slurm.conf")).parent / "job_submit.lua"
+    fix = f"run `mig-batch slurm install {lua.parent} --config ...` again, then `scontrol reconfigure`"
+    try:
+        found = _LUA_SLOTS_FILE.search(lua.read_text(errors="replace"))
+    except OSError:
+        return Check("prompt slots", config.prompt_slots == 0, f"{lua} cannot be read", fix)
+    reads = found.group(2) if found and found.group(1) != "nil" else None
+    if not config.prompt_slots:
+        if reads is not None:
+            return Check("prompt slots", False, f"prompt_slots is 0 but {lua} reads slots from {reads}", fix)
+        return Check("prompt slots", True, "off (prompt_slots: 0): every MIG job waits held for mig-batchd")
+    if reads != str(config.slots_file):
+        return Check("prompt slots", False, f"prompt_slots is {config.prompt_slots} but {lua} reads "
+                     f"{reads or 'no slots file'}, not {config.slots_file}", fix)  # fmt: skip
+    closed = [p for p in (config.slots_file, config.slots_file.parent) if p.exists() and
+              not p.stat().st_mode & (0o004 if p == config.slots_file else 0o001)]  # fmt: skip
+    if closed:
+        return Check("prompt slots", False, f"slurmctld's user cannot read {config.slots_file}: {closed[0]} is "
+                     f"mode {closed[0].stat().st_mode & 0o777:o}", f"chmod o+rx {closed[0]} (mig-batchd writes the "
+                     "file 0644 and a directory it makes 0755)")  # fmt: skip
+    return Check("prompt slots", True, f"{config.prompt_slots} per request; {lua} reads {config.slots_file}")
 
 
 SLURM_BATCH_SCHED_DELAY_S = 3  # Slurm's default, and what it takes for a negative value
