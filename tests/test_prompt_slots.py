@@ -38,6 +38,15 @@ def published(site) -> list[list[str]]:
     return [line.split(" ") for line in lines[1:]]
 
 
+def primed(site, batch):
+    """The store and a controller after a pass that placed a first job of RIGID, which made its slots."""
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    batch.add(RIGID)
+    c.step()
+    return store, c
+
+
 def spot(store, job):
     d = store.decision(job)
     return d.node, d.gpu, d.profile, d.start
@@ -62,10 +71,7 @@ def test_a_request_asked_for_gets_slots_spread_over_the_nodes_and_published(site
 
 
 def test_a_job_bound_to_a_slot_is_recorded_at_its_spot_without_a_pin_and_the_slot_is_made_again(site, batch):
-    store = Store(site.state)
-    c = Controller(site, store, batch)
-    batch.add(RIGID)
-    c.step()
+    store, c = primed(site, batch)
     first = store.slots()[0]
     job = batch.add_bound(RIGID, site.slots_file)
     assert parse_slot(batch.job(job).admin_tag) == first.id and batch.job(job).state is JobState.PENDING
@@ -87,10 +93,7 @@ def test_a_job_bound_to_a_slot_is_recorded_at_its_spot_without_a_pin_and_the_slo
 
 
 def test_a_bound_job_that_ended_before_the_next_pass_leaves_its_spot_free(site, batch):
-    store = Store(site.state)
-    c = Controller(site, store, batch)
-    batch.add(RIGID)
-    c.step()
+    store, c = primed(site, batch)
     job = batch.add_bound(RIGID, site.slots_file)
     batch.finish(job)
     c.step()
@@ -98,10 +101,7 @@ def test_a_bound_job_that_ended_before_the_next_pass_leaves_its_spot_free(site, 
 
 
 def test_a_slot_on_a_node_gone_down_leaves_the_file_and_its_spot_is_freed_after_the_grace(site, batch, monkeypatch):
-    store = Store(site.state)
-    c = Controller(site, store, batch)
-    batch.add(RIGID)
-    c.step()
+    store, c = primed(site, batch)
     on_n1 = [s.id for s in store.slots() if s.node == "n1"]
     assert on_n1
     batch.set_node_up("n1", False)
@@ -139,10 +139,7 @@ def test_a_job_bound_to_a_spot_taken_since_is_held_unplaced_and_decided_again(si
 
 def test_slots_go_while_a_job_waits_for_a_spot_they_hold(site, batch, monkeypatch):
     monkeypatch.setattr(daemon, "WITHDRAWN_GRACE_S", -60.0)
-    store = Store(site.state)
-    c = Controller(site, store, batch)
-    batch.add(RIGID)
-    c.step()
+    store, c = primed(site, batch)
     assert len(store.slots()) == 3 and {s.node for s in store.slots()} == {"n1", "n2"}
     big = batch.add(BIG)  # a whole GPU: both GPUs hold slots or the first job
     assert c.step().waiting == 1
@@ -152,10 +149,7 @@ def test_slots_go_while_a_job_waits_for_a_spot_they_hold(site, batch, monkeypatc
 
 
 def test_a_restart_holds_the_stores_slots_in_the_view(site, batch):
-    store = Store(site.state)
-    c = Controller(site, store, batch)
-    batch.add(RIGID)
-    c.step()
+    store, c = primed(site, batch)
     restarted = Controller(site, Store(site.state), batch)
     assert {k: v for k, v in restarted.view.job_gpu.items() if k.startswith("~")} == \
         {k: v for k, v in c.view.job_gpu.items() if k.startswith("~")}  # fmt: skip
@@ -192,10 +186,7 @@ def test_a_job_over_several_instances_or_naming_a_model_asks_for_no_slots(site, 
 def test_a_job_bound_from_the_file_before_a_withdrawal_keeps_its_spot_when_it_shows_up_later(
         site, batch, monkeypatch):  # fmt: skip
     site = dataclasses.replace(site, prompt_slots=1)
-    store = Store(site.state)
-    c = Controller(site, store, batch)
-    batch.add(RIGID)
-    c.step()
+    store, c = primed(site, batch)
     before = site.slots_file.with_name("before")
     before.write_text(site.slots_file.read_text())  # what job_submit.lua read; the job is created later
     old = {s.id for s in store.slots()}
@@ -215,10 +206,7 @@ def test_a_job_bound_from_the_file_before_a_withdrawal_keeps_its_spot_when_it_sh
 
 
 def test_a_bound_job_held_before_the_pass_is_recorded_and_left_held(site, batch):
-    store = Store(site.state)
-    c = Controller(site, store, batch)
-    batch.add(RIGID)
-    c.step()
+    store, c = primed(site, batch)
     job = batch.add_bound(RIGID, site.slots_file)
     batch.hold(job)  # its owner (Slurm shows it as an ordinary hold)
     c.step()
@@ -247,10 +235,7 @@ def test_a_hold_that_fails_leaves_the_passs_other_bindings_recorded_and_placed(s
 
 
 def test_a_slot_no_job_took_in_its_lifetime_is_made_again_under_a_new_id(site, batch, monkeypatch):
-    store = Store(site.state)
-    c = Controller(site, store, batch)
-    batch.add(RIGID)
-    c.step()
+    store, c = primed(site, batch)
     old = {s.id for s in store.slots()}
     monkeypatch.setattr(daemon, "SLOT_LIFETIME_S", -1.0)
     c.step()
