@@ -75,7 +75,7 @@ def test_a_job_bound_to_a_slot_is_recorded_at_its_spot_without_a_pin_and_the_slo
     first = store.slots()[0]
     job = batch.add_bound(RIGID, site.slots_file)
     assert parse_slot(batch.job(job).admin_tag) == first.id and batch.job(job).state is JobState.PENDING
-    c.step()
+    assert c.step().placed == 1
     d = store.decision(job)
     assert d.state == "released" and d.policy == "slot-mfi" and d.request == RIGID
     assert spot(store, job) == (first.node, first.gpu, first.profile, first.start)

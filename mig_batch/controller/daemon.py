@@ -11,6 +11,7 @@ it, and every step is idempotent, so after a crash (or SIGKILL) a restart resume
   node report "requeue"        -> requeue-hold the job, decide again
   running job pending again    -> the batch system requeued it (its node failed): hold it, decide again;
                                   a chain's subjob ends there, and its chain goes on (the runner's next job)
+  job bound to a prompt slot   -> its decision recorded from its tag (the slot's spot; controller/slots.py)
 A node the batch system reports down is fenced (nothing is placed there) until its agent has
 reconciled its GPUs since. The in-memory view (a placement ``Cluster``) is rebuilt from the store.
 """
@@ -209,7 +210,7 @@ class Controller:
         self._watch_nodes(nodes)
         now = time.time()
         if self.config.prompt_slots or self._slots or now - self._slots_written < REQUEST_KEPT_S:
-            self._adopt(jobs)  # (else no job can be bound to a slot: every one listed since was adopted)
+            stats.placed += self._adopt(jobs)  # (else no job can be bound to a slot: every one listed was adopted)
             self._free_withdrawn_slots(listed_at)
         pins = self._follow(jobs, stats, now)
         self._measure_room(nodes, jobs)
@@ -326,10 +327,10 @@ class Controller:
             self.view.fence(gid)
         return gids
 
-    def _adopt(self, jobs: Mapping[str, BatchJob]) -> None:
-        """Record the jobs job_submit.lua bound to a slot since the last pass: the slot's spot becomes the job's.
-        A slot this controller no longer holds (withdrawn and freed, or from a lost store) is taken when its
-        spot is free; when it is not, a job not yet started is held and decided again."""
+    def _adopt(self, jobs: Mapping[str, BatchJob]) -> int:
+        """Record the jobs job_submit.lua bound to a slot since the last pass (how many): the slot's spot becomes
+        the job's. A slot this controller no longer holds (withdrawn and freed, or from a lost store) is taken
+        when its spot is free; when it is not, a job not yet started is held and decided again."""
         self._bound &= jobs.keys()
         found: list[tuple[BatchJob, int, Placed, JobTag]] = []
         for job in jobs.values():  # a bound job held since (by its owner, say) too: placed, its holds are Slurm's
@@ -352,7 +353,7 @@ class Controller:
             else:  # recorded by an earlier pass (before a restart)
                 self._bound.add(job.job_id)
         if not found:
-            return
+            return 0
         decided = []
         for job, slot, place, tag in found:
             held = self._slots.pop(slot, None)
@@ -384,6 +385,7 @@ class Controller:
                 self._requeue(d, job, why)
             except BatchError as exc:  # it started since: its node's agent makes no instance over another's
                 log.warning("job %s: %s; holding it failed: %s", job.job_id, why, exc)
+        return len(found)
 
     def _free_withdrawn_slots(self, listed_at: float) -> None:
         """Free the spots of the slots withdrawn long enough before this pass's listing that a job bound to one
