@@ -287,6 +287,8 @@ class Controller:
         """Up to ``prompt_slots`` open slots for each of ``wanted``, where the policy would place such a job now,
         at most an equal share of them on each node that may take a placement (a node's jobs wait for its
         CPUs: slots spread them); the new slots' ids."""
+        if not wanted:
+            return []
         up = {node for node, gids in self._gids_of.items() if any(g not in self.view.fenced for g in gids)}
         share = math.ceil(self.config.prompt_slots / max(len(up), 1))
         made: list[int] = []
@@ -313,6 +315,8 @@ class Controller:
                     self.view.unfence(gid)
                 for k in range(len(new)):
                     self.view.release(f"{slot_key(0)}.{k}")
+            if not new:
+                continue
             for slot in self.store.add_slots([(request, p.host, p.gpu_index, p.model, p.profile, p.start)
                                               for p in new]):  # fmt: skip
                 self.view.allocate(self.gid[(slot.node, slot.gpu)], slot_key(slot.id), slot.profile, slot.start)
@@ -392,6 +396,8 @@ class Controller:
         would be in it (and was adopted first): this pass's placements may take them."""
         gone = [s.id for s in self._slots.values()
                 if s.withdrawn_at is not None and listed_at > s.withdrawn_at + WITHDRAWN_GRACE_S]  # fmt: skip
+        if not gone:
+            return  # most passes: no empty transaction
         for slot in gone:
             self.view.release(slot_key(slot))
             del self._slots[slot]
