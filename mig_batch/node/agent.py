@@ -160,9 +160,11 @@ class NodeAgent:
         self.unsent: dict[str, tuple[NodeReport, float]] = {}  # job -> (its report, when it was not taken)
 
     # --- job start --------------------------------------------------------------------------
-    def prolog(self, job_id: str) -> PrologResult:
+    def prolog(self, job_id: str, owner_uid: int | None = None) -> PrologResult:
         """Make the job's instance and leave its environment for the job; never raises. Only the GPU work
-        holds the node's lock: reading the decision, writing the job's file and reporting need not."""
+        holds the node's lock: reading the decision, writing the job's file and reporting need not.
+        ``owner_uid``: the job owner's uid as the caller verified it (HTCondor: the wrapper's peer); None:
+        the batch system's record of the job says."""
         job = None
         try:
             job = self.channel.job(job_id)
