@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from mig_batch.gpu.base import GpuBackend
+    from mig_batch.node.fence import Fence
 
 DEFAULT_PATH = Path("/etc/mig-batch/mig-batch.yaml")
 BACKENDS = ("nvml",)  # tests run it on the emulated libnvidia-ml (mig_batch.gpu.nvml_emu)
@@ -67,6 +68,21 @@ class FlexConfig:
     leaf_requests: bool = False
 
 
+FENCE_MODES = ("capabilities", "off")
+
+
+@dataclass(frozen=True)
+class FenceConfig:
+    """Each job fenced to its own MIG instance on the GPU nodes (mig_batch/node/fence.py, docs/security.md)."""
+
+    # capabilities: the instance's capability device nodes are made the job owner's only; off: every local
+    # user may open every instance (nvidia-modprobe's default)
+    mode: str = "capabilities"
+    capabilities: str = "/proc/driver/nvidia/capabilities"  # the driver's per-instance capability files
+    devices: str = "/dev/nvidia-caps"  # where the capability device nodes are (root's, 0755)
+    proc_devices: str = "/proc/devices"  # where the nvidia-caps major is listed
+
+
 @dataclass(frozen=True)
 class SiteConfig:
     state: Path = Path("/var/lib/mig-batch/state.db")
@@ -93,6 +109,7 @@ class SiteConfig:
     atomize: AtomizeConfig = field(default_factory=AtomizeConfig)
     moldable: MoldableConfig = field(default_factory=MoldableConfig)
     flex: FlexConfig = field(default_factory=FlexConfig)
+    fence: FenceConfig = field(default_factory=FenceConfig)
     path: str = "<defaults>"
 
 
@@ -171,6 +188,7 @@ def load_config(explicit: str | os.PathLike | None = None) -> SiteConfig:
         atomize=_atomize(raw.get("atomize") or {}, path),
         moldable=_moldable(raw.get("moldable") or {}, path),
         flex=_section(raw.get("flex") or {}, path, "flex", FlexConfig),
+        fence=_fence(raw.get("fence") or {}, path),
         path=str(path),
     )
 
@@ -294,6 +312,26 @@ def _atomize(raw: Any, path: Path) -> AtomizeConfig:
         if getattr(config, name) < 0 or (name == "offer_horizon_s" and config.offer_horizon_s <= 0):
             raise ConfigError(f"{path}: atomize.{name} must be a positive number of seconds")
     return config
+
+
+def _fence(raw: Any, path: Path) -> FenceConfig:
+    config = _section(raw, path, "fence", FenceConfig)
+    if config.mode not in FENCE_MODES:
+        raise ConfigError(f"{path}: fence.mode {config.mode!r} is not one of {', '.join(FENCE_MODES)}")
+    for name in ("capabilities", "devices", "proc_devices"):
+        if not getattr(config, name).startswith("/"):
+            raise ConfigError(f"{path}: fence.{name} must be an absolute path (got {getattr(config, name)!r})")
+    return config
+
+
+def open_fence(config: SiteConfig, node: str) -> Fence:
+    """Who may open each MIG instance on ``node``, as the config says (``{node}`` in a path: the node's name)."""
+    from mig_batch.node.fence import CapabilityFence, Unfenced
+
+    if config.fence.mode == "off":
+        return Unfenced()
+    f = config.fence
+    return CapabilityFence(*(Path(p.format(node=node)) for p in (f.capabilities, f.devices, f.proc_devices)))
 
 
 def open_backend(config: SiteConfig, node: str) -> GpuBackend:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mig_batch.batch.tags import rank_key
+from mig_batch.safe_files import make_dir, write_file
 
 log = logging.getLogger("mig-batch-agent")
 LOG_NAME = "entries.log"
@@ -42,6 +43,7 @@ class Entry:
     start: int
     uuid: str
     created: float
+    uid: int = -1  # the job owner's: the instance's device nodes are theirs (mig_batch/node/fence.py)
 
 
 class Journal:
@@ -51,8 +53,8 @@ class Journal:
         it they are read as entries too (the log's own record of a job wins), and a file is removed with
         its entry."""
         self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.dir, 0o700)
+        make_dir(self.dir, 0o700)  # refused (UnsafePath) where another user could change it
+        os.chmod(self.dir, 0o700)  # an older one tightened: the entries name every job's instance
         self.path = self.dir / LOG_NAME
         self._fd: int | None = None  # the log, opened for reading and appending
         self._identity: tuple[int, int] = (0, 0)  # (device, inode) of the file behind _fd
@@ -151,7 +153,7 @@ class Journal:
             except FileNotFoundError:
                 pass
             self._close()
-        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         st = os.fstat(fd)
         self._fd, self._identity = fd, (st.st_dev, st.st_ino)
         self._reset()
@@ -233,16 +235,8 @@ class Journal:
                 return  # another writer rewrote it first
             self._reset()
             self._sync()  # every line, every writer's: none can append now
-            tmp = self.dir / (LOG_NAME + ".tmp")
             text = "".join(json.dumps({"add": vars(self._live[job])}) + "\n" for job in sorted(self._live))
-            try:
-                with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600), "w") as f:
-                    f.write(text)
-                os.replace(tmp, self.path)  # atomic: the old file or the new one, whole
-            except OSError:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)  # a disk that is full stays no fuller
-                raise
+            write_file(self.path, text, 0o600)  # atomic: the old file or the new one, whole
         self._compact_at = COMPACT_MIN_LINES
         self._sync()  # opens the new file and reads it (with what others appended since)
 

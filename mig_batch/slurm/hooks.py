@@ -17,7 +17,7 @@ import socket
 import sys
 from collections.abc import Mapping, Sequence
 
-from mig_batch.config import SiteConfig, load_config, open_backend
+from mig_batch.config import SiteConfig, load_config, open_backend, open_fence
 from mig_batch.node.agent import NodeAgent
 from mig_batch.node.journal import Journal
 from mig_batch.slurm.commands import SlurmCli
@@ -35,7 +35,8 @@ def make_agent(config: SiteConfig, node: str, long_lived: bool = False) -> NodeA
     return NodeAgent(node, open_backend(config, node), Journal(config.node_dir / "journal", adopt_old_files=long_lived),
                      SlurmCli(config.slurm_bin, session=long_lived, api=api), config.job_dir, config.policy,
                      config.atomize.checkpoint_margin_s,
-                     lock_wait_s=None if long_lived else SLOW_PATH_LOCK_WAIT_S)  # fmt: skip
+                     lock_wait_s=None if long_lived else SLOW_PATH_LOCK_WAIT_S,
+                     fence=open_fence(config, node))  # fmt: skip
 
 
 def slow_path(config: SiteConfig, op: str, env: Mapping[str, str]) -> str:

@@ -4,7 +4,11 @@ The library is built with the system C compiler into a cache directory keyed by 
 (:func:`build_library`). A node is a directory (:func:`make_node`): ``gpus``, the GPUs and their MIG
 profile tables generated from etc/gpus models; ``state``, the instances now; ``history``, one JSON
 line per create/destroy; ``usage``, what the test harness says runs on the MIG devices (:func:`attach`,
-:func:`replay`), which the library reports through NVML's own calls. The library serves the node named
+:func:`replay`), which the library reports through NVML's own calls; ``capabilities/``, each instance's
+capability as the driver's ``/proc/driver/nvidia/capabilities`` holds it (the library writes and removes
+them with the instances), ``devices``, the node's ``/proc/devices`` (the ``nvidia-caps`` major), and
+``nvidia-caps/``, the node's ``/dev/nvidia-caps`` where the node agent makes the device nodes a job opens
+(:data:`CUDA_OPEN` opens them as CUDA would). The library serves the node named
 by ``$MIG_BATCH_NVML_EMU_DIR``, read at ``nvmlInit``.
 
 pynvml opens the library as ``CDLL("libnvidia-ml.so.1")``, i.e. by name through the dynamic loader,
@@ -50,6 +54,8 @@ PROFILE_ENUM_VALUES = {
     "2_SLICE_REV1": 8,
     "1_SLICE_REV2": 9,
 }
+CAPS_MAJOR = 240  # the emulated nvidia-caps major: in Linux's range for local use, no driver behind it
+CUDA_OPEN = Path(__file__).with_name("cuda-open")  # opens a MIG device's capabilities as CUDA does (sh)
 SMS_PER_COMPUTE_SLICE = 16  # only for models that do not state their SMs (Hopper's figure)
 MAX_GPUS = 64  # per node: nvml_emu.c's MAX_GPUS
 
@@ -164,7 +170,20 @@ def make_node(directory: Path, node: str, gpus: Sequence[str | GpuModel | Emulat
     partial = directory / "gpus.tmp"
     partial.write_text(node_table(node, resolved))
     os.replace(partial, directory / "gpus")
+    _make_capabilities(directory)
     return directory
+
+
+def _make_capabilities(directory: Path) -> None:
+    """What the driver and nvidia-modprobe give a node before any instance: the MIG config and monitor
+    capabilities (root only; everyone), the nvidia-caps major, and /dev/nvidia-caps (root's, 0755)."""
+    for name, minor, mode in (("config", 1, 0o400), ("monitor", 2, 0o444)):
+        path = directory / "capabilities" / "mig" / name / "access"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"DeviceFileMinor: {minor}\nDeviceFileMode: {mode}\nDeviceFileModify: 1\n")
+    (directory / "devices").write_text(f"Character devices:\n  1 mem\n{CAPS_MAJOR} nvidia-caps\n\nBlock devices:\n")
+    (directory / "nvidia-caps").mkdir(mode=0o755, exist_ok=True)
+    os.chmod(directory / "nvidia-caps", 0o755)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,6 +10,11 @@
  *   lock     flock(2) target: every call that reads or changes instances holds it, so that the
  *            Prolog, the Epilog and any other process see one node
  *   history  one JSON line per create/destroy, appended under the lock (the tests' audit)
+ *   capabilities/gpu<N>/mig/gi<G>[/ci<C>]/access
+ *            each live GPU and compute instance's capability, as the driver keeps it under
+ *            /proc/driver/nvidia/capabilities: the minor of its /dev/nvidia-caps/nvidia-cap<minor>
+ *            node, made when the instance is made and removed when it is destroyed (MIG user guide,
+ *            "Device Nodes and Capabilities"); minors laid out as the driver's mig-minors list
  *   usage    what runs on the MIG devices (written by the test harness, mig_batch.gpu.nvml_emu's
  *            attach() and replay(), under the lock): "attach <MIG-uuid> <pid>" lines (a compute
  *            instance is IN_USE while such a pid lives; nvmlDeviceGetComputeRunningProcesses lists
@@ -30,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
@@ -360,6 +366,51 @@ struct replay { char uuid[UUID_LEN]; double t0; unsigned int n; double seconds[M
 static struct attached attached[MAX_ATTACHED];
 static struct replay replays[MAX_REPLAYS];
 static unsigned int n_attached, n_replays;
+
+/* ---- capabilities: what a process must open to use an instance (the driver's proc files) ---- */
+#define CAPS_GI_PER_GPU 15 /* the driver's mig-minors list: 15 GPU instances of 1 + 8 capabilities per GPU */
+static unsigned int cap_minor(unsigned int g, int gi, int ci) {
+    return 3 + g * CAPS_GI_PER_GPU * (1 + MAX_CI) + (unsigned int)gi * (1 + MAX_CI) + (ci < 0 ? 0 : 1 + (unsigned int)ci);
+}
+
+static void cap_dir(char *out, size_t n, unsigned int g, int gi, int ci) {
+    if (ci < 0) snprintf(out, n, "%s/capabilities/gpu%u/mig/gi%d", node_dir, g, gi);
+    else snprintf(out, n, "%s/capabilities/gpu%u/mig/gi%d/ci%d", node_dir, g, gi, ci);
+}
+
+/* Call after the instance is saved: its capability appears with it (0444: the driver's DeviceFileMode 292). */
+static void cap_add(unsigned int g, int gi, int ci) {
+    char dir[4400], path[4500], tmp[4600];
+    snprintf(dir, sizeof dir, "%s/capabilities", node_dir);
+    mkdir(dir, 0555);
+    snprintf(dir, sizeof dir, "%s/capabilities/gpu%u", node_dir, g);
+    mkdir(dir, 0555);
+    snprintf(dir, sizeof dir, "%s/capabilities/gpu%u/mig", node_dir, g);
+    mkdir(dir, 0555);
+    cap_dir(dir, sizeof dir, g, gi, -1);
+    mkdir(dir, 0555);
+    cap_dir(dir, sizeof dir, g, gi, ci);
+    mkdir(dir, 0555);
+    snprintf(path, sizeof path, "%s/access", dir);
+    snprintf(tmp, sizeof tmp, "%s/.access.tmp", dir);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return;
+    fprintf(f, "DeviceFileMinor: %u\nDeviceFileMode: 292\nDeviceFileModify: 1\n", cap_minor(g, gi, ci));
+    fclose(f);
+    chmod(tmp, 0444);
+    rename(tmp, path);
+}
+
+/* Call after the instance is destroyed: its capability goes with it (a GPU instance's after its CIs'). */
+static void cap_remove(unsigned int g, int gi, int ci) {
+    char dir[4400], path[4500];
+    cap_dir(dir, sizeof dir, g, gi, ci);
+    snprintf(path, sizeof path, "%s/access", dir);
+    unlink(path);
+    if (ci < 0)
+        for (int c = 0; c < MAX_CI; c++) cap_remove(g, gi, c);
+    rmdir(dir);
+}
 
 static void load_usage(void) {
     char path[4200], *line = 0;
@@ -933,6 +984,7 @@ static nvmlReturn_t create_gi(int g, const struct profile *p, unsigned int start
     char key[160];
     snprintf(key, sizeof key, "%s/gi-%llu", gpus[g].uuid, state[g][gi].serial);
     log_event("create", g, gi, -1, short_name(p), start, p->memory_slices, key);
+    cap_add(g, gi, -1);
     *out = &gi_handles[g][gi];
     return NVML_SUCCESS;
 }
@@ -1004,6 +1056,7 @@ nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gpu_instance) {
                     char key[160];
                     snprintf(key, sizeof key, "%s/gi-%llu", gpus[g].uuid, gone.serial);
                     log_event("destroy", g, gi, -1, p ? short_name(p) : "?", gone.start, gone.size, key);
+                    cap_remove(g, gi, -1);
                 } else {
                     rc = NVML_ERROR_UNKNOWN;
                 }
@@ -1186,6 +1239,7 @@ nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t gpu_instance
                          (h * 31 + serial) & 0xffffffffffffULL);
                 if (save_state()) {
                     log_event("ci_create", g, gi, ci, short_name(gp), s->start, s->size, s->ci[ci].uuid);
+                    cap_add(g, gi, ci);
                     *compute_instance = &ci_handles[g][gi][ci];
                 } else {
                     rc = NVML_ERROR_UNKNOWN;
@@ -1214,7 +1268,10 @@ nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t compute_instance) 
             s->ci[ci].used = 0;
             rc = save_state() ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
             const struct profile *gp = profile_by_id(g, s->profile_id);
-            if (rc == NVML_SUCCESS) log_event("ci_destroy", g, gi, ci, gp ? short_name(gp) : "?", s->start, s->size, gone.uuid);
+            if (rc == NVML_SUCCESS) {
+                log_event("ci_destroy", g, gi, ci, gp ? short_name(gp) : "?", s->start, s->size, gone.uuid);
+                cap_remove(g, gi, ci);
+            }
         }
     });
     return rc;

@@ -1,0 +1,220 @@
+"""Each job fenced to its own MIG instance: its instance's capability device nodes, its owner's only.
+
+The driver lets a process use a GPU instance and a compute instance only once it has opened their
+capability device nodes, ``/dev/nvidia-caps/nvidia-cap<minor>``, the minor written in
+``/proc/driver/nvidia/capabilities/gpu<N>/mig/gi<G>[/ci<C>]/access`` (NVIDIA's MIG user guide, "Device
+Nodes and Capabilities"). ``CUDA_VISIBLE_DEVICES`` only chooses among the devices a process may open; the
+file mode of these nodes is what decides who may. nvidia-modprobe makes them 0444 (the access file's
+``DeviceFileMode: 292``): every local user could use every instance. The node agent instead makes a
+job's nodes itself, owned by the job's owner and mode 0400, before the job starts, and gives them back to
+root (0400) before the instance is destroyed; :meth:`CapabilityFence.enforce` sets every node of the
+directory to what the journal says at the agent's start and at each reconcile, so a restart, an instance
+destroyed behind the agent's back or a node nvidia-modprobe made anew ends fenced again.
+
+Nodes are made under a fresh temporary name in the root-owned directory and renamed over the old one:
+a user's symlink there is replaced, never followed. The site keeps nvidia-modprobe from making or
+changing these nodes (``NVreg_ModifyDeviceFiles=0``, or no setuid bit on nvidia-modprobe): see
+docs/security.md and ``mig-batch doctor --role node``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from mig_batch.errors import MigBatchError
+
+GRANTED_MODE = 0o400  # the driver needs read access to the node; nothing else
+NODE_NAME = re.compile(r"nvidia-cap(\d+)")
+
+
+class FenceError(MigBatchError, RuntimeError):
+    """An instance could not be fenced (no capability, no device directory, a node not made)."""
+
+
+class Fence(Protocol):
+    """Who may open a GPU instance's device nodes: ``grant`` before its job starts, ``revoke`` before it
+    is destroyed, ``enforce`` the journal's view of who holds what (``holders``: (gpu, gi id) -> uid)."""
+
+    def grant(self, gpu: int, gi_id: int, uid: int) -> None: ...
+
+    def revoke(self, gpu: int, gi_id: int) -> None: ...
+
+    def enforce(self, holders: Mapping[tuple[int, int], int]) -> list[str]: ...
+
+
+class Unfenced:
+    """No fence (``fence: off``, or a GPU backend without capabilities): every local user may open every
+    instance, as with nvidia-modprobe's defaults."""
+
+    def grant(self, gpu: int, gi_id: int, uid: int) -> None:
+        return None
+
+    def revoke(self, gpu: int, gi_id: int) -> None:
+        return None
+
+    def enforce(self, holders: Mapping[tuple[int, int], int]) -> list[str]:
+        return []
+
+
+def read_minor(access: Path) -> int:
+    """The ``DeviceFileMinor`` of a capability's access file."""
+    text = access.read_text()
+    found = re.search(r"^DeviceFileMinor:\s*(\d+)\s*$", text, re.MULTILINE)
+    if found is None:
+        raise FenceError(f"{access} names no DeviceFileMinor")
+    return int(found.group(1))
+
+
+def caps_major(proc_devices: Path) -> int:
+    """The ``nvidia-caps`` character device major, from ``/proc/devices``."""
+    try:
+        text = proc_devices.read_text()
+    except OSError as exc:
+        raise FenceError(f"cannot read {proc_devices}: {exc.strerror}") from None
+    found = re.search(r"^\s*(\d+)\s+nvidia-caps\s*$", text.partition("Block devices:")[0], re.MULTILINE)
+    if found is None:
+        raise FenceError(f"{proc_devices} lists no nvidia-caps devices: the driver does not expose MIG "
+                         "capabilities as device files (load nvidia with nv_cap_enable_devfs=1)")  # fmt: skip
+    return int(found.group(1))
+
+
+@dataclass
+class CapabilityFence:
+    """The fence over the driver's capabilities (see the module's text). ``capabilities``: the driver's
+    ``/proc/driver/nvidia/capabilities``; ``devices``: ``/dev/nvidia-caps``; ``proc_devices``: ``/proc/devices``."""
+
+    capabilities: Path = Path("/proc/driver/nvidia/capabilities")
+    devices: Path = Path("/dev/nvidia-caps")
+    proc_devices: Path = Path("/proc/devices")
+
+    def __post_init__(self) -> None:
+        self._major: int | None = None
+
+    def minors(self, gpu: int, gi_id: int) -> list[int]:
+        """The GPU instance's capability minor and those of its compute instances (none once it is gone)."""
+        base = self.capabilities / f"gpu{gpu}" / "mig" / f"gi{gi_id}"
+        try:
+            found = [read_minor(base / "access")]
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise FenceError(f"cannot read {base / 'access'}: {exc.strerror}") from None
+        with contextlib.suppress(FileNotFoundError):
+            for ci in sorted(base.iterdir()):
+                if ci.name.startswith("ci") and ci.name[2:].isdigit():
+                    with contextlib.suppress(FileNotFoundError):  # destroyed meanwhile
+                        found.append(read_minor(ci / "access"))
+        return found
+
+    def grant(self, gpu: int, gi_id: int, uid: int) -> None:
+        if uid < 0:
+            raise FenceError(f"the owner of GPU {gpu} instance {gi_id}'s job is unknown: not granted to anyone")
+        minors = self.minors(gpu, gi_id)
+        if len(minors) < 2:  # a job needs its GPU instance's and its compute instance's
+            raise FenceError(f"GPU {gpu} instance {gi_id} has no capability under {self.capabilities} for its "
+                             f"{'compute' if minors else 'GPU'} instance")  # fmt: skip
+        for minor in minors:
+            self._set(minor, uid)
+
+    def revoke(self, gpu: int, gi_id: int) -> None:
+        for minor in self.minors(gpu, gi_id):
+            self._set(minor, 0)
+
+    def enforce(self, holders: Mapping[tuple[int, int], int]) -> list[str]:
+        """Every instance node of the directory as ``holders`` says: a held instance's nodes its holder's, any
+        other node root's; what was changed, in words. The MIG config and monitor nodes are left as they are."""
+        wanted = {minor: uid for (gpu, gi), uid in holders.items() for minor in self.minors(gpu, gi)}
+        others = self._global_minors()
+        changed = []
+        try:
+            names = os.listdir(self.devices)
+        except FileNotFoundError:
+            names = []
+        for name in names:
+            match = NODE_NAME.fullmatch(name)
+            if match is None or int(match.group(1)) in others:
+                continue
+            minor = int(match.group(1))
+            uid = wanted.pop(minor, 0)
+            if not self._is(minor, uid):
+                self._set(minor, uid)
+                changed.append(f"{name} -> uid {uid}")
+        for minor, uid in wanted.items():  # a held instance without its node (an operator's clean-up)
+            self._set(minor, uid)
+            changed.append(f"nvidia-cap{minor} -> uid {uid} (made again)")
+        return changed
+
+    def check(self) -> list[str]:
+        """What keeps the fence from working on this node, in words (none: it works)."""
+        problems = []
+        if not self.capabilities.is_dir():
+            problems.append(f"{self.capabilities} is missing: this driver exposes no MIG capabilities")
+        try:
+            self._check_directory()
+        except FenceError as exc:
+            problems.append(str(exc))
+        try:
+            caps_major(self.proc_devices)
+        except FenceError as exc:
+            problems.append(str(exc))
+        return problems
+
+    # --- device nodes -------------------------------------------------------------------------------
+    def _major_number(self) -> int:
+        if self._major is None:
+            self._major = caps_major(self.proc_devices)
+        return self._major
+
+    def _global_minors(self) -> set[int]:
+        """The node-wide MIG capabilities (config, monitor): not an instance's, never changed here."""
+        found = set()
+        for name in ("config", "monitor"):
+            with contextlib.suppress(OSError, FenceError):
+                found.add(read_minor(self.capabilities / "mig" / name / "access"))
+        return found
+
+    def _check_directory(self) -> None:
+        """The device directory must be root's and writable by root only: a user who could write there
+        could put a node of their own in place of a job's."""
+        try:
+            info = os.lstat(self.devices)
+        except FileNotFoundError:
+            return  # made, root's, at the first grant
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o022:
+            raise FenceError(f"{self.devices} must be a directory owned by root and writable by root only "
+                             f"(found uid {info.st_uid}, mode {stat.filemode(info.st_mode)})")  # fmt: skip
+
+    def _is(self, minor: int, uid: int) -> bool:
+        try:
+            info = os.lstat(self.devices / f"nvidia-cap{minor}")
+        except FileNotFoundError:
+            return uid == 0  # no node: nobody but root can make one
+        return (stat.S_ISCHR(info.st_mode) and info.st_rdev == os.makedev(self._major_number(), minor)
+                and info.st_uid == uid and stat.S_IMODE(info.st_mode) == GRANTED_MODE)  # fmt: skip
+
+    def _set(self, minor: int, uid: int) -> None:
+        """``nvidia-cap<minor>`` as a node of ``uid``, mode 0400, put in place by a rename."""
+        if self._is(minor, uid):
+            return
+        if not self.devices.exists():
+            self.devices.mkdir(mode=0o755, parents=True)
+        self._check_directory()
+        final = self.devices / f"nvidia-cap{minor}"
+        partial = self.devices / f".nvidia-cap{minor}.{secrets.token_hex(6)}"
+        try:
+            os.mknod(partial, stat.S_IFCHR | 0, os.makedev(self._major_number(), minor))  # EEXIST: never reused
+            os.chown(partial, uid, 0, follow_symlinks=False)
+            os.chmod(partial, GRANTED_MODE)  # our own fresh node in a root-only directory: nothing to follow
+            os.replace(partial, final)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(partial)
+            raise FenceError(f"cannot make {final} for uid {uid}: {exc.strerror}") from None
