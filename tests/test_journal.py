@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -71,13 +72,19 @@ def test_a_line_cut_short_under_a_writer_that_keeps_the_file_open_costs_it_no_en
 
 def test_a_rewrite_that_fails_leaves_the_line_written_and_the_caller_unharmed(tmp_path, monkeypatch):
     monkeypatch.setattr(journal_module, "COMPACT_MIN_LINES", 10)
-    (tmp_path / (LOG_NAME + ".tmp")).mkdir()  # the rewrite cannot create its file
+    rewrites = []
+
+    def disk_full(path, text, mode):
+        rewrites.append(path)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(journal_module, "write_file", disk_full)  # the rewrite cannot write its file
     journal = Journal(tmp_path)
     for n in range(30):
         journal.add(entry(str(n)))
         journal.remove(str(n))
     journal.add(entry("kept"))
-    assert [e.job for e in Journal(tmp_path).entries()] == ["kept"]
+    assert rewrites and [e.job for e in Journal(tmp_path).entries()] == ["kept"]
 
 
 def test_a_log_emptied_in_place_is_read_again_from_its_start(tmp_path):
