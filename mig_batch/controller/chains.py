@@ -18,6 +18,7 @@ The decisions themselves come from :mod:`mig_batch.atomize` (pure code, shared w
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -26,7 +27,7 @@ from mig_batch.atomize.defrag import Steer, choose_spot, offer_groups
 from mig_batch.atomize.gaps import Gap, GpuTimeline, cluster_gaps, start_in_gap
 from mig_batch.atomize.profiles import MemoryProfile
 from mig_batch.atomize.protocol import Chain, Reply, Round, negotiate
-from mig_batch.atomize.samples import read_profile
+from mig_batch.atomize.samples import read_samples
 from mig_batch.batch.system import BatchJob
 from mig_batch.batch.tags import JobTag
 from mig_batch.config import SiteConfig
@@ -34,6 +35,8 @@ from mig_batch.mig.models import get_model
 from mig_batch.placement.cluster import Cluster
 from mig_batch.state import ChainRecord, Decision, Store, SubjobRecord
 from mig_batch.subjob import EXIT_CONTINUE, EXIT_DONE, EXIT_NOT_PREPARED, SLURM_SIGNAL_MARGIN_S
+
+log = logging.getLogger("mig-batchd")
 
 
 def _place(chain: Chain, reply: Reply, offered: Gap, gaps: Sequence[Gap], taken: Mapping[int, int], *,
@@ -45,6 +48,7 @@ class ChainDriver:
     def __init__(self, config: SiteConfig, store: Store, view: Cluster):
         self.config, self.store, self.view = config, store, view
         self._history: dict[str, tuple[int, MemoryProfile]] = {}  # job -> (subjobs seen, profile)
+        self._refused: dict[str, tuple[str, ...]] = {}  # job -> what its folder's last read refused, logged
         self._last_round: object = None
 
     def register(self, job: BatchJob, tag: JobTag, declared_mib: float) -> ChainRecord:
@@ -56,14 +60,22 @@ class ChainDriver:
         assert record is not None
         return record
 
-    def history(self, record: ChainRecord) -> MemoryProfile:
+    def history(self, record: ChainRecord, owner: int | None = None) -> MemoryProfile:
+        """The chain's memory profile from its samples, read again only after a subjob ended. The folder is
+        its owner's (``owner``: their uid, when known) and read as :mod:`mig_batch.atomize.samples` says: a
+        hostile one costs only this chain its profile (it falls back to its declared memory), and what was
+        refused is logged once, not every pass."""
         seen = self._history.get(record.job)
         if seen is None or seen[0] != record.subjobs:  # new samples only after a subjob ended
-            try:
-                profile = read_profile(record.checkpoint_dir)
-            except OSError:
-                profile = MemoryProfile(())
-            seen = self._history[record.job] = (record.subjobs, profile)
+            samples = read_samples(record.checkpoint_dir, owner)
+            if samples.refused and samples.refused != self._refused.get(record.job):
+                log.warning("chain %s: memory samples under %s partly or not read: %s", record.job,
+                            ascii(record.checkpoint_dir), "; ".join(samples.refused))  # fmt: skip
+            if samples.refused:
+                self._refused[record.job] = samples.refused
+            else:
+                self._refused.pop(record.job, None)
+            seen = self._history[record.job] = (record.subjobs, samples.profile)
         return seen[1]
 
     def offer(self, waiting: list[tuple[BatchJob, JobTag, ChainRecord]], timelines: list[GpuTimeline],
@@ -84,7 +96,8 @@ class ChainDriver:
         without them."""
         cfg = self.config.atomize
         hosts = hosts or {}
-        chains = [Chain(job.job_id, rec.declared_mib, self.history(rec), rec.min_s, rec.max_s, rec.submitted,
+        chains = [Chain(job.job_id, rec.declared_mib, self.history(rec, job.user_id if job.user_id >= 0 else None),
+                        rec.min_s, rec.max_s, rec.submitted,
                         last_mib=rec.last_mib, attained=rec.attained, deadline=rec.deadline,
                         hosts=hosts.get(job.job_id))
                   for job, _, rec in waiting]  # fmt: skip
