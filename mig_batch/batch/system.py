@@ -58,7 +58,8 @@ class BatchJob:
     state: JobState
     admin_tag: str  # the operator-only field: mig_batch's tag, its placement and the node's report
     user_id: int = -1
-    node: str = ""
+    node: str = ""  # where it runs (Slurm: its first node)
+    nodes: tuple[str, ...] = ()  # every node it holds, node first (Slurm: its NodeList expanded); (): node alone
     submit_time: float = 0.0
     start_time: float = 0.0  # when it started (epoch s); 0 before
     end_time: float = 0.0  # running: start + time limit (epoch s); 0 when unknown
@@ -73,6 +74,10 @@ class BatchJob:
     after: tuple[After, ...] = ()  # the jobs it depends on, all of them (one of several alternatives: none)
     array: str = ""  # the id of the job array this record belongs to ("": none)
     array_tasks: tuple[range, ...] = ()  # the array's tasks this record stands for (Slurm: one running, or all pending)
+
+    def on(self, node: str) -> bool:
+        """Whether it holds ``node`` (one of several too)."""
+        return node in self.nodes if self.nodes else node == self.node
 
     @property
     def managed(self) -> bool:

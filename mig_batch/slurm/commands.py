@@ -144,12 +144,14 @@ def parse_job_line(line: str) -> BatchJob:
     pending = state in WAITING  # its start time is a forecast
     seam_state = job_state(state, _int(priority))
     in_array = tasks != "N/A"
+    held = expand_hostlist(nodes)
     return BatchJob(
         job_id=job_id,
         state=seam_state,
         admin_tag="" if comment == "(null)" else comment,
         user_id=_int(uid, -1),
-        node=nodes,
+        node=held[0] if held else nodes,
+        nodes=held,
         submit_time=float(_int(submit)),
         start_time=0.0 if pending else float(_int(start)),
         end_time=0.0 if pending else float(_int(end)),
@@ -221,6 +223,59 @@ def parse_dependency(text: str) -> tuple[After, ...]:
             found.append(After(job, _AWAITS[kind], 60.0 * int(minutes) if minutes else 0.0, array if task else "",
                                int(task) if task.isdigit() else None))  # fmt: skip
     return tuple(found[:1]) if alternatives else tuple(found)
+
+
+# Slurm's compressed host lists (hostlist.c): names apart by commas outside brackets; a bracket holds numbers and
+# ranges, zero-padded to the width of each one's first number (gpu[01-03,07]); several brackets in one name
+# multiply (r[1-2]n[1-2]: r1n1, r1n2, r2n1, r2n2).
+_BRACKET = re.compile(r"\[([^\[\]]*)\]")
+_HOSTLIST_ITEM = re.compile(r"(\d+)(?:-(\d+))?")
+MAX_HOSTS = 1 << 16  # no cluster of Slurm's has more nodes: a longer list is not a job's
+
+
+def expand_hostlist(text: str) -> tuple[str, ...]:
+    """Every node name of Slurm's host list ``text`` (``n[1-2]``, ``gpu[01-03,07]``, ``a1,b[2-3]``), in its
+    order; () for none ("", or a pending job's ``(null)``, ``None assigned``). A node is compared with these,
+    never with the compressed text, which names none of them."""
+    if text.strip() in ("", "(null)", "None assigned"):
+        return ()
+    names: list[str] = []
+    depth, start = 0, 0
+    for i, char in enumerate(text + ","):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth not in (0, 1):
+            raise SlurmError(f"not a host list: {text!r}")
+        if char == "," and depth == 0:
+            names.extend(_expand_name(text[start:i].strip(), text))
+            start = i + 1
+        if len(names) > MAX_HOSTS:
+            raise SlurmError(f"a host list of more than {MAX_HOSTS} nodes: {text[:80]!r}")
+    if depth != 0:
+        raise SlurmError(f"not a host list: {text!r}")
+    return tuple(names)
+
+
+def _expand_name(item: str, text: str) -> list[str]:
+    """One name of a host list with its brackets expanded (``r[1-2]n[01-02]``)."""
+    match = _BRACKET.search(item)
+    if match is None:
+        if not item or "]" in item:
+            raise SlurmError(f"not a host list: {text!r}")
+        return [item]
+    numbers = []
+    for piece in match.group(1).split(","):
+        m = _HOSTLIST_ITEM.fullmatch(piece.strip())
+        if m is None or int(m.group(2) or m.group(1)) < int(m.group(1)):
+            raise SlurmError(f"not a host list: {text!r}")
+        first, last = int(m.group(1)), int(m.group(2) or m.group(1))
+        if last - first > MAX_HOSTS:
+            raise SlurmError(f"a host list of more than {MAX_HOSTS} nodes: {text[:80]!r}")
+        width = len(m.group(1))
+        numbers.extend(f"{n:0{width}d}" for n in range(first, last + 1))
+    head, rest = item[: match.start()], _expand_name(item[match.end():], text) if item[match.end():] else [""]
+    if len(numbers) * len(rest) > MAX_HOSTS:
+        raise SlurmError(f"a host list of more than {MAX_HOSTS} nodes: {text[:80]!r}")
+    return [head + n + tail for n in numbers for tail in rest]
 
 
 def job_in(lines: str, job: str) -> BatchJob | None:
