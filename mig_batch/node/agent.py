@@ -547,9 +547,9 @@ class NodeAgent:
             gpus = [g.index for g in self.backend.gpus() if g.mig_enabled]
             unjournaled = any(i.uuid not in owned for g in gpus for i in self.backend.instances(g))
         if unjournaled:
-            return {j.job_id: j for j in self.channel.jobs() if j.running and j.node == self.node}, None
+            return {j.job_id: j for j in self.channel.jobs() if j.running and j.on(self.node)}, None
         answered = self.channel.jobs_named(sorted({job_of(e.job) for e in entries} | set(self.unsent)))
-        running = {job: j for job, j in answered.items() if j is not None and j.running and j.node == self.node}
+        running = {job: j for job, j in answered.items() if j is not None and j.running and j.on(self.node)}
         return running, set(answered)
 
     def _take_back(self, inst, reported: tuple[str, NodeReport] | None) -> bool:
