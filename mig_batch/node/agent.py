@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
+import re
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -35,16 +35,26 @@ from mig_batch.batch.tags import (
     with_report,
 )
 from mig_batch.gpu.base import GpuBackend, GpuBackendError, InsufficientResources, InUse, NotFound, NotSupported
+from mig_batch.node.fence import Fence, FenceError, Unfenced
 from mig_batch.node.journal import Entry, Journal
 from mig_batch.node.lock import LOCK_NAME, NodeBusy, NodeLock
 from mig_batch.placement.base import Placement, PlacementRequest
 from mig_batch.placement.cluster import Cluster, Gpu
 from mig_batch.placement.multi import MULTI_POLICIES, MultiPlacement, MultiPolicy
 from mig_batch.placement.policies import make_policy
+from mig_batch.safe_files import make_dir, write_file
 from mig_batch.subjob import ENV_DEADLINE, ENV_MARGIN
 
 log = logging.getLogger("mig-batch-agent")
 NO_DEVICE = "NoDevFiles"  # what a job gets when nothing could be made: CUDA sees no GPU
+# the ids the batch systems give a job's hooks: Slurm's SLURM_JOB_ID (digits), HTCondor's cluster.proc. An id
+# names the job's file in job_dir: anything else ("../x") is refused before it names one
+JOB_ID = re.compile(r"[0-9]{1,20}(?:\.[0-9]{1,20})?")
+
+
+def valid_job_id(job_id: object) -> bool:
+    """Whether ``job_id`` is a job id of Slurm's or HTCondor's (see JOB_ID)."""
+    return isinstance(job_id, str) and JOB_ID.fullmatch(job_id) is not None
 
 
 class NodeChannel(Protocol):
@@ -121,8 +131,8 @@ def _reported(admin_tag: str) -> bool:
 
 
 def _reported_spots(jobs: Mapping[str, BatchJob],
-                    reports: Mapping[str, NodeReport]) -> dict[str, tuple[str, NodeReport]]:  # fmt: skip
-    """UUID -> (journal key, report) of every instance the jobs' node reports name (a job's rank r: job#r);
+                    reports: Mapping[str, NodeReport]) -> dict[str, tuple[str, NodeReport, int]]:  # fmt: skip
+    """UUID -> (journal key, report, owner uid) of every instance the jobs' node reports name (a job's rank r: job#r);
     ``reports``: the agent's own for jobs whose record as read has none (sent since, or not taken)."""
     spots = {}
     for job_id, job in jobs.items():
@@ -131,7 +141,7 @@ def _reported_spots(jobs: Mapping[str, BatchJob],
         except ValueError:
             continue
         for rank, spot in enumerate(report.ranks() if report is not None else ()):
-            spots[spot.uuid] = (rank_key(job_id, rank), spot)
+            spots[spot.uuid] = (rank_key(job_id, rank), spot, job.user_id)
     return spots
 
 
@@ -143,11 +153,15 @@ def _spots(verb: str, entries: list[Entry]) -> str:
 class NodeAgent:
     def __init__(self, node: str, backend: GpuBackend, journal: Journal, channel: NodeChannel, job_dir: Path,
                  policy: str = "mfi", checkpoint_margin_s: float = 30.0,
-                 clock: Callable[[], float] = time.time, lock_wait_s: float | None = None):  # fmt: skip
+                 clock: Callable[[], float] = time.time, lock_wait_s: float | None = None,
+                 fence: Fence | None = None):  # fmt: skip
         """``lock_wait_s``: how long to wait while another process holds the node's GPU work (None: as long as
-        it takes; a hook's in-process fallback waits less, see mig_batch/node/lock.py)."""
+        it takes; a hook's in-process fallback waits less, see mig_batch/node/lock.py). ``fence``: who may open
+        each instance (mig_batch/node/fence.py; None: no fence, for backends without capabilities)."""
         self.node, self.backend, self.journal, self.channel = node, backend, journal, channel
+        self.fence: Fence = fence if fence is not None else Unfenced()
         self.job_dir, self.policy, self.margin, self.clock = Path(job_dir), policy, checkpoint_margin_s, clock
+        make_dir(self.job_dir, 0o755)  # the jobs' TaskProlog reads it; refused (UnsafePath) if a user can write it
         self.started = clock()
         self.lock = NodeLock(journal.dir / LOCK_NAME, lock_wait_s)  # shared with a hook's in-process fallback
         self._publishing = threading.Lock()  # one publish at a time, its field built when its turn comes
@@ -165,12 +179,15 @@ class NodeAgent:
         holds the node's lock: reading the decision, writing the job's file and reporting need not.
         ``owner_uid``: the job owner's uid as the caller verified it (HTCondor: the wrapper's peer); None:
         the batch system's record of the job says."""
+        if not valid_job_id(job_id):  # before it names a file or reaches the batch system
+            return PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"], None, f"not a job id: {job_id!r}")
         job = None
         try:
             job = self.channel.job(job_id)
             problems = self.problems
+            uid = owner_uid if owner_uid is not None else (job.user_id if job is not None else -1)
             with self.lock:
-                result = self._provision(job_id, job)
+                result = self._provision(job_id, job, uid)
             if self.problems != problems:
                 self._publish()  # a problem found while provisioning; sent outside the node's lock
             self._bind(job_id, result.exports)
@@ -201,23 +218,38 @@ class NodeAgent:
         for entry in entries:
             found = self.backend.find(entry.uuid, entry.gpu)
             if found is not None:
+                self.fence.revoke(found.gpu, found.gi_id)
                 self._destroy_all([found])
             self.journal.remove(entry.job)
 
-    def _provision(self, job_id: str, job: BatchJob | None) -> PrologResult:
+    def _grant(self, job_id: str, entries: list[Entry]) -> PrologResult | None:
+        """Give the job's owner its instances' device nodes; when that fails, destroy them and requeue the
+        job (None: granted). A job never runs on an instance every local user could open."""
+        try:
+            for entry in entries:
+                self.fence.grant(entry.gpu, entry.gi_id, entry.uid)
+        except FenceError as exc:
+            self._forget(entries)
+            reason = f"could not fence the job's instance on {self.node}: {exc}"
+            self._note_problem(NodeProblem("prolog", job_id, reason))
+            report = NodeReport("requeue", reason=reason)
+            return PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"], report, reason)
+        return None
+
+    def _provision(self, job_id: str, job: BatchJob | None, uid: int) -> PrologResult:
         if job is None or not job.managed:
             return PrologResult([], None)  # not ours
         place = parse_place(job.admin_tag)
         known = self.journal.ranks(job_id)
         wanted = len(place.ranks()) if place is not None else 1
         if known and len(known) == wanted and all(self.backend.find(e.uuid, e.gpu) is not None for e in known):
-            return PrologResult(self._exports(known, place), None)  # this prolog ran before
+            return self._grant(job_id, known) or PrologResult(self._exports(known, place), None)  # ran before
         self._forget(known)  # a part of a job's instances (an earlier prolog stopped midway): start again
         if place is None:
             report = NodeReport("requeue", reason=f"released without a placement, on {self.node}")
             return PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"], report, report.reason)
         if len(place.spots) > 1:
-            return self._provision_ranks(job_id, job, place)
+            return self._provision_ranks(job_id, job, place, uid)
         kind = "made"
         try:
             if place.node != self.node:
@@ -236,17 +268,20 @@ class NodeAgent:
                 return PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"], report, report.reason)
             inst = self.backend.create(local.gpu_index, local.profile, local.start)
             kind = "replaced"
-        entry = Entry(job_id, inst.gpu, inst.gi_id, inst.profile, inst.start, inst.uuid, self.clock())
+        entry = Entry(job_id, inst.gpu, inst.gi_id, inst.profile, inst.start, inst.uuid, self.clock(), uid)
         try:
             self.journal.add(entry)  # before the job can use it: a restart knows what it owns
         except Exception:
             with contextlib.suppress(GpuBackendError):  # unjournaled, it would be a stray until a reconcile
                 self.backend.destroy(inst.gpu, inst.gi_id, inst.uuid)
             raise
+        refused = self._grant(job_id, [entry])
+        if refused is not None:
+            return refused
         report = NodeReport(kind, inst.gpu, inst.profile, inst.start, inst.gi_id, inst.uuid)
         return PrologResult(self._exports([entry], place), report)
 
-    def _provision_ranks(self, job_id: str, job: BatchJob, place: Placed) -> PrologResult:
+    def _provision_ranks(self, job_id: str, job: BatchJob, place: Placed, uid: int) -> PrologResult:
         """A multi-instance job: every rank's instance or none. A partial failure destroys what it made
         and falls back, as for one instance, to a place for all of them elsewhere on this node."""
         kind = "made"
@@ -273,7 +308,7 @@ class NodeAgent:
                 return PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"], report, report.reason)
             kind = "replaced"
         now = self.clock()
-        entries = [Entry(rank_key(job_id, r), i.gpu, i.gi_id, i.profile, i.start, i.uuid, now)
+        entries = [Entry(rank_key(job_id, r), i.gpu, i.gi_id, i.profile, i.start, i.uuid, now, uid)
                    for r, i in enumerate(made)]  # fmt: skip
         try:
             for entry in entries:  # before the job can use them: a restart knows what it owns
@@ -284,6 +319,9 @@ class NodeAgent:
                 for entry in entries:
                     self.journal.remove(entry.job)
             raise
+        refused = self._grant(job_id, entries)
+        if refused is not None:
+            return refused
         reports = [NodeReport(kind, i.gpu, i.profile, i.start, i.gi_id, i.uuid) for i in made]
         report = NodeReport(kind, made[0].gpu, made[0].profile, made[0].start, made[0].gi_id, made[0].uuid,
                             more=tuple(reports[1:]))  # fmt: skip
@@ -381,6 +419,8 @@ class NodeAgent:
     def epilog(self, job_id: str, attempts: int = 10, pause_s: float = 0.5) -> str:
         """Destroy the job's instance; what happened, in words. Never raises. A problem (the instance
         still in use, an error, strays) is also published on the node for the controller's events."""
+        if not valid_job_id(job_id):  # before it names a file
+            return f"refused: not a job id: {job_id!r}"
         try:
             with self.lock:
                 detail, problem = self._epilog(job_id, attempts, pause_s)
@@ -396,7 +436,7 @@ class NodeAgent:
         """(what happened, whether it is a problem)."""
         self.unsent.pop(job_id, None)
         try:
-            (self.job_dir / job_id).unlink(missing_ok=True)
+            self._job_file(job_id).unlink(missing_ok=True)
             entries = self.journal.ranks(job_id)
             if not entries:
                 return "nothing to destroy", False
@@ -424,6 +464,7 @@ class NodeAgent:
     def _destroy_journaled(self, entry: Entry, attempts: int, pause_s: float) -> bool | None:
         """Destroy an entry's instance, by its UUID too (its id may have been made again for another job's
         instance): True when destroyed, False when gone already, None when still in use after ``attempts``."""
+        self.fence.revoke(entry.gpu, entry.gi_id)  # its nodes root's first: no process of the job opens it again
         for attempt in range(attempts):
             try:
                 self.backend.destroy(entry.gpu, entry.gi_id, entry.uuid)
@@ -481,8 +522,9 @@ class NodeAgent:
 
     def _destroy_stray(self, inst) -> str:
         try:
+            self.fence.revoke(inst.gpu, inst.gi_id)
             self.backend.destroy(inst.gpu, inst.gi_id, inst.uuid)
-        except GpuBackendError as exc:
+        except (GpuBackendError, FenceError) as exc:
             return f"{inst.profile}@{inst.start} on GPU {inst.gpu} (not destroyed: {exc})"
         return f"{inst.profile}@{inst.start} on GPU {inst.gpu}"
 
@@ -493,6 +535,7 @@ class NodeAgent:
         outside the node's lock, so an instance journaled after the question is kept: its job may have
         started since."""
         asked = self.clock()
+        self.refence()  # first, and whether or not the batch system answers
         try:
             running, asked_about = self._live_here()
         except BatchError as exc:
@@ -512,7 +555,8 @@ class NodeAgent:
                 if found is not None:
                     strays.append(with_job + self._destroy_stray(found))
                 self.journal.remove(entry.job)
-                (self.job_dir / job_of(entry.job)).unlink(missing_ok=True)
+                if valid_job_id(job_of(entry.job)):  # an earlier release journaled any id without a "/"
+                    self._job_file(job_of(entry.job)).unlink(missing_ok=True)
             owned = {e.uuid for e in self.journal.entries()}
             gpus = self.backend.gpus()
             self.mig_off = tuple(g.index for g in gpus if not g.mig_enabled)
@@ -534,6 +578,21 @@ class NodeAgent:
         self._publish()
         return strays
 
+    def refence(self) -> list[str]:
+        """Every instance's device nodes as the journal says who holds what (at start and at each reconcile:
+        after a restart, an instance destroyed behind the agent's back, a node made anew by someone else).
+        What was changed, in words; a failure is a node problem, never an exception."""
+        try:
+            with self.lock:
+                holders = {(e.gpu, e.gi_id): e.uid for e in self.journal.entries() if e.uid >= 0}
+                changed = self.fence.enforce(holders)
+        except (FenceError, OSError) as exc:
+            self._note_problem(NodeProblem("reconcile", "", f"could not enforce the instance fence: {exc}"))
+            return []
+        if changed:
+            log.warning("fence: device nodes set back to the journal's holders: %s", "; ".join(changed))
+        return changed
+
     def _live_here(self) -> tuple[dict[str, BatchJob], set[str] | None]:
         """The jobs running on this node among those the batch system answered about, and which those were
         (None: every job). Asked about: the journal's jobs and those whose report waits to be sent again. A
@@ -552,29 +611,32 @@ class NodeAgent:
         running = {job: j for job, j in answered.items() if j is not None and j.running and j.on(self.node)}
         return running, set(answered)
 
-    def _take_back(self, inst, reported: tuple[str, NodeReport] | None) -> bool:
+    def _take_back(self, inst, reported: tuple[str, NodeReport, int] | None) -> bool:
         """Journal again an instance that a running job's report names but the journal does not (the journal
         was lost: a wiped directory, an operator's clean-up), rather than destroy it under the job. Only
         where the report names this very instance (GPU, id and UUID) and the job's rank has no other entry."""
         if reported is None:
             return False
-        key, rank = reported
+        key, rank, uid = reported
         if (rank.gpu, rank.gi_id) != (inst.gpu, inst.gi_id) or self.journal.get(key) is not None:
             return False
-        self.journal.add(Entry(key, inst.gpu, inst.gi_id, inst.profile, inst.start, inst.uuid, self.clock()))
+        self.journal.add(Entry(key, inst.gpu, inst.gi_id, inst.profile, inst.start, inst.uuid, self.clock(), uid))
         detail = f"{inst.profile}@{inst.start} on GPU {inst.gpu}, named by job {job_of(key)}'s report but not " \
                  "in the journal: kept and journaled again"  # fmt: skip
         log.warning("reconcile: %s", detail)
         self._note_problem(NodeProblem("reconcile", job_of(key), detail))
         return True
 
+    def _job_file(self, job_id: str) -> Path:
+        """The job's file in job_dir; ValueError for what is not a job id (it would name another file)."""
+        if not valid_job_id(job_id):
+            raise ValueError(f"not a job id: {job_id!r}")
+        return self.job_dir / job_id
+
     def _write_job_file(self, job_id: str, exports: list[str]) -> None:
-        """``export NAME=value`` lines for the TaskProlog (node-local, read by the job's tasks)."""
+        """``export NAME=value`` lines for the TaskProlog (node-local, read by the job's tasks). A temporary
+        file of its own per write: the procs of one HTCondor cluster (12.0, 12.1) bind at once."""
         if not exports:
             return
-        self.job_dir.mkdir(parents=True, exist_ok=True)
-        path = self.job_dir / job_id
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(f"{line}\n" for line in exports))
-        tmp.chmod(0o644)
-        os.replace(tmp, path)
+        make_dir(self.job_dir, 0o755)  # an operator may have removed it since the start
+        write_file(self._job_file(job_id), "".join(f"{line}\n" for line in exports), 0o644)

@@ -319,6 +319,7 @@ class MigTestbed:
     slurm_api: bool = True  # the per-job Slurm calls through the helper library where it builds; False: commands
     slurm_library: str = ""  # the helper library the configs name ("": none)
     prompt_slots: int = 0  # mig-batchd's prompt slots per request (0: off; docs/slurm.md "Prompt slots")
+    fence: bool = True  # each job fenced to its instance: the emulated driver's capability nodes (node/fence.py)
     cluster: LocalCluster | None = None
     controller: subprocess.Popen | None = None
     agents: dict[str, subprocess.Popen] = field(default_factory=dict)
@@ -377,6 +378,7 @@ class MigTestbed:
             off = self.mig_off.get(node, [])
             gpus = [nvml_emu.EmulatedGpu(get_model(m), i not in off) for i, m in enumerate(models)]
             nvml_emu.make_node(self.gpu_dir(node), node, gpus)
+            shutil.copy(nvml_emu.CUDA_OPEN, self.gpu_dir(node) / "cuda-open")  # what a job's CUDA would open
         env = self.gpu_env() | ({"PYTHONPATH": self.node_pythonpath} if self.node_pythonpath else {})
         exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
         self.node_python.parent.mkdir(parents=True, exist_ok=True)
@@ -396,6 +398,10 @@ class MigTestbed:
             "job_dir": f"{NODE_PATHS[1]}/jobs",
             "agent_socket": f"{NODE_PATHS[1]}/agent.sock",
             "reconcile_interval_s": self.reconcile_interval_s,
+            # the emulated driver's /proc capabilities, /proc/devices and /dev/nvidia-caps, as each node sees them
+            "fence": {"mode": "capabilities", "capabilities": f"{NODE_GPU_DIR}/capabilities",
+                      "devices": f"{NODE_GPU_DIR}/nvidia-caps", "proc_devices": f"{NODE_GPU_DIR}/devices"}
+            if self.fence else {"mode": "off"},
         }))  # fmt: skip
         self.store_path.parent.mkdir(parents=True, exist_ok=True)
         self.controller_config.write_text(yaml.safe_dump({

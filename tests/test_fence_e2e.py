@@ -1,0 +1,146 @@
+"""Each job fenced to its own MIG instance, end to end on a real local Slurm: two ordinary users submit
+MIG jobs with plain sbatch; each job runs as its user, gets its instance from the Prolog and the TaskProlog,
+and opens MIG devices as CUDA would (the emulated node's ``cuda-open``): its own instance, and the other
+user's once it points CUDA_VISIBLE_DEVICES at it. One node, one A100-40GB (emulated libnvidia-ml)."""
+
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from mig_batch.slurm.local_cluster import NODE_GPU_DIR, LocalCluster, MigTestbed
+
+USERS = ("mig-batch-alice", "mig-batch-bob")
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(LocalCluster.available() is not None, reason=str(LocalCluster.available())),
+    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None or shutil.which("useradd") is None,
+                       reason="two ordinary users are made with useradd and act through setpriv (root)"),
+]
+
+# Opens its own instance, says it is up, waits for the test to name another job's MIG device, opens that,
+# and lives on until the test ends it (the other job's instance must outlive its try).
+JOB = """#!/bin/sh
+echo "own $CUDA_VISIBLE_DEVICES"
+sh {gpu}/cuda-open; echo "own-rc $?"
+while [ ! -f {shared}/$SLURM_JOB_ID.other ]; do sleep 0.2; done
+CUDA_VISIBLE_DEVICES=$(cat {shared}/$SLURM_JOB_ID.other) sh {gpu}/cuda-open; echo "other-rc $?"
+while [ ! -f {shared}/$SLURM_JOB_ID.end ]; do sleep 0.2; done
+"""
+# A job over two instances: each task opens its own rank's instance, then the other rank's.
+RANKS = """#!/bin/sh
+srun sh -c 'echo "rank $SLURM_LOCALID $CUDA_VISIBLE_DEVICES"; sh {gpu}/cuda-open; echo "rank-rc $SLURM_LOCALID $?"'
+CUDA_VISIBLE_DEVICES=$MIG_BATCH_INSTANCES sh {gpu}/cuda-open; echo "all-rc $?"
+"""
+
+
+def ensure_user(name: str) -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
+        return pwd.getpwnam(name)
+
+
+@pytest.fixture(scope="module")
+def bed():
+    users = [ensure_user(u) for u in USERS]
+    # every user reaches the cluster's config, the munge socket and the hooks (the TaskProlog runs as the job's user)
+    root = Path(tempfile.mkdtemp(prefix="mig-batch-fence-"))
+    os.chmod(root, 0o755)
+    shared = root / "shared"
+    shared.mkdir(mode=0o777)
+    os.chmod(shared, 0o1777)
+    testbed = MigTestbed(root, nodes={"n1": ["A100-40GB"]})
+    testbed.start()
+    yield testbed, users, shared
+    testbed.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def submit(testbed, user, shared, body: str, *options: str) -> str:
+    script = shared / f"{user.pw_name}-{time.monotonic_ns()}.sh"
+    script.write_text(body.format(gpu=NODE_GPU_DIR, shared=shared))
+    script.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "SLURM_CONF": str(testbed.cluster.conf), "HOME": "/",
+           "MIG_BATCH_NVML_EMU_DIR": NODE_GPU_DIR}  # fmt: skip
+    done = subprocess.run(["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--init-groups",
+                           "sbatch", "--parsable", f"--chdir={shared}", f"--output={shared}/%j.out", *options,
+                           str(script)], env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().split(";")[0]
+
+
+def output(shared: Path, job: str) -> str:
+    path = shared / f"{job}.out"
+    return path.read_text() if path.exists() else ""
+
+
+def wait_for(what, timeout=90.0, why=""):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = what()
+        if found:
+            return found
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting: {why}")
+
+
+def own_uuid(shared, job):
+    text = wait_for(lambda: "own-rc" in output(shared, job) and output(shared, job), why=f"job {job} to start")
+    return next(line.split()[1] for line in text.splitlines() if line.startswith("own "))
+
+
+def state(testbed, job):
+    return testbed.cluster.run("squeue", "-h", "-j", job, "-o", "%T", check=False).stdout.strip()
+
+
+def test_two_users_jobs_each_open_their_own_instance_and_not_the_others(bed):
+    testbed, (alice, bob), shared = bed
+    alice_job = submit(testbed, alice, shared, JOB, "--gres=mig:1g.10gb")
+    bob_job = submit(testbed, bob, shared, JOB, "--gres=mig:1g.10gb")
+    alice_uuid, bob_uuid = own_uuid(shared, alice_job), own_uuid(shared, bob_job)
+    assert alice_uuid.startswith("MIG-") and bob_uuid.startswith("MIG-") and alice_uuid != bob_uuid
+    (shared / f"{alice_job}.other").write_text(bob_uuid)
+    (shared / f"{bob_job}.other").write_text(alice_uuid)
+    for job in (alice_job, bob_job):
+        text = wait_for(lambda job=job: "other-rc" in output(shared, job) and output(shared, job), why=f"job {job}")
+        assert "own-rc 0" in text, text
+        assert "other-rc 1" in text and text.count("Permission denied") == 2, text
+    for job in (alice_job, bob_job):
+        (shared / f"{job}.end").touch()
+
+
+def test_the_next_job_on_the_slice_gets_it_and_the_ended_jobs_user_has_none(bed):
+    testbed, (alice, bob), shared = bed
+    first = submit(testbed, alice, shared, JOB, "--gres=mig:7g.40gb")  # the whole GPU: the next job gets the same
+    uuid = own_uuid(shared, first)
+    (shared / f"{first}.other").write_text(uuid)
+    (shared / f"{first}.end").touch()
+    wait_for(lambda: state(testbed, first) == "", why=f"job {first} to end")
+    second = submit(testbed, bob, shared, JOB, "--gres=mig:7g.40gb")
+    second_uuid = own_uuid(shared, second)
+    assert "own-rc 0" in output(shared, second)
+    # Alice, her job over, points CUDA at the instance now on her old slice (a process left on the node)
+    probe = testbed.in_node("n1", "setpriv", f"--reuid={alice.pw_uid}", f"--regid={alice.pw_gid}", "--clear-groups",
+                            "env", f"MIG_BATCH_NVML_EMU_DIR={NODE_GPU_DIR}", f"CUDA_VISIBLE_DEVICES={second_uuid}",
+                            "sh", f"{NODE_GPU_DIR}/cuda-open")  # fmt: skip
+    assert probe.returncode == 1 and probe.stdout.count("Permission denied") == 2, probe.stdout + probe.stderr
+    (shared / f"{second}.other").write_text(second_uuid)
+    (shared / f"{second}.end").touch()
+    wait_for(lambda: state(testbed, second) == "", why=f"job {second} to end")
+
+
+def test_a_multi_instance_jobs_ranks_reach_all_their_instances(bed):
+    testbed, (alice, _bob), shared = bed
+    job = submit(testbed, alice, shared, RANKS, "--gres=mig:1g.10gb:2", "--ntasks=2")
+    text = wait_for(lambda: "all-rc" in output(shared, job) and output(shared, job), why=f"job {job}")
+    assert "rank-rc 0 0" in text and "rank-rc 1 0" in text and "all-rc 0" in text, text
+    ranks = {line.split()[2] for line in text.splitlines() if line.startswith("rank ")}
+    assert len(ranks) == 2 and all(r.startswith("MIG-") for r in ranks), text
