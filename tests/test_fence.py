@@ -179,3 +179,21 @@ def test_a_job_that_cannot_be_fenced_does_not_run_and_its_instance_is_destroyed(
     assert backend.instances(0) == [] and Journal(tmp_path / "journal").entries() == []
     with pytest.raises(FenceError, match="unknown"):
         fence_of(directory).grant(0, 1, -1)
+
+
+def test_doctor_says_whether_the_fence_can_work_on_the_node(node):
+    from mig_batch.cli.ops_commands import check_fence
+    from mig_batch.config import FenceConfig, SiteConfig
+
+    _backend, directory = node
+    fenced = SiteConfig(fence=FenceConfig("capabilities", str(directory / "capabilities"),
+                                          str(directory / "nvidia-caps"), str(directory / "devices")))  # fmt: skip
+    assert check_fence(fenced, "n1").ok
+    os.chmod(directory / "nvidia-caps", 0o775)
+    found = check_fence(fenced, "n1")
+    assert not found.ok and "writable by root only" in found.detail and "NVreg_ModifyDeviceFiles=0" in found.fix
+    os.chmod(directory / "nvidia-caps", 0o755)
+    (directory / "devices").write_text("Character devices:\n  1 mem\n")
+    assert "nvidia-caps" in check_fence(fenced, "n1").detail
+    off = check_fence(SiteConfig(fence=FenceConfig("off")), "n1")
+    assert off.ok and "every local user" in off.detail

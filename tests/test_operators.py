@@ -250,10 +250,19 @@ def doctor(site: SiteConfig, capsys, *options: str) -> tuple[int, str]:
     return run_cli(capsys, ["doctor", "--config", site.path, *options])
 
 
-def test_doctor_passes_a_node_set_up_right(site, installed, agent_up, capsys):
+def fenced_on(site: SiteConfig, gpu_dir: Path) -> None:
+    """The site's fence over the emulated node's capabilities, /proc/devices and /dev/nvidia-caps."""
+    with open(site.path, "a") as f:
+        f.write(f"fence: {{capabilities: {gpu_dir}/capabilities, devices: {gpu_dir}/nvidia-caps, "
+                f"proc_devices: {gpu_dir}/devices}}\n")
+
+
+def test_doctor_passes_a_node_set_up_right(site, installed, agent_up, gpus, capsys):
+    fenced_on(site, gpus[1])
     code, out = doctor(site, capsys, "--node", "n1")
     assert code == 0 and "FAIL" not in out, out
-    for name in ("config", "slurm", "Prolog", "Epilog", "TaskProlog", "agent", "gpu backend", "mig mode"):
+    for name in ("config", "slurm", "Prolog", "Epilog", "TaskProlog", "agent", "gpu backend", "mig mode",
+                 "instance fence"):
         assert f"ok   {name}:" in out, (name, out)
 
 

@@ -167,6 +167,8 @@ def doctor(config_file: str | None, role: str | None, node: str) -> list[Check]:
         checks.append(Check("inventory", False, f"node {node} is not in the inventory", fix))
     if show_config is not None:
         checks += check_hooks(show_config, config)
+    checks.append(check_node_dirs(config, node))
+    checks.append(check_fence(config, node))
     checks.append(check_agent(config.agent_socket))
     checks += check_gpus(config, node)
     return checks
@@ -289,7 +291,8 @@ def shim_targets(shim: Path) -> list[Path]:
     """The hook clients (the C one, a Python and hook_client.py) and the slow path's Python a Prolog/Epilog
     shim runs (a moved venv breaks every job start)."""
     found = []
-    for match in re.finditer(r'^\s*(.+?) (?:prolog|epilog) "\$SLURM_JOB_ID" \S+ (/\S+) -m ', _head(shim), re.MULTILINE):
+    for match in re.finditer(r'^\s*(.+?) (?:prolog|epilog) "\$SLURM_JOB_ID" \S+ (/\S+) (?:-I )?-m ', _head(shim),
+                             re.MULTILINE):  # fmt: skip
         found += [*match[1].split(), match[2]]
     return [Path(p) for p in dict.fromkeys(found) if p.startswith("/")]
 
@@ -433,6 +436,63 @@ def check_store(path: Path) -> Check:
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         return Check("store", False, f"{path} does not exist and {parent} is not writable", fix)
     return Check("store", True, f"{path} does not exist yet; mig-batchd will create it under {parent}")
+
+
+def check_node_dirs(config: SiteConfig, node: str) -> Check:
+    """job_dir and node_dir (the journal's) as the agent checks them at its start: no user but root may change
+    them or a directory above (a user who could would point another job's file, or root's writes, anywhere)."""
+    from mig_batch.safe_files import untrusted_dir
+
+    dirs = [Path(str(d).format(node=node)) for d in (config.job_dir, config.node_dir)]
+    for path in dirs:
+        why = untrusted_dir(path) if path.exists() else ""
+        if why:
+            return Check("node directories", False, f"{why}: the agent refuses to start",
+                         "chown root:root and chmod go-w the directory named: job_dir, node_dir and every "
+                         "directory above them must be changeable by root only")  # fmt: skip
+    return Check("node directories", True, f"{', '.join(map(str, dirs))}: root's alone (or made by the agent)")
+
+
+SETUID_MODPROBE = ("/usr/bin/nvidia-modprobe", "/usr/sbin/nvidia-modprobe", "/bin/nvidia-modprobe")
+
+
+def check_fence(config: SiteConfig, node: str) -> Check:
+    """The instance fence can work here: the driver's capabilities, a root-only /dev/nvidia-caps, and no
+    setuid nvidia-modprobe allowed to make a job's nodes world-readable again (docs/security.md)."""
+    from mig_batch.config import open_fence
+    from mig_batch.node.fence import CapabilityFence
+
+    fence = open_fence(config, node)
+    if not isinstance(fence, CapabilityFence):
+        return Check("instance fence", True, "fence.mode off: every local user may open every MIG instance on "
+                     "this node (set fence.mode: capabilities where users do not trust each other)")  # fmt: skip
+    problems = fence.check()
+    modify = _device_file_modify(fence.capabilities / "mig" / "config" / "access")
+    setuid = [p for p in SETUID_MODPROBE if _setuid_root(Path(p))]
+    if modify and setuid:
+        problems.append(f"{setuid[0]} is setuid root and the driver lets it modify device files "
+                        f"(DeviceFileModify: 1): any user running it makes an instance's nodes 0444 again")  # fmt: skip
+    if problems:
+        return Check("instance fence", False, "; ".join(problems),
+                     "load nvidia with NVreg_ModifyDeviceFiles=0 (or chmod u-s nvidia-modprobe), and "
+                     "nv_cap_enable_devfs=1; keep /dev/nvidia-caps root's, mode 0755 (docs/security.md)")  # fmt: skip
+    return Check("instance fence", True, f"capabilities under {fence.capabilities}; job nodes in {fence.devices}, "
+                 "each its job owner's alone")  # fmt: skip
+
+
+def _device_file_modify(access: Path) -> bool:
+    try:
+        return "DeviceFileModify: 1" in access.read_text()
+    except OSError:
+        return True  # unknown: assume nvidia-modprobe's default
+
+
+def _setuid_root(path: Path) -> bool:
+    try:
+        info = path.stat()
+    except OSError:
+        return False
+    return info.st_uid == 0 and bool(info.st_mode & 0o4000)
 
 
 def check_agent(path: Path) -> Check:
