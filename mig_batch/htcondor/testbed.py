@@ -107,6 +107,10 @@ class HTCondorTestbed:
             "reconcile_interval_s": self.reconcile_interval_s,
             "htcondor_config": str(self.pool.client_config(self.pool.controller)),
             "htcondor_agent_file": str(self.pool.agent_file("{node}")),
+            # each job fenced to its instance over the emulated driver's capabilities and device nodes
+            "fence": {"capabilities": f"{nodes_dir}/{{node}}/gpus/capabilities",
+                      "devices": f"{nodes_dir}/{{node}}/gpus/nvidia-caps",
+                      "proc_devices": f"{nodes_dir}/{{node}}/gpus/devices"},
         }))  # fmt: skip
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
