@@ -8,6 +8,8 @@ import os
 import pwd
 import shutil
 import subprocess
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -38,9 +40,10 @@ TAG = "mig-batch:v1;req=1g.10gb"
 PLACED = TAG + ";place=n1/0/1g.10gb@0;node=made:0:1g.10gb@0:1:MIG-a"
 OWNER, OTHER = 1000, 1001
 
-# What Slurm's update (scontrol update, slurm_init_job_desc_msg) leaves unset: counts NO_VAL, text nil
+# What slurmctld 22.05 shows job_modify of an update for what it leaves: counts NO_VAL or NO_VAL16, but
+# ntasks_per_board 0 (seen on the real Slurm); text nil
 UNSET_COUNTS = {"min_nodes": NO_VAL, "max_nodes": NO_VAL, "num_tasks": NO_VAL, "ntasks_per_node": NO_VAL16,
-                "ntasks_per_socket": NO_VAL16, "ntasks_per_core": NO_VAL16, "ntasks_per_board": NO_VAL16,
+                "ntasks_per_socket": NO_VAL16, "ntasks_per_core": NO_VAL16, "ntasks_per_board": 0,
                 "ntasks_per_tres": NO_VAL16, "priority": NO_VAL, "nice": NO_VAL}  # fmt: skip
 # each field a placement depends on, with a change of it: scontrol's NodeList, ExcNodeList, Features, ...
 PLACEMENT_CHANGES = {"req_nodes": "n2", "exc_nodes": "n1", "features": "A100-40GB", "prefer": "A100-40GB",
@@ -272,3 +275,74 @@ def test_a_job_on_several_nodes_holds_each_and_its_first_is_its_node():
     assert job.node == "gpu01" and job.nodes == ("gpu01", "gpu02")
     assert job.on("gpu01") and job.on("gpu02") and not job.on("gpu[01-02]") and not job.on("gpu03")
     assert BatchJob("6", JobState.RUNNING, "", node="c1").on("c1")  # a batch system that lists no nodes
+
+
+# --- on the real local Slurm ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_on_slurm_the_owner_cannot_move_a_placed_job_root_can_and_two_nodes_are_refused():
+    """slurmctld runs the generated script: the owner (``nobody``) gets Slurm's "Access/permission denied" for
+    ExcNodeList, NumNodes and Gres of a placed, pending job and may still change its comment; root's
+    ExcNodeList passes; ``sbatch -N 2`` of a MIG job is refused with its reason."""
+    from mig_batch.slurm.local_cluster import LocalCluster
+
+    if LocalCluster.available() is not None:
+        pytest.skip(str(LocalCluster.available()))
+    if os.geteuid() != 0:
+        pytest.skip("runs slurmctld and acts as another user: needs root")
+    # the testbed (its TaskProlog runs as the user) and the user's folder outside pytest's folders, whose root
+    # another pytest run makes 0700 again at any time
+    root = Path(tempfile.mkdtemp(prefix="mig-batch-bed-"))
+    root.chmod(0o711)
+    try:
+        _owner_and_root_on_slurm(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _owner_and_root_on_slurm(root: Path) -> None:
+    from mig_batch.slurm.local_cluster import MigTestbed
+
+    with MigTestbed(root / "bed") as bed:
+        shared = Path(tempfile.mkdtemp(prefix="mig-batch-user-"))
+        shared.chmod(0o1777)
+        for folder in bed.cluster.conf.parents:  # slurm.conf: what the user's commands read
+            if folder.is_relative_to(tempfile.gettempdir()):
+                folder.chmod(folder.stat().st_mode | 0o001)
+        bed.cluster.conf.chmod(0o644)
+
+        def as_nobody(*argv: str) -> subprocess.CompletedProcess:
+            return bed.cluster.run("setpriv", f"--reuid={pwd.getpwnam('nobody').pw_uid}", "--regid=65534",
+                                   "--clear-groups", "--", *argv, check=False, timeout=15)  # fmt: skip
+
+        def sbatch(*args: str) -> subprocess.CompletedProcess:
+            return as_nobody("sbatch", "--parsable", f"--chdir={shared}", f"--output={shared}/%j.out", *args)
+
+        waits = [sbatch("--wrap", "sleep 40") for _ in range(2)]  # no MIG: they start at once
+        assert all(w.returncode == 0 for w in waits), [w.stderr for w in waits]
+        waits = [w.stdout.strip() for w in waits]
+        # placed at once (Slurm judges "?"), pending until one of them ends
+        job = sbatch("--gres=mig:1g.10gb", f"--dependency=afterany:{waits[0]}?afterany:{waits[1]}", "--wrap", "true")
+        assert job.returncode == 0, job.stderr
+        job = job.stdout.strip()
+        deadline = time.monotonic() + 30
+        while ";place=" not in (tag := bed.cluster.run("squeue", "-h", "-j", job, "-O", "admin_comment:1000").stdout):
+            assert time.monotonic() < deadline, (bed.cluster.run("scontrol", "show", "job").stdout,
+                                                 [p.read_text() for p in shared.iterdir()])  # fmt: skip
+            time.sleep(0.2)
+        node = tag.split(";place=")[1].split("/")[0]
+        for change in (f"ExcNodeList={node}", "NumNodes=2", "Gres=", "Partition=gpu", f"NodeList={node}"):
+            refused = as_nobody("scontrol", "update", f"jobid={job}", change)
+            assert refused.returncode != 0 and "Access/permission denied" in refused.stderr, (change, refused.stderr)
+        allowed = as_nobody("scontrol", "update", f"jobid={job}", "Comment=mine")
+        assert allowed.returncode == 0, allowed.stderr
+        other = next(n for n in bed.nodes if n != node)
+        by_root = bed.cluster.run("scontrol", "update", f"jobid={job}", f"ExcNodeList={other}", check=False)
+        assert by_root.returncode == 0, by_root.stderr
+        shown = bed.cluster.run("scontrol", "show", "job", job).stdout
+        assert f"ExcNodeList={other}" in shown and "Comment=mine" in shown, shown
+        two = sbatch("-N", "2", "--gres=mig:1g.10gb", "--wrap", "true")
+        assert two.returncode != 0 and "a MIG job runs on one node" in two.stderr, two.stderr
+        bed.cluster.run("scancel", job, *waits)
+        shutil.rmtree(shared, ignore_errors=True)
