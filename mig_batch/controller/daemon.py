@@ -751,8 +751,8 @@ class Controller:
                 self.chains.interrupted(d, "not-started")
             self._requeue(d, job, report.reason)
             return
-        # the node it runs on: the decided one, unless its owner moved it after the release (scontrol update
-        # nodelist=...); that node's agent then placed it on itself and reported "replaced"
+        # the node it runs on: the decided one, unless an operator moved it after the release (job_submit.lua
+        # refuses its owner that); that node's agent then placed it on itself and reported "replaced"
         node = job.node if job.node in self.config.nodes else d.node
         if report.kind == "replaced":
             self._moved(d, report, node)
