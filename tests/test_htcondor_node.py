@@ -349,7 +349,9 @@ def test_a_restarted_agent_still_knows_which_slot_may_end_an_instance(tmp_path):
     restarted = SlotGuard(batch, "nodeb", settle_s=0.0, directory=tmp_path / "slots", journal=journal)
     with pytest.raises(CallerRefused):
         restarted.check_epilog(Caller(1, 0, "slot1_3", ""), "7.0")
-    restarted.check_epilog(Caller(1, 0, "slot1_2", ""), "7.0")
+    with pytest.raises(CallerRefused, match="made for uid"):
+        restarted.check_epilog(Caller(1, os.getuid() + 1, "slot1_2", ""), "7.0")  # its slot, another uid
+    restarted.check_epilog(Caller(1, os.getuid(), "slot1_2", ""), "7.0")
     assert not (tmp_path / "slots" / "7.0").exists()
     # a job whose instance the sweep took (no journal entry) leaves no file behind for long; one whose
     # instance is being made right now (not journaled yet) keeps its file
