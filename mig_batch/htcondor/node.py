@@ -24,7 +24,8 @@ request is read:
   by an earlier release, without a uid, takes no epilog: the reconcile sweeps that instance).
 
 What one user can cost the others is bounded: a non-root uid holds at most ``per_uid_connections``
-connections at once (more are closed at accept; root is exempt), a request is one line of at most
+connections at once, all users together ``max_user_connections`` (more are closed unanswered at accept,
+which the wrapper retries for a minute; root is exempt), a request is one line of at most
 ``max_request_bytes`` that must arrive within ``read_timeout_s`` (one thread waits on all unread
 connections), a fixed pool of workers answers with at most ``per_uid_workers`` busy for one uid and one
 more kept for root (a ping always gets through), and one slot waits on the schedd's late view of its job
@@ -446,7 +447,7 @@ class WrapperServer(socketserver.UnixStreamServer):
     request_queue_size = BURST_BACKLOG
 
     def __init__(self, path: Path, agent: NodeAgent, guard: SlotGuard, *, workers: int = 8,
-                 per_uid_workers: int = 2, per_uid_connections: int = 16, max_user_connections: int = 256,
+                 per_uid_workers: int = 2, per_uid_connections: int = 64, max_user_connections: int = 512,
                  read_timeout_s: float = 5.0, max_request_bytes: int = 4096):  # fmt: skip
         self.agent, self.guard = agent, guard
         self.workers, self.read_timeout_s, self.max_request_bytes = workers, read_timeout_s, max_request_bytes
@@ -458,6 +459,7 @@ class WrapperServer(socketserver.UnixStreamServer):
         self._incoming: collections.deque[_Connection] = collections.deque()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._stopping = threading.Event()
+        self._reader: threading.Thread | None = None
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)
@@ -466,7 +468,8 @@ class WrapperServer(socketserver.UnixStreamServer):
 
     def server_activate(self) -> None:
         super().server_activate()
-        threading.Thread(target=self._read, name="mig-batch-reader", daemon=True).start()
+        self._reader = threading.Thread(target=self._read, name="mig-batch-reader", daemon=True)
+        self._reader.start()
         for k in range(self.workers):
             threading.Thread(target=self._work, args=(False,), name=f"mig-batch-worker-{k}", daemon=True).start()
         # kept for root: a ping answers even while every other worker waits on a slow request
@@ -502,10 +505,7 @@ class WrapperServer(socketserver.UnixStreamServer):
             return True
 
     def _turn_away(self, sock: socket.socket, uid: int) -> None:
-        with contextlib.suppress(OSError):
-            sock.setblocking(False)
-            sock.send(_answer_line(False, f"refused: uid {uid} has too many connections open"))
-        sock.close()
+        sock.close()  # unanswered: a wrapper takes that as an agent restarting and asks again (a burst of jobs)
         now = time.monotonic()
         if now - self._turned_away_logged.get(uid, -1e9) > 60.0:  # one line a minute, not one a connection
             self._turned_away_logged[uid] = now
@@ -542,12 +542,17 @@ class WrapperServer(socketserver.UnixStreamServer):
                         selector.register(conn.sock, selectors.EVENT_READ, conn)
                     continue
                 conn = key.data
-                line = self._receive(conn)
+                line, why = self._receive(conn)
+                if line is None and not why:
+                    continue  # more to come
+                selector.unregister(conn.sock)
+                del reading[conn.sock]
                 if line is not None:
-                    selector.unregister(conn.sock)
-                    del reading[conn.sock]
-                    if line is not False:
-                        self._queue.put(conn.identity.uid, (conn, line))
+                    self._queue.put(conn.identity.uid, (conn, line))
+                elif why == "closed":
+                    self._release(conn.sock, conn.identity.uid)
+                else:
+                    self._fail(conn, why)
             now = time.monotonic()
             for conn in [c for c in reading.values() if c.deadline <= now]:
                 selector.unregister(conn.sock)
@@ -556,26 +561,25 @@ class WrapperServer(socketserver.UnixStreamServer):
         for conn in reading.values():
             self._release(conn.sock, conn.identity.uid)
         selector.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
 
-    def _receive(self, conn: _Connection) -> bytes | bool | None:
-        """The request line once complete; None: not yet; False: the connection is done with."""
+    def _receive(self, conn: _Connection) -> tuple[bytes | None, str]:
+        """(the request line, "") once complete; (None, "") while more may come; (None, why) when the
+        connection is done with: "closed" by the peer, else what was wrong."""
         try:
             chunk = conn.sock.recv(self.max_request_bytes + 1 - len(conn.data))
         except BlockingIOError:
-            return None
+            return None, ""
         except OSError:
             chunk = b""
         conn.data += chunk
         line, newline, _ = conn.data.partition(b"\n")
         if newline or (not chunk and line):  # a last line without its newline counts too
-            return bytes(line)
+            return bytes(line), ""
         if len(conn.data) > self.max_request_bytes:
-            self._fail(conn, f"request longer than {self.max_request_bytes} bytes")
-            return False
-        if not chunk:  # closed before a request
-            self._release(conn.sock, conn.identity.uid)
-            return False
-        return None
+            return None, f"request longer than {self.max_request_bytes} bytes"
+        return None, "" if chunk else "closed"
 
     def _fail(self, conn: _Connection, why: str) -> None:
         log.warning("uid %d: %s", conn.identity.uid, why)
@@ -635,9 +639,16 @@ class WrapperServer(socketserver.UnixStreamServer):
 
     def server_close(self) -> None:
         super().server_close()
-        self._stopping.set()
         self._queue.stop()
-        self._wake()
+        if self._reader is not None:
+            self._stopping.set()
+            self._wake()
+            self._reader.join()  # it closes the wake pipe: no write may reach a reused descriptor after that
+            self._reader = None
+        elif not self._stopping.is_set():  # never activated (the bind failed): the pipe is still open
+            self._stopping.set()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
 
 
 def raise_open_files_limit() -> None:
