@@ -10,11 +10,14 @@ own directory, so the image stays clean, pools do not share state, and stopping 
 mounted or running. Extra nodes are extra startds under the one condor_master (``-local-name``),
 told apart by their ``MigBatchNodeName``.
 
-Identities: the job user (``user``, a unix account in the chroot) and the controller (``controller``,
-a queue superuser with a schedd user record); each has an IDTOKEN and a client config
-(:meth:`LocalPool.client_env`). The htcondor2 bindings keep one security session per process, so one
-process acts as one identity. Requires root (chroot, mounts), ``debootstrap`` or a built image, and
-the bindings (``pip install mig-batch[htcondor]``).
+Identities: the job users (``user``, and ``more_users``: unix accounts in the chroot) and the controller
+(``controller``, a queue superuser with a schedd user record); each has an IDTOKEN and a client config
+(:meth:`LocalPool.client_env`). A chroot shares the host's kernel, so a job user's uid is the same number
+on the host (what SO_PEERCRED and file owners say there) even when the host's passwd has no such user or
+names that uid otherwise: the host side must look a job user up in the chroot's passwd, never its own.
+The htcondor2 bindings keep one security session per process, so one process acts as one identity.
+Requires root (chroot, mounts), ``debootstrap`` or a built image, and the bindings
+(``pip install mig-batch[htcondor]``).
 """
 
 from __future__ import annotations
@@ -228,12 +231,14 @@ class LocalPool:
     nodes: Sequence[str] = ("nodea", "nodeb")
     user: str = "ciuser"
     uid: int = 2000
+    more_users: Sequence[tuple[str, int]] = (("ciuser2", 2001),)  # (name, uid): job owners beside ``user``
     controller: str = "migctl"
     cpus_per_node: int = 4  # advertised, not real: lets several small jobs share a 2-core machine
     memory_mib_per_node: int = 4096
     extra_config: str = ""  # appended to the pool's config (a site's policy under test)
     models: Sequence[str] = ()  # the site's GPU models: the schedd refuses requests larger than their largest
     wrapper: str = ""  # USER_JOB_WRAPPER (a path inside the chroot), as mig-batch htcondor install writes it
+    binds: Sequence[Path] = ()  # host directories the jobs see at the same path, read-only (a node's driver files)
     image: Image = field(default_factory=Image)
     port: int = 0
     timings: dict[str, float] = field(default_factory=dict)
@@ -259,6 +264,11 @@ class LocalPool:
     @property
     def shared(self) -> Path:
         return self.root / "shared"
+
+    @property
+    def users(self) -> dict[str, int]:
+        """Every job user's name and uid, ``user`` first."""
+        return {self.user: self.uid, **dict(self.more_users)}
 
     def agent_file(self, node: str) -> Path:
         """The file a node's agent writes and its startd cron publishes (see ``attrs``)."""
@@ -376,9 +386,13 @@ class LocalPool:
         for host_dir in (self.shared, self.root / "agent"):  # the same path inside, so paths need no mapping
             self.run("mkdir", "-p", str(host_dir))
             _mount(str(host_dir), _inside(self.chroot, str(host_dir)), "--bind")
+        for host_dir in self.binds:  # read-only: jobs read a node's files, only the host side writes them
+            self.run("mkdir", "-p", str(host_dir))
+            _mount(str(host_dir), _inside(self.chroot, str(host_dir)), "--bind", "-o", "ro")
 
     def _prepare(self) -> None:
-        self.run("useradd", "-m", "-u", str(self.uid), "-s", "/bin/sh", self.user)
+        for user, uid in self.users.items():
+            self.run("useradd", "-m", "-u", str(uid), "-s", "/bin/sh", user)
         hosts = _inside(self.chroot, "/etc/hosts")
         hosts.unlink(missing_ok=True)  # never write through a link
         hosts.write_text(f"127.0.0.1 localhost {HOSTNAME} {socket.gethostname()}\n")
@@ -451,9 +465,9 @@ class LocalPool:
                         f"logs in {self.chroot}/var/log/condor")  # fmt: skip
 
     def _identities(self) -> None:
-        """An IDTOKEN and a client config for the job user and the controller; the controller's schedd
+        """An IDTOKEN and a client config for each job user and the controller; the controller's schedd
         user record (25.x: QUEUE_SUPER_USERS alone is not honoured without one)."""
-        for identity in (self.user, self.controller):
+        for identity in (*self.users, self.controller):
             tokens = self.root / "client" / f"tokens-{identity}"
             tokens.mkdir(mode=0o700, exist_ok=True)
             token = self.run("condor_token_create", "-identity", f"{identity}@{DOMAIN}").stdout

@@ -7,11 +7,14 @@ its own process with its own HTCondor identity's client config (the controller's
 superuser, for both). Each agent serves its node's GPUs of the emulated libnvidia-ml (an ``nvml_emu``
 node directory under ``nodes/<node>/gpus``, chosen by the environment it starts with) and listens on
 ``<pool>/agent/<node>.sock``, a directory bind-mounted at the same path inside the chroot, where the
-job wrappers find it; the wrapper itself lives there too and runs with the chroot's Python.
+job wrappers find it; the wrapper itself lives there too and runs with the chroot's Python. Each node's
+GPU directory is bind-mounted read-only at the same path inside the chroot, with ``cuda-open`` in it: a
+job opens its MIG devices' capability nodes there as CUDA would, so the agents' fence is tested for real.
 """
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
@@ -57,10 +60,11 @@ class HTCondorTestbed:
 
         return nvml_emu.library_env(nvml_emu.build_library(), self.gpu_dir(node))
 
-    def user_env(self) -> dict[str, str]:
-        """A job owner's environment on the host: the owner's HTCondor identity, the site config."""
+    def user_env(self, user: str | None = None) -> dict[str, str]:
+        """A job owner's environment on the host: the owner's HTCondor identity (``user``, default the
+        pool's first job user), the site config."""
         assert self.pool is not None
-        return {**self.pool.client_env(self.pool.user), "MIG_BATCH_CONFIG": str(self.config_path)}
+        return {**self.pool.client_env(user or self.pool.user), "MIG_BATCH_CONFIG": str(self.config_path)}
 
     # --- life cycle --------------------------------------------------------------------------------
     def start(self) -> HTCondorTestbed:
@@ -76,7 +80,9 @@ class HTCondorTestbed:
         wrapper.chmod(0o755)
         for node, gpus in self.nodes.items():
             nvml_emu.make_node(self.gpu_dir(node), node, gpus)
-        self.pool = LocalPool(pool_root, nodes=tuple(self.nodes), models=models, wrapper=str(wrapper))
+            shutil.copy(nvml_emu.CUDA_OPEN, self.gpu_dir(node) / "cuda-open")  # what a job's CUDA would open
+        self.pool = LocalPool(pool_root, nodes=tuple(self.nodes), models=models, wrapper=str(wrapper),
+                              binds=[self.gpu_dir(node) for node in self.nodes])  # fmt: skip
         self.pool.start()
         self.timings["pool"] = time.monotonic() - t0
         self.write_config()
@@ -170,16 +176,15 @@ class HTCondorTestbed:
         self.stop()
 
     # --- acting as a user ------------------------------------------------------------------------
-    def migsub(self, script: Path, *args: str, backend: str | None = "htcondor",
-               check: bool = True) -> subprocess.CompletedProcess:  # fmt: skip
-        """migsub, run on the host as the job owner's HTCondor identity; ``backend`` None: as the site
-        config says (``batch_system: htcondor``)."""
+    def migsub(self, script: Path, *args: str, backend: str | None = "htcondor", check: bool = True,
+               user: str | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+        """migsub, run on the host as a job owner's HTCondor identity (``user``, default the pool's first
+        job user); ``backend`` None: as the site config says (``batch_system: htcondor``)."""
         assert self.pool is not None
         migsub = Path(sys.executable).with_name("migsub")
         command = [str(migsub), *(["--backend", backend] if backend else []), *args, str(script)]
-        proc = subprocess.run(command, env=self.user_env(), cwd=str(script.parent), capture_output=True, text=True,
+        proc = subprocess.run(command, env=self.user_env(user), cwd=str(script.parent), capture_output=True, text=True,
                               timeout=120)  # fmt: skip
         if check and proc.returncode != 0:
             raise RuntimeError(f"{' '.join(command)} failed ({proc.returncode}): {proc.stderr or proc.stdout}")
         return proc
-
