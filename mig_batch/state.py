@@ -23,8 +23,10 @@ when it opens the store, so that an index added since (events by job) reaches a 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import sqlite3
 import time
 from collections.abc import Collection, Iterator
@@ -32,6 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from mig_batch.batch.states import ACTIVE, CHAIN_OVER, DECIDABLE, check_decision
 from mig_batch.batch.tags import RANK_SEPARATOR, rank_key
@@ -41,6 +44,8 @@ SCHEMA_VERSION = 4
 INTERRUPTED = ("not-started", "requeued")  # subjob outcomes taken back from it, neither a failure nor a success
 MIG_OFF = "mig-off"  # event: a node's agent found these GPUs with MIG mode off (an empty list: none now)
 NODE_PROBLEM = "node-problem"  # event: a node's hook or reconcile problem
+NOT_A_STORE = "expected the SQLite store mig-batchd writes (with its decisions and events tables): set state: in the " \
+              "site config (--config) to its path"  # fmt: skip
 READ_BACK = (MIG_OFF, NODE_PROBLEM)  # node events read back (each node's newest): kept by the prune
 
 _SCHEMA = """
@@ -234,25 +239,52 @@ class InstanceRecord:
     uuid: str
 
 
+def _private(path: Path) -> None:
+    """Make the store file (and tighten it and its WAL files when they exist) owner-only whatever the umask:
+    it holds every job's placement and owner-written request text."""
+    for name, flags in ((path, os.O_CREAT), (Path(f"{path}-wal"), 0), (Path(f"{path}-shm"), 0)):
+        with contextlib.suppress(FileNotFoundError):
+            fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | flags, 0o600)
+            try:
+                with contextlib.suppress(PermissionError):  # another user's file: theirs to tighten
+                    os.fchmod(fd, 0o600)
+            finally:
+                os.close(fd)
+
+
 class Store:
     def __init__(self, path: Path | str, create: bool = True):
-        """Open the store at ``path``; ``create=False`` (readers such as ``mig-batch status``) refuses to make
-        a new one, so a wrong path is reported instead of answered with an empty store."""
+        """Open the store at ``path``; ``create=False`` (readers such as ``mig-batch status``) opens it read-only
+        and refuses to make a new one, so a wrong path is reported instead of answered with an empty store, and
+        any other SQLite file it names is refused, left as it was."""
         self.path = Path(path)
         if not create and not self.path.is_file():
             raise StateError(f"no mig_batch store at {self.path}: mig-batchd creates it on the controller host; "
                              "run this there, or set state: in the site config (--config) to its path")  # fmt: skip
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
-            self.db.execute("PRAGMA journal_mode=WAL")
-        except (OSError, sqlite3.Error) as exc:
+            if create:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                _private(self.path)
+                self.db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
+                self.db.execute("PRAGMA journal_mode=WAL")
+            else:
+                self.db = sqlite3.connect(f"file:{quote(str(self.path.absolute()))}?mode=ro", uri=True, timeout=30,
+                                          isolation_level=None)  # fmt: skip
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.execute("PRAGMA busy_timeout=30000")
+            version = self.db.execute("PRAGMA user_version").fetchone()[0]
+            tables = {row[0] for row in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        except (OSError, sqlite3.OperationalError) as exc:  # cannot be opened (or locked): not a verdict on it
             why = getattr(exc, "strerror", None) or str(exc)
             raise StateError(f"cannot open the mig_batch store {self.path}: {why}; set state: in the site config "
                              "to a file on a writable local disk") from None  # fmt: skip
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.execute("PRAGMA busy_timeout=30000")
-        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.DatabaseError as exc:  # not SQLite at all
+            raise StateError(f"{self.path} is not a mig_batch store ({exc}); {NOT_A_STORE}") from None
+        foreign = version == 0 or (version == SCHEMA_VERSION and not {"decisions", "events"} <= tables)
+        if not create and foreign:
+            self.db.close()  # another program's SQLite file: read, never written (an older store: below)
+            raise StateError(f"{self.path} is not a mig_batch store (schema version {version}, {len(tables)} "
+                             f"table(s)); {NOT_A_STORE}")  # fmt: skip
         if version > SCHEMA_VERSION:
             raise StateError(f"{self.path} has schema {version}; this mig_batch knows up to {SCHEMA_VERSION}")
         if version < SCHEMA_VERSION and not create and version > 0:
