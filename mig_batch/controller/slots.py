@@ -9,11 +9,11 @@ slots, and the file job_submit.lua reads (docs/slurm.md "Prompt slots").
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from mig_batch.batch.tags import JobTag
+from mig_batch.safe_files import write_file
 from mig_batch.state import SlotRecord
 
 SLOTS_HEADER = "mig-batch-slots 1"
@@ -62,7 +62,4 @@ def write_slots_file(path: Path, text: str) -> None:
     if not path.parent.is_dir():
         path.parent.mkdir(parents=True)
         path.parent.chmod(0o755)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(text)
-    tmp.chmod(0o644)
-    os.replace(tmp, path)
+    write_file(path, text, 0o644)

@@ -29,6 +29,7 @@ from typing import Any
 
 from mig_batch.batch.system import BatchError, BatchJob, JobState, NodeStatus, Pin
 from mig_batch.htcondor.attrs import AGENT_ATTR, NODE_NAME_ATTR, PIN_ATTR, TAG_ATTR, TIME_LIMIT_ATTR
+from mig_batch.safe_files import write_file
 
 
 class HTCondorError(BatchError):
@@ -293,11 +294,7 @@ class HTCondorBatch:
         line = f"{AGENT_ATTR} = {self._quote(agent_tag)}\n"
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-            with os.fdopen(fd, "w") as f:
-                f.write(line)
-            os.chmod(tmp, 0o644)  # the cron job runs as condor
-            os.replace(tmp, path)
+            write_file(path, line, 0o644)  # the cron job runs as condor
         except OSError as exc:
             raise HTCondorError(f"write the agent file {path} of {node}: {exc}") from None
 

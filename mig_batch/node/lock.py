@@ -50,7 +50,7 @@ class NodeLock:
         deadline = None if self.wait_s is None else time.monotonic() + self.wait_s
         while True:
             if self._fd is None:
-                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
             self._flock(self._fd, deadline)
             if self._is_the_file():
                 return

@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from mig_batch.node.agent import NodeAgent
+from mig_batch.node.agent import NodeAgent, valid_job_id
 
 log = logging.getLogger("mig-batch-agent")
 # the agents' listen backlog: a node's whole burst of job starts may connect at once (socketserver's default: 5)
@@ -48,6 +48,8 @@ class _Handler(socketserver.StreamRequestHandler):
             t0 = time.perf_counter()
             if op == "ping":
                 self._answer(True, f"agent for {agent.node} up since {agent.started:.0f}")
+            elif op in ("prolog", "epilog") and not valid_job_id(job):  # before it is logged or names a file
+                self._answer(False, f"not a job id: {job[:64]!r}")
             elif op == "prolog":
                 result = agent.prolog(job)
                 detail = result.report.text() if result.report else "nothing to do"
