@@ -442,11 +442,12 @@ def test_prolog_that_cannot_place_asks_for_a_requeue_and_does_not_fail(site, bat
 def test_a_job_whose_environment_cannot_be_written_gets_no_instance_and_a_requeue(site, batch, gpus):
     """The job's file is where the TaskProlog finds CUDA_VISIBLE_DEVICES: without it the job would run on
     whatever device CUDA finds first, so its instance is destroyed and the controller asked to requeue it."""
-    site.job_dir.parent.mkdir(parents=True, exist_ok=True)
+    a = agent(site, batch, gpus)  # the agent starts only with a job_dir (see test_files_and_ids.py)
+    site.job_dir.rmdir()
     site.job_dir.write_text("not a directory")  # every write below it fails
     job = decide(batch, 1, "4g.20gb", 0)
-    result = agent(site, batch, gpus).prolog(job)  # returns normally: a failing prolog would drain the node
-    assert result.report.kind == "requeue" and "Error" in result.problem
+    result = a.prolog(job)  # returns normally: a failing prolog would drain the node
+    assert result.report.kind == "requeue" and "not a directory" in result.problem
     assert parse_report(batch.job(job).admin_tag).kind == "requeue"
     assert gpus.instances(1) == [] and Journal(site.node_dir / "journal").entries() == []
 
@@ -806,9 +807,9 @@ def test_a_c_client_that_cannot_run_on_the_node_hands_over_to_the_python_one(tmp
         subprocess.run([str(dest / "mig-batch-prolog")], env={"SLURM_JOB_ID": "5"}, check=True, timeout=30)
         return calls.read_text()
 
-    assert prolog() == "-m mig_batch.slurm.hooks prolog\n"  # the C client found no agent: its slow path
+    assert prolog() == "-I -m mig_batch.slurm.hooks prolog\n"  # the C client found no agent: its slow path
     (dest / "mig-batch-hook").write_bytes(b"\x7fELF garbage")  # not a binary this node can run
-    assert prolog() == f"-I -S {hook_client.__file__} prolog 5 {tmp_path / 'no-agent.sock'} {python} -m " \
+    assert prolog() == f"-I -S {hook_client.__file__} prolog 5 {tmp_path / 'no-agent.sock'} {python} -I -m " \
                        "mig_batch.slurm.hooks prolog\n"  # fmt: skip
 
 
@@ -828,7 +829,7 @@ def test_the_compiled_client_installed_as_the_hooks_takes_the_slow_path_with_the
     for op in ("prolog", "epilog"):
         calls.unlink(missing_ok=True)
         subprocess.run([str(dest / f"mig-batch-{op}")], env={"SLURM_JOB_ID": "5"}, check=True, timeout=30)
-        assert calls.read_text() == f"/etc/c d.yaml -m mig_batch.slurm.hooks {op}\n"
+        assert calls.read_text() == f"/etc/c d.yaml -I -m mig_batch.slurm.hooks {op}\n"
     calls.unlink()
     subprocess.run([str(dest / "mig-batch-prolog")], env={"SLURM_JOB_ID": "5; rm"}, check=True, timeout=30)
     assert not calls.exists()  # not a job id: nothing asked, nothing run, still exit 0
@@ -887,7 +888,7 @@ def test_a_compiled_hook_whose_work_crashes_runs_the_slow_path_once_and_exits_0(
         assert prolog.wait(timeout=60) == 0
         thread.join(10)
     assert asked == [b'{"op": "prolog", "job": "7"}\n'] and killed and killed[0] != prolog.pid
-    assert calls.read_text() == f"{prolog.pid} -m mig_batch.slurm.hooks prolog\n"
+    assert calls.read_text() == f"{prolog.pid} -I -m mig_batch.slurm.hooks prolog\n"
 
 
 def test_the_sweep_logs_a_failing_pass_and_keeps_sweeping(site, batch, gpus, tmp_path, monkeypatch, caplog):

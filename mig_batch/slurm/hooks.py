@@ -2,7 +2,7 @@
 
 The Prolog and Epilog (the compiled hook client, or shims that run it or the standard-library Python
 one) ask the node's agent (``mig-batch-agent``, a root service holding the GPUs open). When the agent is
-down, the client runs ``python -m mig_batch.slurm.hooks prolog|epilog``: the same
+down, the client runs ``python -I -m mig_batch.slurm.hooks prolog|epilog``: the same
 :class:`~mig_batch.node.agent.NodeAgent` work in this process. Here only Slurm's environment is mapped
 onto the agent's request; the decision and the report travel through the job's AdminComment
 (operator-only), never through a shared file.

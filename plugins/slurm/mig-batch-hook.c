@@ -211,7 +211,8 @@ static void hook(const char *op, const char *job, const char *path, char **slow)
 static int installed_hook(const char *op)
 {
 	const char *job = getenv("SLURM_JOB_ID");
-	char *slow[] = {HOOK_PYTHON, "-m", "mig_batch.slurm.hooks", (char *)op, NULL};
+	/* -I: root's Python takes nothing from the working directory or the PYTHON* variables */
+	char *slow[] = {HOOK_PYTHON, "-I", "-m", "mig_batch.slurm.hooks", (char *)op, NULL};
 	int status = 0;
 
 	job = job ? job : "";
