@@ -2,6 +2,7 @@
 instances come with the driver's capability files, and processes of ordinary users (``setpriv``) that
 open the capability device nodes as CUDA would (the emulated node's ``cuda-open``)."""
 
+import contextlib
 import os
 import shutil
 import stat
@@ -197,3 +198,103 @@ def test_doctor_says_whether_the_fence_can_work_on_the_node(node):
     assert "nvidia-caps" in check_fence(fenced, "n1").detail
     off = check_fence(SiteConfig(fence=FenceConfig("off")), "n1")
     assert off.ok and "every local user" in off.detail
+
+
+def test_an_entry_whose_instance_went_behind_the_agents_back_gives_the_id_to_nobody(node, tmp_path):
+    """An old entry for a GPU instance id made again for another job never hands that job's nodes back."""
+    backend, directory = node
+    batch = FakeBatch(["n1"])
+    agent = make_agent(directory, backend, batch, tmp_path / "journal")
+    for _ in range(8):
+        batch.add(TAG)  # Alice's job 9 and Bob's 10: the old entry comes last in the journal's order of jobs
+    alice_job = decide(batch, 0, "1g.10gb", 0, ALICE)
+    agent.prolog(alice_job)
+    gone = parse_report(batch.job(alice_job).admin_tag)
+    backend.destroy(0, gone.gi_id, gone.uuid)  # an operator's nvidia-smi, a GPU reset: the entry stays
+    bob_job = decide(batch, 0, "1g.10gb", 0, BOB)
+    agent.prolog(bob_job)
+    bob = parse_report(batch.job(bob_job).admin_tag)
+    assert bob.gi_id == gone.gi_id  # the driver gave the id again
+    agent.refence()
+    agent.reconcile()  # Alice's job still runs: its entry stays, naming nothing
+    assert cuda_open(directory, BOB, bob.uuid)[0] == 0
+    assert cuda_open(directory, ALICE, bob.uuid)[0] == 1
+
+
+def test_a_process_still_holding_an_earlier_jobs_node_is_killed_before_the_next_job_gets_the_slice(node, tmp_path):
+    """The driver checks a descriptor's minor only, and the next instance on the slice gets the same minor."""
+    import signal
+    import time
+
+    backend, directory = node
+    batch = FakeBatch(["n1"])
+    agent = make_agent(directory, backend, batch, tmp_path / "journal")
+    first = decide(batch, 1, "1g.10gb", 6, ALICE)
+    agent.prolog(first)
+    [minor, _] = fence_of(directory).minors(1, parse_report(batch.job(first).admin_tag).gi_id)
+    node_path = directory / "nvidia-caps" / f"nvidia-cap{minor}"
+    read, write = os.pipe()
+    keeper = os.fork()
+    if keeper == 0:  # one of Alice's processes, opened the node during her job and kept it (O_PATH: no driver here)
+        try:
+            held = os.open(node_path, os.O_PATH)
+            os.setresgid(ALICE, ALICE, ALICE)
+            os.setresuid(ALICE, ALICE, ALICE)
+            os.write(write, b"x")
+            time.sleep(60)
+            os.close(held)
+        finally:
+            os._exit(0)
+    os.close(write)
+    assert os.read(read, 1) == b"x"
+    try:
+        assert fence_of(directory).holders_of([minor]) == {keeper: ALICE}
+        agent.epilog(first)
+        second = decide(batch, 1, "1g.10gb", 6, BOB)
+        agent.prolog(second)
+        assert fence_of(directory).minors(1, parse_report(batch.job(second).admin_tag).gi_id)[0] == minor
+        _, status = os.waitpid(keeper, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    finally:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(keeper, signal.SIGKILL)
+            os.waitpid(keeper, 0)
+
+
+def test_an_instance_journaled_before_the_fence_keeps_its_job_and_goes_to_its_owner(node, tmp_path):
+    """An upgrade with jobs running: their entries name no owner; nothing is taken from them, and the
+    reconcile gives their nodes to the owner the batch system names."""
+    from dataclasses import replace
+
+    backend, directory = node
+    batch = FakeBatch(["n1"])
+    old = NodeAgent("n1", backend, Journal(tmp_path / "journal"), batch, tmp_path / "jobs")  # no fence
+    job = decide(batch, 0, "2g.10gb", 0, ALICE)
+    old.prolog(job)
+    journal = Journal(tmp_path / "journal")
+    journal.add(replace(journal.get(job), uid=-1))  # as an earlier release journaled it
+    uuid = uuid_of(batch, job)
+    fence = fence_of(directory)
+    for minor in fence.minors(0, parse_report(batch.job(job).admin_tag).gi_id):  # as nvidia-modprobe makes them
+        os.mknod(directory / "nvidia-caps" / f"nvidia-cap{minor}", stat.S_IFCHR | 0o444,
+                 os.makedev(nvml_emu.CAPS_MAJOR, minor))  # fmt: skip
+    upgraded = make_agent(directory, backend, batch, tmp_path / "journal")
+    upgraded.refence()
+    assert cuda_open(directory, ALICE, uuid)[0] == 0  # not taken from the running job
+    upgraded.reconcile()
+    assert Journal(tmp_path / "journal").get(job).uid == ALICE
+    assert cuda_open(directory, ALICE, uuid)[0] == 0
+    assert cuda_open(directory, BOB, uuid)[0] == 1
+
+
+def test_an_instance_its_epilog_could_not_destroy_stays_taken_back(node, tmp_path):
+    backend, directory = node
+    batch = FakeBatch(["n1"])
+    agent = make_agent(directory, backend, batch, tmp_path / "journal")
+    job = decide(batch, 0, "1g.10gb", 3, ALICE)
+    agent.prolog(job)
+    uuid = uuid_of(batch, job)
+    nvml_emu.attach(directory, uuid, os.getpid())  # a process still on it: NVML refuses to destroy
+    assert "still in use" in agent.epilog(job, attempts=1, pause_s=0)
+    agent.refence()
+    assert cuda_open(directory, ALICE, uuid)[0] == 1

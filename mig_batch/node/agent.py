@@ -16,7 +16,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -36,7 +36,7 @@ from mig_batch.batch.tags import (
 )
 from mig_batch.gpu.base import GpuBackend, GpuBackendError, InsufficientResources, InUse, NotFound, NotSupported
 from mig_batch.node.fence import Fence, FenceError, Unfenced
-from mig_batch.node.journal import Entry, Journal
+from mig_batch.node.journal import NO_HOLDER, OWNER_UNKNOWN, Entry, Journal
 from mig_batch.node.lock import LOCK_NAME, NodeBusy, NodeLock
 from mig_batch.placement.base import Placement, PlacementRequest
 from mig_batch.placement.cluster import Cluster, Gpu
@@ -222,6 +222,16 @@ class NodeAgent:
                 self._destroy_all([found])
             self.journal.remove(entry.job)
 
+    def _owned_by(self, entries: list[Entry], uid: int) -> list[Entry]:
+        """The entries with ``uid`` as their owner where they name none: journaled by a release without the
+        fence (journaled again)."""
+        if uid < 0 or all(e.uid != OWNER_UNKNOWN for e in entries):
+            return entries
+        owned = [replace(e, uid=uid) if e.uid == OWNER_UNKNOWN else e for e in entries]
+        for entry in owned:
+            self.journal.add(entry)
+        return owned
+
     def _grant(self, job_id: str, entries: list[Entry]) -> PrologResult | None:
         """Give the job's owner its instances' device nodes; when that fails, destroy them and requeue the
         job (None: granted). A job never runs on an instance every local user could open."""
@@ -243,6 +253,7 @@ class NodeAgent:
         known = self.journal.ranks(job_id)
         wanted = len(place.ranks()) if place is not None else 1
         if known and len(known) == wanted and all(self.backend.find(e.uuid, e.gpu) is not None for e in known):
+            known = self._owned_by(known, uid)  # journaled by a release without the fence: its owner now
             return self._grant(job_id, known) or PrologResult(self._exports(known, place), None)  # ran before
         self._forget(known)  # a part of a job's instances (an earlier prolog stopped midway): start again
         if place is None:
@@ -447,6 +458,7 @@ class NodeAgent:
                 else:
                     outcome = self._destroy_journaled(entry, attempts, pause_s)
                     if outcome is None:
+                        self.journal.add(replace(entry, uid=NO_HOLDER))  # taken back: no reconcile gives it again
                         return f"instance {entry.profile}@{entry.start} on GPU {entry.gpu} still in use; " \
                                "the reconcile destroys it later", True  # fmt: skip
                     if not outcome:
@@ -545,6 +557,8 @@ class NodeAgent:
         self._send_unsent(running, asked)
         with self.lock:
             self.journal.look_for_old_files()  # an earlier release's hook may have written one since
+            adopted = [self._owned_by([e], running[job_of(e.job)].user_id) for e in self.journal.entries()
+                       if e.uid == OWNER_UNKNOWN and job_of(e.job) in running and running[job_of(e.job)].user_id >= 0]
             strays = []
             for entry in self.journal.entries():
                 job = job_of(entry.job)  # a multi-instance job's rank r: job#r
@@ -575,6 +589,8 @@ class NodeAgent:
             if strays:
                 self._note_problem(NodeProblem("reconcile", "", f"destroyed {len(strays)} stray "
                                                f"instance(s): {', '.join(strays)}"))  # fmt: skip
+        if adopted:
+            self.refence()
         self._publish()
         return strays
 
@@ -584,8 +600,21 @@ class NodeAgent:
         What was changed, in words; a failure is a node problem, never an exception."""
         try:
             with self.lock:
-                holders = {(e.gpu, e.gi_id): e.uid for e in self.journal.entries() if e.uid >= 0}
-                changed = self.fence.enforce(holders)
+                live = {(g.index, i.gi_id): i.uuid for g in self.backend.gpus() if g.mig_enabled
+                        for i in self.backend.instances(g.index)}  # fmt: skip
+                holders: dict[tuple[int, int], int] = {}
+                unknown: set[tuple[int, int]] = set()
+                for entry in sorted(self.journal.entries(), key=lambda e: e.created):  # the newest holder last
+                    spot = (entry.gpu, entry.gi_id)
+                    if live.get(spot) != entry.uuid:
+                        continue  # its instance is gone: it holds nothing (the id may be another job's now)
+                    holders.pop(spot, None)
+                    unknown.discard(spot)
+                    if entry.uid >= 0:
+                        holders[spot] = entry.uid
+                    else:  # journaled before the fence, or its Epilog took it back: as it is
+                        unknown.add(spot)
+                changed = self.fence.enforce(holders, unknown)
         except (FenceError, OSError) as exc:
             self._note_problem(NodeProblem("reconcile", "", f"could not enforce the instance fence: {exc}"))
             return []

@@ -12,7 +12,10 @@ directory to what the journal says at the agent's start and at each reconcile, s
 destroyed behind the agent's back or a node nvidia-modprobe made anew ends fenced again.
 
 Nodes are made under a fresh temporary name in the root-owned directory and renamed over the old one:
-a user's symlink there is replaced, never followed. The site keeps nvidia-modprobe from making or
+a user's symlink there is replaced, never followed. The driver checks only a descriptor's minor, and a
+minor belongs to a (GPU, instance id), not to one instance: before a minor is granted to a job, every
+process other than root's still holding a descriptor of it (kept from an earlier job on that slice) is
+killed, so an old descriptor never opens the next job's instance. The site keeps nvidia-modprobe from making or
 changing these nodes (``NVreg_ModifyDeviceFiles=0``, or no setuid bit on nvidia-modprobe): see
 docs/security.md and ``mig-batch doctor --role node``.
 """
@@ -20,17 +23,20 @@ docs/security.md and ``mig-batch doctor --role node``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import secrets
+import signal
 import stat
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from mig_batch.errors import MigBatchError
 
+log = logging.getLogger("mig-batch-agent")
 GRANTED_MODE = 0o400  # the driver needs read access to the node; nothing else
 NODE_NAME = re.compile(r"nvidia-cap(\d+)")
 
@@ -41,13 +47,15 @@ class FenceError(MigBatchError, RuntimeError):
 
 class Fence(Protocol):
     """Who may open a GPU instance's device nodes: ``grant`` before its job starts, ``revoke`` before it
-    is destroyed, ``enforce`` the journal's view of who holds what (``holders``: (gpu, gi id) -> uid)."""
+    is destroyed, ``enforce`` the journal's view of who holds what (``holders``: (gpu, gi id) -> uid;
+    ``unknown``: instances whose holder is not known yet, their nodes left as they are)."""
 
     def grant(self, gpu: int, gi_id: int, uid: int) -> None: ...
 
     def revoke(self, gpu: int, gi_id: int) -> None: ...
 
-    def enforce(self, holders: Mapping[tuple[int, int], int]) -> list[str]: ...
+    def enforce(self, holders: Mapping[tuple[int, int], int], unknown: Collection[tuple[int, int]] = ()) -> list[str]:
+        ...
 
 
 class Unfenced:
@@ -60,7 +68,7 @@ class Unfenced:
     def revoke(self, gpu: int, gi_id: int) -> None:
         return None
 
-    def enforce(self, holders: Mapping[tuple[int, int], int]) -> list[str]:
+    def enforce(self, holders: Mapping[tuple[int, int], int], unknown: Collection[tuple[int, int]] = ()) -> list[str]:
         return []
 
 
@@ -94,6 +102,7 @@ class CapabilityFence:
     capabilities: Path = Path("/proc/driver/nvidia/capabilities")
     devices: Path = Path("/dev/nvidia-caps")
     proc_devices: Path = Path("/proc/devices")
+    proc: Path = Path("/proc")  # where the processes holding a node are looked for
 
     def __post_init__(self) -> None:
         self._major: int | None = None
@@ -121,18 +130,58 @@ class CapabilityFence:
         if len(minors) < 2:  # a job needs its GPU instance's and its compute instance's
             raise FenceError(f"GPU {gpu} instance {gi_id} has no capability under {self.capabilities} for its "
                              f"{'compute' if minors else 'GPU'} instance")  # fmt: skip
+        self.evict(minors)
         for minor in minors:
             self._set(minor, uid)
+
+    def holders_of(self, minors: Collection[int]) -> dict[int, int]:
+        """pid -> uid of every process with a descriptor of one of these capability minors open."""
+        wanted = {os.makedev(self._major_number(), m) for m in minors}
+        found = {}
+        for pid in (p for p in os.listdir(self.proc) if p.isdigit()):
+            fds = self.proc / pid / "fd"
+            try:
+                names = os.listdir(fds)
+            except OSError:
+                continue  # gone, or a kernel thread
+            for name in names:
+                try:
+                    if not os.readlink(fds / name).startswith("/"):
+                        continue  # a socket, pipe or anonymous inode: no device
+                    info = os.stat(fds / name)
+                except OSError:
+                    continue
+                if stat.S_ISCHR(info.st_mode) and info.st_rdev in wanted:
+                    with contextlib.suppress(OSError):
+                        found[int(pid)] = os.stat(self.proc / pid).st_uid
+                    break
+        return found
+
+    def evict(self, minors: Collection[int]) -> list[str]:
+        """Kill every process but root's holding one of these minors open (what it held was an earlier job's
+        instance: the same minor now names the next one's); what was killed, in words."""
+        killed = []
+        for pid, uid in self.holders_of(minors).items():
+            if uid == 0 or pid == os.getpid():
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(f"pid {pid} (uid {uid})")
+        if killed:
+            log.warning("fence: killed %s, holding the capability minor(s) %s of an earlier job's instance",
+                        ", ".join(killed), ", ".join(map(str, sorted(minors))))  # fmt: skip
+        return killed
 
     def revoke(self, gpu: int, gi_id: int) -> None:
         for minor in self.minors(gpu, gi_id):
             self._set(minor, 0)
 
-    def enforce(self, holders: Mapping[tuple[int, int], int]) -> list[str]:
+    def enforce(self, holders: Mapping[tuple[int, int], int], unknown: Collection[tuple[int, int]] = ()) -> list[str]:
         """Every instance node of the directory as ``holders`` says: a held instance's nodes its holder's, any
-        other node root's; what was changed, in words. The MIG config and monitor nodes are left as they are."""
+        other node root's; what was changed, in words. The MIG config and monitor nodes, and the nodes of the
+        ``unknown`` instances, are left as they are."""
         wanted = {minor: uid for (gpu, gi), uid in holders.items() for minor in self.minors(gpu, gi)}
-        others = self._global_minors()
+        others = self._global_minors() | {minor for gpu, gi in unknown for minor in self.minors(gpu, gi)}
         changed = []
         try:
             names = os.listdir(self.devices)

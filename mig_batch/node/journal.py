@@ -31,6 +31,8 @@ from mig_batch.safe_files import make_dir, write_file
 
 log = logging.getLogger("mig-batch-agent")
 LOG_NAME = "entries.log"
+OWNER_UNKNOWN = -1  # an entry's uid when it was journaled without one
+NO_HOLDER = -2  # an entry's uid once its Epilog took its instance's device nodes back
 COMPACT_MIN_LINES = 4096  # rewrite the log once it holds this many lines and four times as many as live entries
 
 
@@ -43,7 +45,10 @@ class Entry:
     start: int
     uuid: str
     created: float
-    uid: int = -1  # the job owner's: the instance's device nodes are theirs (mig_batch/node/fence.py)
+    # the job owner's: the instance's device nodes are theirs (mig_batch/node/fence.py); OWNER_UNKNOWN: journaled
+    # by a release without the fence (the reconcile takes the owner from the batch system); NO_HOLDER: taken
+    # back by its Epilog, the instance not destroyed yet
+    uid: int = -1
 
 
 class Journal:
