@@ -130,40 +130,48 @@ class CapabilityFence:
         if len(minors) < 2:  # a job needs its GPU instance's and its compute instance's
             raise FenceError(f"GPU {gpu} instance {gi_id} has no capability under {self.capabilities} for its "
                              f"{'compute' if minors else 'GPU'} instance")  # fmt: skip
-        self.evict(minors)
+        self.evict(minors, uid)  # the same user's are not fenced from each other anyway
         for minor in minors:
             self._set(minor, uid)
 
-    def holders_of(self, minors: Collection[int]) -> dict[int, int]:
-        """pid -> uid of every process with a descriptor of one of these capability minors open."""
+    def holders_of(self, minors: Collection[int], but: Collection[int] = ()) -> dict[int, int]:
+        """pid -> uid of every process, but those of the uids ``but``, with a descriptor of one of these
+        capability minors open. Only descriptors opened through a path naming an ``nvidia-cap`` node are
+        looked at: one of ours, or a link to it, which no user can make where the directory is the driver's
+        devtmpfs (docs/security.md)."""
         wanted = {os.makedev(self._major_number(), m) for m in minors}
-        found = {}
-        for pid in (p for p in os.listdir(self.proc) if p.isdigit()):
-            fds = self.proc / pid / "fd"
+        proc, found = str(self.proc), {}
+        for pid in os.listdir(proc):
+            if not pid.isdigit():
+                continue
+            try:
+                uid = os.stat(f"{proc}/{pid}").st_uid
+            except OSError:
+                continue
+            if uid in but:
+                continue
+            fds = f"{proc}/{pid}/fd"
             try:
                 names = os.listdir(fds)
             except OSError:
-                continue  # gone, or a kernel thread
+                continue  # gone, or not a process we may look into
             for name in names:
                 try:
-                    if not os.readlink(fds / name).startswith("/"):
-                        continue  # a socket, pipe or anonymous inode: no device
-                    info = os.stat(fds / name)
+                    if "nvidia-cap" not in os.readlink(f"{fds}/{name}"):
+                        continue
+                    info = os.stat(f"{fds}/{name}")
                 except OSError:
                     continue
                 if stat.S_ISCHR(info.st_mode) and info.st_rdev in wanted:
-                    with contextlib.suppress(OSError):
-                        found[int(pid)] = os.stat(self.proc / pid).st_uid
+                    found[int(pid)] = uid
                     break
         return found
 
-    def evict(self, minors: Collection[int]) -> list[str]:
-        """Kill every process but root's holding one of these minors open (what it held was an earlier job's
-        instance: the same minor now names the next one's); what was killed, in words."""
+    def evict(self, minors: Collection[int], owner: int) -> list[str]:
+        """Kill every process, but root's and the next ``owner``'s, holding one of these minors open (what it
+        held was an earlier job's instance: the same minor now names the next one's); who was, in words."""
         killed = []
-        for pid, uid in self.holders_of(minors).items():
-            if uid == 0 or pid == os.getpid():
-                continue
+        for pid, uid in self.holders_of(minors, but=(0, owner)).items():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
                 killed.append(f"pid {pid} (uid {uid})")
