@@ -399,3 +399,65 @@ def test_a_malformed_request_is_answered_with_an_error_and_no_traceback(bed, cap
     assert "Traceback" not in caplog.text + capfd.readouterr().err
     assert all(record.exc_info is None for record in caplog.records)
     assert bed.agent.calls == []
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux) and root")
+@pytest.mark.parametrize("what", ["fifo", "dev-zero", "symlink", "huge"])
+def test_a_passwd_file_the_job_put_in_its_own_root_costs_the_agent_nothing(what, tmp_path):
+    """A job in a mount namespace of its own may put anything at its /etc/passwd, which the agent reads as root
+    to compare the owner's uid: a FIFO must not block, /dev/zero not fill memory, a link not be followed."""
+    planted = tmp_path / "passwd"
+    if what == "fifo":
+        os.mkfifo(planted)
+    elif what == "huge":
+        with open(planted, "wb") as f:
+            f.truncate(node.PASSWD_MAX_BYTES + 1)
+    elif what == "symlink":
+        planted.write_text("alice:x:4321:4321::/:/bin/sh\n")  # a file only root may read, say
+    source = "/dev/zero" if what == "dev-zero" else str(planted)
+    # a link at /etc/passwd: an /etc of the job's own (a bind mount of a link would bind its target)
+    script = 'mount -t tmpfs none /etc && ln -s "$1" /etc/passwd && exec sleep 30' if what == "symlink" \
+        else 'mount --bind "$1" /etc/passwd && exec sleep 30'  # fmt: skip
+    job = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", source])
+    try:
+        deadline = time.monotonic() + 10
+        while os.path.samestat(os.stat("/etc/passwd"), os.stat(f"/proc/{job.pid}/root/etc/passwd")):
+            assert time.monotonic() < deadline and job.poll() is None, "the job's /etc/passwd was not planted"
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        assert node.owner_uid(job.pid, "alice") is None
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        job.kill()
+        job.wait()
+
+
+def test_a_passwd_file_of_the_jobs_own_root_names_the_owner(tmp_path):
+    planted = tmp_path / "passwd"
+    planted.write_text("root:x:0:0::/root:/bin/sh\nalice:x:4321:4321::/home/alice:/bin/sh\n")
+    job = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                            'mount --bind "$1" /etc/passwd && exec sleep 30', "sh", str(planted)])  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while node.owner_uid(job.pid, "alice") is None:
+            assert time.monotonic() < deadline and job.poll() is None
+            time.sleep(0.05)
+        assert node.owner_uid(job.pid, "alice") == 4321
+    finally:
+        job.kill()
+        job.wait()
+
+
+def test_a_job_asking_for_its_instance_again_and_again_is_refused(monkeypatch):
+    """Prolog, epilog, prolog...: each cycle would create and destroy an instance under the node's lock."""
+    now = [1000.0]
+    monkeypatch.setattr(node.time, "monotonic", lambda: now[0])
+    guard = SlotGuard(FakeBatch(), "nodeb", settle_s=0.0)
+    for _ in range(node.PROLOGS_PER_WINDOW):
+        guard._count_prolog("7.0")
+        now[0] += 1
+    with pytest.raises(node.CallerRefused, match="times within"):
+        guard._count_prolog("7.0")
+    guard._count_prolog("8.0")  # another job is not held back
+    now[0] += node.PROLOG_WINDOW_S
+    guard._count_prolog("7.0")  # a rerun after a while (an eviction) is served

@@ -35,6 +35,7 @@ from mig_batch.slurm.commands import (
 from mig_batch.slurm.install import job_submit_lua
 
 NO_VAL, NO_VAL16 = 4294967294, 65534
+NO_VAL64 = float(2**64 - 2)  # as slurmctld hands Lua a uint64: a double
 ACCESS_DENIED, INVALID_NODE_COUNT = 2002, 2006  # slurm_errno.h
 TAG = "mig-batch:v1;req=1g.10gb"
 PLACED = TAG + ";place=n1/0/1g.10gb@0;node=made:0:1g.10gb@0:1:MIG-a"
@@ -44,14 +45,18 @@ OWNER, OTHER = 1000, 1001
 # ntasks_per_board 0 (seen on the real Slurm); text nil
 UNSET_COUNTS = {"min_nodes": NO_VAL, "max_nodes": NO_VAL, "num_tasks": NO_VAL, "ntasks_per_node": NO_VAL16,
                 "ntasks_per_socket": NO_VAL16, "ntasks_per_core": NO_VAL16, "ntasks_per_board": 0,
-                "ntasks_per_tres": NO_VAL16, "priority": NO_VAL, "nice": NO_VAL}  # fmt: skip
+                "ntasks_per_tres": NO_VAL16, "priority": NO_VAL, "nice": NO_VAL, "min_cpus": NO_VAL,
+                "cpus_per_task": NO_VAL16, "pn_min_cpus": NO_VAL16, "pn_min_memory": NO_VAL64,
+                "pn_min_tmp_disk": NO_VAL, "shared": NO_VAL16, "contiguous": NO_VAL16}  # fmt: skip
 # each field a placement depends on, with a change of it: scontrol's NodeList, ExcNodeList, Features, ...
 PLACEMENT_CHANGES = {"req_nodes": "n2", "exc_nodes": "n1", "features": "A100-40GB", "prefer": "A100-40GB",
                      "batch_features": "x", "partition": "other", "reservation": "r1", "gres": "",
                      "tres_per_node": "", "tres_per_job": "gres/gpu:1", "tres_per_socket": "gres/gpu:1",
                      "tres_per_task": "cpu:2", "cpus_per_tres": "gres/gpu:2", "mem_per_tres": "gres/gpu:100",
                      "min_nodes": 2, "max_nodes": 1, "num_tasks": 4, "ntasks_per_node": 4, "ntasks_per_socket": 2,
-                     "ntasks_per_core": 1, "ntasks_per_board": 1, "ntasks_per_tres": 1}  # fmt: skip
+                     "ntasks_per_core": 1, "ntasks_per_board": 1, "ntasks_per_tres": 1, "min_cpus": 64,
+                     "cpus_per_task": 8, "pn_min_cpus": 32, "pn_min_memory": 500_000, "pn_min_tmp_disk": 10**6,
+                     "shared": 0, "contiguous": 1}  # fmt: skip
 OTHER_CHANGES = {"time_limit": 30, "begin_time": 2_000_000_000, "comment": "mine", "name": "renamed"}
 
 

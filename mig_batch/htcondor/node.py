@@ -56,6 +56,7 @@ import select
 import selectors
 import socket
 import socketserver
+import stat
 import struct
 import sys
 import threading
@@ -74,6 +75,10 @@ log = logging.getLogger("mig-batch-agent")
 RUNNING = 2  # JobStatus
 STALE_SLOT_S = 600.0  # a remembered slot without a journal entry this old: its instance is long gone
 SETTLE_COOLDOWN_S = 30.0  # a slot whose wait for the schedd ran out waits no more for this long
+# a job's prologs within PROLOG_WINDOW_S: a rerun after an eviction needs one, a job looping prolog and epilog
+# would make the node create and destroy instances under its lock without end
+PROLOGS_PER_WINDOW, PROLOG_WINDOW_S = 3, 60.0
+PASSWD_MAX_BYTES = 4 << 20
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux >= 6.5; Python 3.11 has no name for it
 OPS = ("ping", "prolog", "epilog")
 JOB_ID = re.compile(r"[0-9]{1,18}\.[0-9]{1,9}")  # cluster.proc, as the wrapper sends it
@@ -145,15 +150,27 @@ def find_caller(pid: int, uid: int) -> Caller:
 
 
 def owner_uid(pid: int, owner: str) -> int | None:
-    """The uid of ``owner`` in the passwd file of ``pid``'s root (a chroot's own), None if unknown."""
+    """The uid of ``owner`` in the passwd file of ``pid``'s root (a chroot's own), None if unknown. The job
+    may have put anything there (its own mount namespace): a regular file only, opened without following a
+    link or blocking, at most PASSWD_MAX_BYTES read."""
     try:
-        with open(f"/proc/{pid}/root/etc/passwd") as f:
-            for line in f:
-                fields = line.split(":")
-                if len(fields) > 2 and fields[0] == owner:
-                    return int(fields[2])
-    except (OSError, ValueError):
+        fd = os.open(f"/proc/{pid}/root/etc/passwd", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        text = os.read(fd, PASSWD_MAX_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(text) > PASSWD_MAX_BYTES:
+        return None
+    for line in text.decode(errors="replace").splitlines():
+        fields = line.split(":")
+        if len(fields) > 2 and fields[0] == owner and fields[2].isdigit():
+            return int(fields[2])
     return None
 
 
@@ -263,6 +280,7 @@ class SlotGuard:
         self._settle_lock = threading.Lock()
         self._settling: set[str] = set()  # slots waiting on the schedd now
         self._quiet_until: dict[str, float] = {}  # slot -> no wait on the schedd before then
+        self._prologs: dict[str, collections.deque[float]] = {}  # job -> when its latest prologs were asked
 
     def _remember(self, job: str, slot: str, uid: int) -> None:
         self.slots[job] = (slot, uid)
@@ -322,6 +340,7 @@ class SlotGuard:
     def check_prolog(self, caller: Caller, job: str) -> None:
         if caller.local_name != self.local_name:
             raise CallerRefused(f"caller in a slot of startd {caller.local_name or '(plain)'}, not of {self.node}")
+        self._count_prolog(job)
         recalled = self._recalled(job)
         if recalled is not None and recalled[0] == caller.slot and recalled[1] != caller.uid:
             raise CallerRefused(f"job {job}'s instance was made for uid {recalled[1]}, not uid {caller.uid}")
@@ -345,6 +364,18 @@ class SlotGuard:
         if expected is not None and expected != caller.uid:
             raise CallerRefused(f"caller uid {caller.uid} is not job {job}'s owner {ad.get('Owner')} ({expected})")
         self._remember(job, caller.slot, caller.uid)
+
+    def _count_prolog(self, job: str) -> None:
+        """Refuse a job's prolog past PROLOGS_PER_WINDOW within PROLOG_WINDOW_S."""
+        now = time.monotonic()
+        with self._settle_lock:
+            for old in [j for j, times in self._prologs.items() if times[-1] < now - PROLOG_WINDOW_S]:
+                del self._prologs[old]  # forgotten once quiet: the table stays as small as the busy jobs
+            times = self._prologs.setdefault(job, collections.deque(maxlen=PROLOGS_PER_WINDOW))
+            if len(times) == PROLOGS_PER_WINDOW and times[0] > now - PROLOG_WINDOW_S:
+                raise CallerRefused(f"job {job} asked for its instance {PROLOGS_PER_WINDOW} times within "
+                                    f"{PROLOG_WINDOW_S:.0f} s")  # fmt: skip
+            times.append(now)
 
     def check_epilog(self, caller: Caller, job: str) -> None:
         recalled = self._recalled(job)
