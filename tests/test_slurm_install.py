@@ -66,7 +66,7 @@ def test_the_compiled_client_is_the_hook_its_name_holds_as_hook_named_says(tmp_p
     """Run with no arguments under each name: the slow path (no agent) shows which hook it ran as; the
     Python rule doctor uses says the same. Slurm's other hooks and unknown names do nothing."""
     calls, python = tmp_path / "calls", tmp_path / "python"
-    python.write_text(f'#!/bin/sh\necho "$3" >> {calls}\n')
+    python.write_text(f'#!/bin/sh\necho "$4" >> {calls}\n')  # python -I -m mig_batch.slurm.hooks HOOK
     python.chmod(0o755)
     jobs = tmp_path / "jobs"
     jobs.mkdir()
