@@ -81,7 +81,8 @@ def _burst(run, script: Path, jobs: int, gres: list[str], timeout_s: float) -> t
 
 
 def bench_mode(mode: str, jobs: int, gpus_per_node: int, nodes: int, timeout_s: float = 900,
-               prompt_slots: int = DEFAULT_PROMPT_SLOTS) -> BurstRun:  # fmt: skip
+               prompt_slots: int = DEFAULT_PROMPT_SLOTS, fence: bool = True) -> BurstRun:  # fmt: skip
+    """One burst; ``fence``: the MIG modes' agents fence each job to its instance (docs/security.md)."""
     root = Path(tempfile.mkdtemp(prefix=f"mig-batch-bench-{mode}-"))
     names = [f"n{i + 1}" for i in range(nodes)]
     script = root / "job.sh"
@@ -90,7 +91,7 @@ def bench_mode(mode: str, jobs: int, gpus_per_node: int, nodes: int, timeout_s: 
         script.write_text("#!/bin/sh\ntrue\n")
         if mode in MIG_MODES:
             bed = MigTestbed(root, nodes={n: ["A100-80GB"] * gpus_per_node for n in names}, reconcile_interval_s=60,
-                             prompt_slots=prompt_slots if mode == "slots" else 0)  # fmt: skip
+                             prompt_slots=prompt_slots if mode == "slots" else 0, fence=fence)  # fmt: skip
             bed.start()
             run, gres = bed.cluster.run, ["--gres=mig:1g.10gb"]
         else:
@@ -120,11 +121,11 @@ def round_order(index: int, modes: tuple[str, ...] = MODES) -> tuple[str, ...]:
 
 
 def bench_controller(jobs: int = 1000, gpus_per_node: int = 48, nodes: int = 3, modes: tuple[str, ...] = MODES,
-                     rounds: int = 1,
-                     prompt_slots: int = DEFAULT_PROMPT_SLOTS) -> Iterator[list[BurstRun]]:  # fmt: skip
+                     rounds: int = 1, prompt_slots: int = DEFAULT_PROMPT_SLOTS,
+                     fence: bool = True) -> Iterator[list[BurstRun]]:  # fmt: skip
     """Each round's bursts as the round ends (in ``modes`` order whatever order they ran in)."""
     for index in range(rounds):
-        ran = {mode: bench_mode(mode, jobs, gpus_per_node, nodes, prompt_slots=prompt_slots)
+        ran = {mode: bench_mode(mode, jobs, gpus_per_node, nodes, prompt_slots=prompt_slots, fence=fence)
                for mode in round_order(index, modes)}  # fmt: skip
         yield [ran[mode] for mode in modes]
 

@@ -70,6 +70,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "number balances the order); the ratios' median is printed too")  # fmt: skip
     c.add_argument("--prompt-slots", type=int, help="the slots burst's prompt_slots (default: 64, more than a "
                    "pass's arrivals at the bench's rate)")  # fmt: skip
+    c.add_argument("--fence", choices=("on", "off"), default="on",
+                   help="the MIG bursts' agents fence each job to its instance (default on, as installed)")  # fmt: skip
     c.add_argument("--json", action="store_true")
     c.set_defaults(handler=cmd_bench_controller)
     s = kinds.add_parser("startup", help="start-up time of mig-batch and migsub against python -c pass (ratios)")
@@ -252,7 +254,7 @@ def cmd_bench_controller(args: argparse.Namespace) -> int:
         raise ValueError(f"bench controller needs a local Slurm: {why}")
     rounds: list[list[BurstRun]] = []
     for runs in bench_controller(args.jobs, args.gpus_per_node, args.nodes, rounds=args.rounds,
-                                 prompt_slots=args.prompt_slots):  # fmt: skip
+                                 prompt_slots=args.prompt_slots, fence=args.fence == "on"):  # fmt: skip
         rounds.append(runs)
         if args.json:
             continue
