@@ -221,8 +221,11 @@ def test_an_entry_whose_instance_went_behind_the_agents_back_gives_the_id_to_nob
     assert cuda_open(directory, ALICE, bob.uuid)[0] == 1
 
 
-def test_a_process_still_holding_an_earlier_jobs_node_is_killed_before_the_next_job_gets_the_slice(node, tmp_path):
-    """The driver checks a descriptor's minor only, and the next instance on the slice gets the same minor."""
+@pytest.mark.parametrize("restarted", [False, True])
+def test_a_process_still_holding_an_earlier_jobs_node_is_killed_before_the_next_job_gets_the_slice(node, tmp_path,
+                                                                                                  restarted):
+    """The driver checks a descriptor's minor only, and the next instance on the slice gets the same minor.
+    ``restarted``: the agent that grants it next does not know who held it last."""
     import signal
     import time
 
@@ -250,6 +253,8 @@ def test_a_process_still_holding_an_earlier_jobs_node_is_killed_before_the_next_
     try:
         assert fence_of(directory).holders_of([minor]) == {keeper: ALICE}
         agent.epilog(first)
+        if restarted:
+            agent = make_agent(directory, backend, batch, tmp_path / "journal")
         second = decide(batch, 1, "1g.10gb", 6, BOB)
         agent.prolog(second)
         assert fence_of(directory).minors(1, parse_report(batch.job(second).admin_tag).gi_id)[0] == minor
@@ -298,3 +303,23 @@ def test_an_instance_its_epilog_could_not_destroy_stays_taken_back(node, tmp_pat
     assert "still in use" in agent.epilog(job, attempts=1, pause_s=0)
     agent.refence()
     assert cuda_open(directory, ALICE, uuid)[0] == 1
+
+
+def test_processes_are_looked_through_only_where_another_user_may_hold_the_node(node, tmp_path, monkeypatch):
+    """The scan costs ms on a busy node: a fresh node, or one its last holder gets again, needs none."""
+    backend, directory = node
+    fence = fence_of(directory)
+    scans = []
+    monkeypatch.setattr(fence, "holders_of", lambda minors, but=(): scans.append(but) or {})
+    inst = backend.create(0, "1g.10gb", 0)
+    fence.grant(0, inst.gi_id, ALICE)  # never made before: nobody could have opened it
+    fence.revoke(0, inst.gi_id)
+    fence.grant(0, inst.gi_id, ALICE)  # her own again
+    assert scans == []
+    fence.revoke(0, inst.gi_id)
+    fence.grant(0, inst.gi_id, BOB)
+    assert scans == [(0, BOB)]
+    restarted = fence_of(directory)  # knows no last holder: the node was there to open
+    monkeypatch.setattr(restarted, "holders_of", lambda minors, but=(): scans.append(but) or {})
+    restarted.grant(0, inst.gi_id, BOB)
+    assert scans == [(0, BOB), (0, BOB)]

@@ -29,9 +29,10 @@ pytestmark = [
 JOB = """#!/bin/sh
 echo "own $CUDA_VISIBLE_DEVICES"
 sh {gpu}/cuda-open; echo "own-rc $?"
-while [ ! -f {shared}/$SLURM_JOB_ID.other ]; do sleep 0.2; done
+wait_for() {{ n=0; while [ ! -f "$1" ] && [ $n -lt 900 ]; do sleep 0.2; n=$((n + 1)); done; }}  # 3 min at most
+wait_for {shared}/$SLURM_JOB_ID.other
 CUDA_VISIBLE_DEVICES=$(cat {shared}/$SLURM_JOB_ID.other) sh {gpu}/cuda-open; echo "other-rc $?"
-while [ ! -f {shared}/$SLURM_JOB_ID.end ]; do sleep 0.2; done
+wait_for {shared}/$SLURM_JOB_ID.end
 """
 # A job over two instances: each task opens its own rank's instance, then the other rank's.
 RANKS = """#!/bin/sh
@@ -60,6 +61,8 @@ def bed():
     testbed = MigTestbed(root, nodes={"n1": ["A100-40GB"]})
     testbed.start()
     yield testbed, users, shared
+    for user in users:  # a failed test leaves its jobs waiting: no job process outlives the cluster
+        testbed.cluster.run("scancel", "--full", "-u", user.pw_name, check=False)
     testbed.stop()
     shutil.rmtree(root, ignore_errors=True)
 

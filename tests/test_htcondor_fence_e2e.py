@@ -27,9 +27,10 @@ export MIG_BATCH_NVML_EMU_DIR={gpu}
 echo "uid $(id -u)"
 echo "own $CUDA_VISIBLE_DEVICES"
 sh {gpu}/cuda-open; echo "own-rc $?"
-while [ ! -f {shared}/$1.other ]; do sleep 0.2; done
+wait_for() {{ n=0; while [ ! -f "$1" ] && [ $n -lt 900 ]; do sleep 0.2; n=$((n + 1)); done; }}  # 3 min at most
+wait_for {shared}/$1.other
 CUDA_VISIBLE_DEVICES=$(cat {shared}/$1.other) sh {gpu}/cuda-open; echo "other-rc $?"
-while [ ! -f {shared}/$1.end ]; do sleep 0.2; done
+wait_for {shared}/$1.end
 """
 SUBMIT = """executable = {shared}/fence-job.sh
 arguments = {name}

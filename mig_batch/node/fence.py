@@ -106,6 +106,7 @@ class CapabilityFence:
 
     def __post_init__(self) -> None:
         self._major: int | None = None
+        self._granted: dict[int, int] = {}  # minor -> the uid this agent last granted it to
 
     def minors(self, gpu: int, gi_id: int) -> list[int]:
         """The GPU instance's capability minor and those of its compute instances (none once it is gone)."""
@@ -130,9 +131,20 @@ class CapabilityFence:
         if len(minors) < 2:  # a job needs its GPU instance's and its compute instance's
             raise FenceError(f"GPU {gpu} instance {gi_id} has no capability under {self.capabilities} for its "
                              f"{'compute' if minors else 'GPU'} instance")  # fmt: skip
-        self.evict(minors, uid)  # the same user's are not fenced from each other anyway
+        if any(self._may_be_held(minor, uid) for minor in minors):
+            self.evict(minors, uid)  # the same user's are not fenced from each other anyway
         for minor in minors:
             self._set(minor, uid)
+            self._granted[minor] = uid
+
+    def _may_be_held(self, minor: int, uid: int) -> bool:
+        """Whether a process of another user than ``uid`` (and root) may hold ``minor`` open: its last holder
+        was another user, or it is not known and the node was there to open before (since boot or an agent
+        restart). A scan of every process costs ms on a busy node: only then is it done."""
+        last = self._granted.get(minor)
+        if last is not None:
+            return last not in (0, uid)
+        return os.path.lexists(self.devices / f"nvidia-cap{minor}")
 
     def holders_of(self, minors: Collection[int], but: Collection[int] = ()) -> dict[int, int]:
         """pid -> uid of every process, but those of the uids ``but``, with a descriptor of one of these
