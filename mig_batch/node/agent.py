@@ -145,6 +145,27 @@ def _reported_spots(jobs: Mapping[str, BatchJob],
     return spots
 
 
+def holders(entries: Collection[Entry], live: Mapping[tuple[int, int], str]) -> tuple[dict[tuple[int, int], int],
+                                                                                     set[tuple[int, int]]]:  # fmt: skip
+    """Who holds each live instance ((gpu, gi id) -> UUID in ``live``) by the journal: (gpu, gi id) -> uid, and the
+    instances whose holder is not known (journaled before the fence, or taken back by their Epilog: their nodes
+    left as they are). Only an entry naming the instance there now counts, the newest when several do: an entry
+    whose instance is gone holds nothing, even where its id was made again for another job."""
+    held: dict[tuple[int, int], int] = {}
+    unknown: set[tuple[int, int]] = set()
+    for entry in sorted(entries, key=lambda e: e.created):
+        spot = (entry.gpu, entry.gi_id)
+        if live.get(spot) != entry.uuid:
+            continue
+        held.pop(spot, None)
+        unknown.discard(spot)
+        if entry.uid >= 0:
+            held[spot] = entry.uid
+        else:
+            unknown.add(spot)
+    return held, unknown
+
+
 def _spots(verb: str, entries: list[Entry]) -> str:
     """The entries as "<verb> 1g.10gb@3 on GPU 0, ..." ("" for none)."""
     return f"{verb} " + ", ".join(f"{e.profile}@{e.start} on GPU {e.gpu}" for e in entries) if entries else ""
@@ -557,8 +578,12 @@ class NodeAgent:
         self._send_unsent(running, asked)
         with self.lock:
             self.journal.look_for_old_files()  # an earlier release's hook may have written one since
-            adopted = [self._owned_by([e], running[job_of(e.job)].user_id) for e in self.journal.entries()
-                       if e.uid == OWNER_UNKNOWN and job_of(e.job) in running and running[job_of(e.job)].user_id >= 0]
+            adopted = False  # entries journaled before the fence, of jobs running here: their owner's now
+            for entry in self.journal.entries():
+                job = running.get(job_of(entry.job))
+                if entry.uid == OWNER_UNKNOWN and job is not None and job.user_id >= 0:
+                    self._owned_by([entry], job.user_id)
+                    adopted = True
             strays = []
             for entry in self.journal.entries():
                 job = job_of(entry.job)  # a multi-instance job's rank r: job#r
@@ -602,19 +627,7 @@ class NodeAgent:
             with self.lock:
                 live = {(g.index, i.gi_id): i.uuid for g in self.backend.gpus() if g.mig_enabled
                         for i in self.backend.instances(g.index)}  # fmt: skip
-                holders: dict[tuple[int, int], int] = {}
-                unknown: set[tuple[int, int]] = set()
-                for entry in sorted(self.journal.entries(), key=lambda e: e.created):  # the newest holder last
-                    spot = (entry.gpu, entry.gi_id)
-                    if live.get(spot) != entry.uuid:
-                        continue  # its instance is gone: it holds nothing (the id may be another job's now)
-                    holders.pop(spot, None)
-                    unknown.discard(spot)
-                    if entry.uid >= 0:
-                        holders[spot] = entry.uid
-                    else:  # journaled before the fence, or its Epilog took it back: as it is
-                        unknown.add(spot)
-                changed = self.fence.enforce(holders, unknown)
+                changed = self.fence.enforce(*holders(self.journal.entries(), live))
         except (FenceError, OSError) as exc:
             self._note_problem(NodeProblem("reconcile", "", f"could not enforce the instance fence: {exc}"))
             return []

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Protocol
 
 from mig_batch.errors import MigBatchError
+from mig_batch.safe_files import UnsafePath, make_dir, untrusted_dir
 
 log = logging.getLogger("mig-batch-agent")
 GRANTED_MODE = 0o400  # the driver needs read access to the node; nothing else
@@ -251,15 +252,19 @@ class CapabilityFence:
         return found
 
     def _check_directory(self) -> None:
-        """The device directory must be root's and writable by root only: a user who could write there
-        could put a node of their own in place of a job's."""
+        """The device directory (and every one above it) must be writable by root only: a user who could change
+        it could put a node of their own in place of a job's. A missing one is made, root's, when first needed."""
+        why = untrusted_dir(self.devices) if os.path.lexists(self.devices) else ""
+        if why:
+            raise FenceError(f"{self.devices} must be a directory owned by root and writable by root only ({why})")
+
+    def _ready(self) -> None:
+        """The device directory, made when missing and checked, before a node is made in it."""
         try:
-            info = os.lstat(self.devices)
-        except FileNotFoundError:
-            return  # made, root's, at the first grant
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o022:
+            make_dir(self.devices, 0o755)
+        except UnsafePath as why:
             raise FenceError(f"{self.devices} must be a directory owned by root and writable by root only "
-                             f"(found uid {info.st_uid}, mode {stat.filemode(info.st_mode)})")  # fmt: skip
+                             f"({why})") from None  # fmt: skip
 
     def _is(self, minor: int, uid: int) -> bool:
         try:
@@ -273,9 +278,7 @@ class CapabilityFence:
         """``nvidia-cap<minor>`` as a node of ``uid``, mode 0400, put in place by a rename."""
         if self._is(minor, uid):
             return
-        if not self.devices.exists():
-            self.devices.mkdir(mode=0o755, parents=True)
-        self._check_directory()
+        self._ready()
         final = self.devices / f"nvidia-cap{minor}"
         partial = self.devices / f".nvidia-cap{minor}.{secrets.token_hex(6)}"
         try:
