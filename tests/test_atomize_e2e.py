@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+from harness.slurm_cluster import LocalCluster, MigTestbed
 
 from mig_batch.config import load_config
-from mig_batch.slurm.local_cluster import LocalCluster, MigTestbed
 from mig_batch.state import Store
 
 torch = pytest.importorskip("torch")  # the example's dependency (installed by the test extra)

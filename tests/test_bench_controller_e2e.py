@@ -2,9 +2,9 @@
 prints (jobs per second, CPU per job) are measured, not zero."""
 
 import pytest
+from harness.slurm_cluster import LocalCluster
 
 from mig_batch.bench.controller import bench_controller, busy_cpu_s
-from mig_batch.slurm.local_cluster import LocalCluster
 
 pytestmark = [
     pytest.mark.slow,

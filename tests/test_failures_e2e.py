@@ -7,9 +7,9 @@ import sys
 import time
 
 import pytest
+from harness.slurm_cluster import LocalCluster, MigTestbed
 
 from mig_batch.gpu import nvml_emu
-from mig_batch.slurm.local_cluster import LocalCluster, MigTestbed
 from mig_batch.state import Store
 
 pytestmark = [

@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from mig_batch.slurm.local_cluster import NODE_GPU_DIR, LocalCluster, MigTestbed
+from harness.slurm_cluster import NODE_GPU_DIR, LocalCluster, MigTestbed
 
 USERS = ("mig-batch-alice", "mig-batch-bob")
 

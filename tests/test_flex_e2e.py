@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
+from harness.slurm_cluster import LocalCluster, MigTestbed
 
 from mig_batch.gpu import nvml_emu
-from mig_batch.slurm.local_cluster import LocalCluster, MigTestbed
 from mig_batch.state import Store
 
 pytestmark = [

@@ -93,7 +93,7 @@ def test_undefined_values_in_a_job_ad_are_dropped_not_printed_as_numbers():
 
 
 def test_a_machine_that_cannot_run_the_pool_is_told_why(tmp_path, monkeypatch):
-    from mig_batch.htcondor.pool import Image, LocalPool
+    from harness.htcondor_pool import Image, LocalPool
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no debootstrap
     why = LocalPool.available(Image(cache=tmp_path / "empty"))

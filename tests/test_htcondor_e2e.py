@@ -1,5 +1,5 @@
 """End to end on a real HTCondor pool (a sid chroot with minicondor, two startds as nodes ``nodea`` and
-``nodeb``; mig_batch.htcondor.pool), started once for the module.
+``nodeb``; tests/harness/htcondor_pool.py), started once for the module.
 
 This test process is the controller: it talks to the pool through ``HTCondorBatch`` with the
 controller's token (a queue superuser). The job owner acts through the pool's own command-line tools
@@ -12,10 +12,10 @@ import re
 import time
 
 import pytest
+from harness.htcondor_pool import LocalPool
 
 from mig_batch.batch.system import JobState, Pin
 from mig_batch.batch.tags import AgentTag, parse_agent_tag, parse_place
-from mig_batch.htcondor.pool import LocalPool
 
 WHY_NOT = LocalPool.available()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))]

@@ -3,7 +3,7 @@ pool (unix accounts in its chroot) submit MIG jobs with plain condor_submit; eac
 gets its instance from the job wrapper and the node's root agent, and opens MIG devices as CUDA would (the
 emulated node's ``cuda-open``, in the node's GPU directory bind-mounted into the chroot): its own
 instance, and the other user's once it points CUDA_VISIBLE_DEVICES at it. One node, one A100-40GB
-(emulated libnvidia-ml); one testbed for the module (mig_batch.htcondor.testbed).
+(emulated libnvidia-ml); one testbed for the module (tests/harness/htcondor_testbed.py).
 
 The chroot shares the host's kernel: a job's uid is the same number on the host, where the agent reads
 it (SO_PEERCRED) and gives it the device nodes, although the host's passwd does not know these users."""
@@ -12,8 +12,8 @@ import re
 import time
 
 import pytest
+from harness.htcondor_pool import LocalPool
 
-from mig_batch.htcondor.pool import LocalPool
 from mig_batch.state import Store
 
 WHY_NOT = LocalPool.available()
@@ -44,7 +44,7 @@ queue
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
-    from mig_batch.htcondor.testbed import HTCondorTestbed
+    from harness.htcondor_testbed import HTCondorTestbed
 
     bed = HTCondorTestbed(tmp_path_factory.mktemp("htcondor-fence"), nodes={NODE: ["A100-40GB"]})
     started = time.monotonic()

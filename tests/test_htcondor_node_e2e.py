@@ -1,7 +1,7 @@
 """MIG jobs end to end on a real HTCondor pool: migsub submits, the schedd's generated policy tags and
 checks, mig-batchd over HTCondor decides and pins, the job wrapper asks each node's root agent for the
 decided instance on emulated GPUs (A100-80GB on ``nodea``, H100-80GB on ``nodeb``), and the instance
-goes when the job leaves its slot. One testbed for the module (mig_batch.htcondor.testbed).
+goes when the job leaves its slot. One testbed for the module (tests/harness/htcondor_testbed.py).
 
 The emulated library's history files are the audit trail: every instance ever made, when, where, and
 the MIG devices of each; a job prints the MIG device it saw and when it ran.
@@ -13,9 +13,9 @@ import signal
 import time
 
 import pytest
+from harness.htcondor_pool import LocalPool
 
 from mig_batch.gpu import nvml_emu
-from mig_batch.htcondor.pool import LocalPool
 from mig_batch.state import Store
 
 WHY_NOT = LocalPool.available()
@@ -31,7 +31,7 @@ echo "end|$(date +%s.%N)"
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
-    from mig_batch.htcondor.testbed import HTCondorTestbed
+    from harness.htcondor_testbed import HTCondorTestbed
 
     bed = HTCondorTestbed(tmp_path_factory.mktemp("htcondor-node"))
     started = time.monotonic()

@@ -53,9 +53,9 @@ def test_slurm_jobs_on_the_lowest_nvidia_ml_py_skip_a_gpu_with_mig_mode_off(tmp_
     GPUs has MIG mode off: every job runs on the other, none is lost, and status says why."""
     import json
 
+    from harness.slurm_cluster import LocalCluster, MigTestbed
     from test_slurm_e2e import assert_no_overlap_and_no_leak, by_mig_uuid, job_runs, job_script, submit, wait_done
 
-    from mig_batch.slurm.local_cluster import LocalCluster, MigTestbed
     from mig_batch.state import Store
 
     if LocalCluster.available() is not None:

@@ -5,11 +5,11 @@ mig-batchd stopped the bound jobs still run and are recorded at its return."""
 import time
 
 import pytest
+from harness.slurm_cluster import LocalCluster, MigTestbed
 from test_slurm_e2e import assert_no_overlap_and_no_leak, by_mig_uuid, job_runs, job_script, never_drained, wait_done
 
 from mig_batch.batch.tags import parse_place, parse_slot
 from mig_batch.slurm.commands import SlurmCli
-from mig_batch.slurm.local_cluster import LocalCluster, MigTestbed
 from mig_batch.state import Store
 
 pytestmark = [

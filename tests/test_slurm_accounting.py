@@ -7,8 +7,7 @@ slices in the job's TRES (scontrol, sacct) and enforces an association's GrpTRES
 import time
 
 import pytest
-
-from mig_batch.slurm.local_cluster import LocalCluster, MigTestbed
+from harness.slurm_cluster import LocalCluster, MigTestbed
 
 MISSING = LocalCluster.accounting_available()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(MISSING is not None, reason=str(MISSING))]

@@ -13,12 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
+from harness.slurm_cluster import LocalCluster, MigTestbed
 
 from mig_batch.batch.tags import parse_report
 from mig_batch.gpu import nvml_emu
 from mig_batch.mig.models import get_model
 from mig_batch.slurm.commands import SlurmCli
-from mig_batch.slurm.local_cluster import LocalCluster, MigTestbed
 from mig_batch.state import Store
 
 pytestmark = [

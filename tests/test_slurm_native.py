@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
+from harness.slurm_cluster import LocalCluster
 
 from mig_batch.batch.system import JobState, Pin
 from mig_batch.slurm.commands import FORMAT, JOB_HEAD, SQUEUE_ARGS, SlurmCli, SlurmError, records
 from mig_batch.slurm.install import build_slurm_library
-from mig_batch.slurm.local_cluster import LocalCluster
 from mig_batch.slurm.native import SlurmApi, open_api
 
 

@@ -290,7 +290,7 @@ def test_on_slurm_the_owner_cannot_move_a_placed_job_root_can_and_two_nodes_are_
     """slurmctld runs the generated script: the owner (``nobody``) gets Slurm's "Access/permission denied" for
     ExcNodeList, NumNodes and Gres of a placed, pending job and may still change its comment; root's
     ExcNodeList passes; ``sbatch -N 2`` of a MIG job is refused with its reason."""
-    from mig_batch.slurm.local_cluster import LocalCluster
+    from harness.slurm_cluster import LocalCluster
 
     if LocalCluster.available() is not None:
         pytest.skip(str(LocalCluster.available()))
@@ -307,7 +307,7 @@ def test_on_slurm_the_owner_cannot_move_a_placed_job_root_can_and_two_nodes_are_
 
 
 def _owner_and_root_on_slurm(root: Path) -> None:
-    from mig_batch.slurm.local_cluster import MigTestbed
+    from harness.slurm_cluster import MigTestbed
 
     with MigTestbed(root / "bed") as bed:
         shared = Path(tempfile.mkdtemp(prefix="mig-batch-user-"))

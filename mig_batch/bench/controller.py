@@ -17,21 +17,28 @@ temporary directory that is removed afterwards. Reported: jobs per second each w
 mig/bare and mig/noop, and the machine's CPU time per job during each burst (every process: Slurm,
 munge, the hooks, the agents, mig-batchd and the submitting loop; niced work excluded). On a testbed
 where all of them share the cores, the CPU a job costs is what bounds the rate.
+
+The local Slurm comes from the test harness (``tests/harness/slurm_cluster.py``), which is not in the
+wheel: the bench runs from a checkout of the repository, or from an installed mig_batch pointed at one.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
-from mig_batch.slurm.local_cluster import LocalCluster, MigTestbed
+from mig_batch.errors import MigBatchError
 
+HARNESS = Path("tests", "harness", "slurm_cluster.py")  # LocalCluster and MigTestbed, in a checkout only
 MODES = ("bare", "noop", "mig", "slots")
 MIG_MODES = ("mig", "slots")
 DEFAULT_PROMPT_SLOTS = 64  # the slots mode's prompt_slots: more than a pass's arrivals at the bench's rate
@@ -53,6 +60,35 @@ class BurstRun:
     @property
     def cpu_ms_per_job(self) -> float:
         return self.cpu_s / self.completed * 1e3 if self.completed else 0.0
+
+
+class NoCheckout(MigBatchError):
+    """No checkout of the repository to take the local Slurm's test harness from."""
+
+
+def find_checkout(given: Path | None = None) -> Path | None:
+    """The checkout whose test harness the bench runs on: ``given``; else the one this package runs from
+    (an editable install, or the source tree on the path); else the working directory, if it is one."""
+    candidates = [given] if given is not None else [Path(__file__).resolve().parents[2], Path.cwd()]
+    return next((c.resolve() for c in candidates if (c / HARNESS).is_file()), None)
+
+
+def load_slurm_harness(checkout: Path | None = None) -> ModuleType:
+    """The checkout's ``harness.slurm_cluster`` (LocalCluster, MigTestbed), imported with the checkout's
+    tests/ on the path as pytest puts it there; the module a test run imported already is the one used."""
+    found = find_checkout(checkout)
+    if found is None:
+        source_tree = Path(__file__).resolve().parents[2]
+        where = (f"{checkout} has no {HARNESS}" if checkout is not None
+                 else f"found none beside this package ({source_tree}) or in the working directory")  # fmt: skip
+        raise NoCheckout(
+            f"bench controller runs a local Slurm through the test harness of a mig-batch checkout ({HARNESS}, not "
+            f"in the wheel): {where}. Run it from a checkout of the repository with its tests/ folder, or pass "
+            "--checkout DIR; it also needs root, and slurm-wlm and munge (apt-get install slurm-wlm munge)")
+    tests = str(found / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    return importlib.import_module("harness.slurm_cluster")
 
 
 def busy_cpu_s() -> float:
@@ -81,8 +117,11 @@ def _burst(run, script: Path, jobs: int, gres: list[str], timeout_s: float) -> t
 
 
 def bench_mode(mode: str, jobs: int, gpus_per_node: int, nodes: int, timeout_s: float = 900,
-               prompt_slots: int = DEFAULT_PROMPT_SLOTS, fence: bool = True) -> BurstRun:  # fmt: skip
-    """One burst; ``fence``: the MIG modes' agents fence each job to its instance (docs/security.md)."""
+               prompt_slots: int = DEFAULT_PROMPT_SLOTS, fence: bool = True,
+               checkout: Path | None = None) -> BurstRun:  # fmt: skip
+    """One burst; ``fence``: the MIG modes' agents fence each job to its instance (docs/security.md);
+    ``checkout``: where the test harness is (see :func:`find_checkout`)."""
+    harness = load_slurm_harness(checkout)
     root = Path(tempfile.mkdtemp(prefix=f"mig-batch-bench-{mode}-"))
     names = [f"n{i + 1}" for i in range(nodes)]
     script = root / "job.sh"
@@ -90,8 +129,9 @@ def bench_mode(mode: str, jobs: int, gpus_per_node: int, nodes: int, timeout_s: 
     try:
         script.write_text("#!/bin/sh\ntrue\n")
         if mode in MIG_MODES:
-            bed = MigTestbed(root, nodes={n: ["A100-80GB"] * gpus_per_node for n in names}, reconcile_interval_s=60,
-                             prompt_slots=prompt_slots if mode == "slots" else 0, fence=fence)  # fmt: skip
+            bed = harness.MigTestbed(root, nodes={n: ["A100-80GB"] * gpus_per_node for n in names},
+                                     reconcile_interval_s=60, prompt_slots=prompt_slots if mode == "slots" else 0,
+                                     fence=fence)  # fmt: skip
             bed.start()
             run, gres = bed.cluster.run, ["--gres=mig:1g.10gb"]
         else:
@@ -101,7 +141,7 @@ def bench_mode(mode: str, jobs: int, gpus_per_node: int, nodes: int, timeout_s: 
                 hook.write_text("#!/bin/sh\nexit 0\n")
                 hook.chmod(0o755)
                 extra = f"Prolog={hook}\nEpilog={hook}\n"
-            cluster = LocalCluster(root, nodes=tuple(names), extra_conf=extra).start()
+            cluster = harness.LocalCluster(root, nodes=tuple(names), extra_conf=extra).start()
             run, gres = cluster.run, []
         completed, submit_s, total_s, cpu_s = _burst(run, script, jobs, gres, timeout_s)
         return BurstRun(mode, jobs, completed, submit_s, total_s, cpu_s)
@@ -121,11 +161,12 @@ def round_order(index: int, modes: tuple[str, ...] = MODES) -> tuple[str, ...]:
 
 
 def bench_controller(jobs: int = 1000, gpus_per_node: int = 48, nodes: int = 3, modes: tuple[str, ...] = MODES,
-                     rounds: int = 1, prompt_slots: int = DEFAULT_PROMPT_SLOTS,
-                     fence: bool = True) -> Iterator[list[BurstRun]]:  # fmt: skip
+                     rounds: int = 1, prompt_slots: int = DEFAULT_PROMPT_SLOTS, fence: bool = True,
+                     checkout: Path | None = None) -> Iterator[list[BurstRun]]:  # fmt: skip
     """Each round's bursts as the round ends (in ``modes`` order whatever order they ran in)."""
     for index in range(rounds):
-        ran = {mode: bench_mode(mode, jobs, gpus_per_node, nodes, prompt_slots=prompt_slots, fence=fence)
+        ran = {mode: bench_mode(mode, jobs, gpus_per_node, nodes, prompt_slots=prompt_slots, fence=fence,
+                                checkout=checkout)
                for mode in round_order(index, modes)}  # fmt: skip
         yield [ran[mode] for mode in modes]
 

@@ -72,6 +72,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "pass's arrivals at the bench's rate)")  # fmt: skip
     c.add_argument("--fence", choices=("on", "off"), default="on",
                    help="the MIG bursts' agents fence each job to its instance (default on, as installed)")  # fmt: skip
+    c.add_argument("--checkout", type=Path, metavar="DIR",
+                   help="a checkout of the mig-batch repository: the local Slurm comes from its test harness "
+                        "(tests/harness, not in the wheel; default: the checkout this package runs from, else "
+                        "the working directory)")  # fmt: skip
     c.add_argument("--json", action="store_true")
     c.set_defaults(handler=cmd_bench_controller)
     s = kinds.add_parser("startup", help="start-up time of mig-batch and migsub against python -c pass (ratios)")
@@ -237,9 +241,15 @@ def cmd_bench_startup(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_controller(args: argparse.Namespace) -> int:
-    from mig_batch.bench.controller import DEFAULT_PROMPT_SLOTS, BurstRun, bench_controller, median_ratios, ratios
+    from mig_batch.bench.controller import (
+        DEFAULT_PROMPT_SLOTS,
+        BurstRun,
+        bench_controller,
+        load_slurm_harness,
+        median_ratios,
+        ratios,
+    )
     from mig_batch.config import MAX_PROMPT_SLOTS
-    from mig_batch.slurm.local_cluster import LocalCluster
 
     if args.prompt_slots is None:
         args.prompt_slots = DEFAULT_PROMPT_SLOTS
@@ -249,12 +259,14 @@ def cmd_bench_controller(args: argparse.Namespace) -> int:
         raise ValueError(f"--jobs must be 1..100000, --nodes 1..64, --gpus-per-node 1..1024, --rounds 1..100 and "
                          f"--prompt-slots 1..{MAX_PROMPT_SLOTS} (got {args.jobs}, {args.nodes}, {args.gpus_per_node}, "
                          f"{args.rounds}, {args.prompt_slots})")  # fmt: skip
-    why = LocalCluster.available()
+    harness = load_slurm_harness(args.checkout)  # exits 2 saying what it needs where no checkout is found
+    why = harness.LocalCluster.available()
     if why:
         raise ValueError(f"bench controller needs a local Slurm: {why}")
     rounds: list[list[BurstRun]] = []
     for runs in bench_controller(args.jobs, args.gpus_per_node, args.nodes, rounds=args.rounds,
-                                 prompt_slots=args.prompt_slots, fence=args.fence == "on"):  # fmt: skip
+                                 prompt_slots=args.prompt_slots, fence=args.fence == "on",
+                                 checkout=args.checkout):  # fmt: skip
         rounds.append(runs)
         if args.json:
             continue

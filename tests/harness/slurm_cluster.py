@@ -1,4 +1,5 @@
-"""A real Slurm cluster on one machine, for tests and demos: munged, slurmctld, several slurmd.
+"""A real Slurm cluster on one machine, for tests, demos and ``mig-batch bench controller``: munged,
+slurmctld, several slurmd.
 
 Everything lives in one temporary directory: the munge key and socket, slurm.conf (free ports),
 the controller's state, each node's spool, logs. Nodes are ``slurmd -N name`` processes on

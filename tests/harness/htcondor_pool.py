@@ -403,7 +403,7 @@ class LocalPool:
         self.shared.chmod(0o1777)
         self.port = self.port or _free_port()
         config = [
-            f"# written by mig_batch.htcondor.pool for {self.root}",
+            f"# written by the test harness (tests/harness/htcondor_pool.py) for {self.root}",
             "CONDOR_HOST = 127.0.0.1",
             f"COLLECTOR_HOST = 127.0.0.1:{self.port}",
             f"SHARED_PORT_PORT = {self.port}",

@@ -1,4 +1,4 @@
-"""mig_batch on a real HTCondor pool, for tests: the local pool (:class:`~mig_batch.htcondor.pool.LocalPool`)
+"""mig_batch on a real HTCondor pool, for tests: the local pool (``htcondor_pool.LocalPool``)
 with what ``mig-batch htcondor install`` writes (schedd policy with the site's models, the job wrapper),
 one node agent per execute node on emulated GPUs, and mig-batchd over HTCondor.
 
@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mig_batch.htcondor.install import wrapper_text
-from mig_batch.htcondor.pool import LocalPool
+
+from .htcondor_pool import LocalPool
 
 CHROOT_PYTHON = "/usr/bin/python3"
 
