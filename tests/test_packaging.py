@@ -1,5 +1,5 @@
-"""The built wheel holds everything mig_batch reads at run time: a regular (not editable) install, run from
-outside the checkout, lists the GPU models and writes the Slurm plugin files."""
+"""The built wheel holds everything mig_batch reads at run time and none of the test harness: a regular (not
+editable) install, run from outside the checkout, lists the GPU models and writes the Slurm plugin files."""
 
 from __future__ import annotations
 
@@ -46,6 +46,16 @@ def test_wheel_holds_the_runtime_files(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     missing = [name for name in SHIPPED if name not in names]
     assert not missing, f"the wheel lacks {missing}"
+
+
+def test_wheel_holds_no_test_harness(wheel: Path) -> None:
+    """The real-Slurm and HTCondor harnesses serve tests only: they stay in tests/harness, out of the wheel."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        defining = [name for name in names if name.endswith(".py") and re.search(
+            rb"^class (LocalCluster|MigTestbed|LocalPool|HTCondorTestbed)\b", archive.read(name), re.MULTILINE)]
+    harness = [name for name in names if name.startswith("tests/") or "harness" in name.split("/")]
+    assert not harness and not defining, f"the wheel holds the test harness: {harness + defining}"
 
 
 def test_installed_wheel_works_outside_the_checkout(wheel: Path, tmp_path: Path) -> None:
@@ -97,6 +107,12 @@ def test_installed_wheel_works_outside_the_checkout(wheel: Path, tmp_path: Path)
         assert not re.search(r"@[A-Z_]+@", text), f"a placeholder was left unfilled in {shim.name}"
     if hooks:
         assert str(env_dir) in hooks[0].read_text(), "the Prolog shim's slow path should run the installed package"
+
+    # the Slurm bench runs on the checkout's test harness: with none, it says what it needs
+    bench = subprocess.run([bin_dir / "mig-batch", "bench", "controller", "--jobs", "1"], cwd=away, env=env,
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bench.returncode == 2 and "checkout" in bench.stderr and "tests/" in bench.stderr, bench.stderr
+    assert "slurm-wlm" in bench.stderr and "root" in bench.stderr, bench.stderr
 
 
 @pytest.mark.skipif(not os.environ.get("MIG_BATCH_EXPECT_INSTALLED"), reason="set by CI's run against the wheel")
