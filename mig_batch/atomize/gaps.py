@@ -15,7 +15,6 @@ Times are absolute seconds on the caller's clock; ``math.inf`` means "not known 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -23,24 +22,7 @@ from mig_batch.mig.models import Profile, get_model
 from mig_batch.mig.scores import FragVariant
 from mig_batch.mig.tables import tables_for
 from mig_batch.placement.cluster import Cluster
-
-
-@dataclass(frozen=True)
-class Hold:
-    """Slices (a bit mask of memory slices) held from ``since`` until ``until``."""
-
-    window: int
-    until: float = math.inf
-    since: float = -math.inf
-
-
-@dataclass(frozen=True)
-class GpuTimeline:
-    gid: int
-    host: str
-    index: int
-    model: str
-    holds: tuple[Hold, ...] = ()
+from mig_batch.placement.timelines import GpuTimeline, Hold  # placement's; callers may still take them from here
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mig_batch.cli.output import Table, console
+from mig_batch.cli.output import Table, console, make_out_dir
 from mig_batch.errors import MigBatchError
 
 DEFAULT_DATA_DIR = "../shared/data"
@@ -120,7 +120,6 @@ def read_runtimes(path: Path) -> list[float]:
 
 
 def cmd_simulate_flex(args: argparse.Namespace) -> int:
-    from mig_batch.cli.sim_commands import make_out_dir
     from mig_batch.sim.flex import FlexParams
     from mig_batch.sim.flex_experiment import FlexSetup, csv_rows, run_flex_experiment
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 TYPE_CHECKING = False  # typing costs ~2 ms at every start; annotations here are strings
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import Any
 
 WIDE_COLUMNS = 100  # narrower terminals get the compact layout: rich would squeeze cells to "34…"
@@ -276,3 +277,12 @@ def emit(data: Any, as_json: bool, render: Callable[[Any], None]) -> None:
 def fail(message: str, code: int = 2) -> int:
     err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     return code
+
+
+def make_out_dir(path: Path) -> None:
+    """Create the output folder up front, so a bad --out fails before the simulation, not after it."""
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out {path} is a file; give a folder (it is created if missing)")
+    path.mkdir(parents=True, exist_ok=True)
+    if not os.access(path, os.W_OK):
+        raise ValueError(f"--out {path} is not writable; give a folder you can write to")

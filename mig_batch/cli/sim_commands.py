@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from mig_batch.cli.output import Table, console
+from mig_batch.cli.output import Table, console, make_out_dir
 from mig_batch.mig.models import get_model
 from mig_batch.sim.experiments import (
     PAPER_POLICIES,
@@ -124,15 +124,6 @@ def _progress(disable: bool) -> Progress:
         transient=True,
         disable=disable,
     )
-
-
-def make_out_dir(path: Path) -> None:
-    """Create the output folder up front, so a bad --out fails before the simulation, not after it."""
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"--out {path} is a file; give a folder (it is created if missing)")
-    path.mkdir(parents=True, exist_ok=True)
-    if not os.access(path, os.W_OK):
-        raise ValueError(f"--out {path} is not writable; give a folder you can write to")
 
 
 def _check_common(args: argparse.Namespace, default_model: str) -> None:

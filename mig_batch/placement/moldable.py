@@ -2,7 +2,7 @@
 
 A moldable job lists the sizes it can run on with a predicted run time for each. In queue order,
 each job gets the option with the earliest predicted finish (start + run time), judged against what
-holds every GPU's slices and until when (:mod:`mig_batch.atomize.gaps` timelines):
+holds every GPU's slices and until when (:mod:`mig_batch.placement.timelines`):
 
 * among the options that can start now, a smaller profile is preferred while its finish is within
   ``min_gain`` of the best one (a few percent are not worth a larger instance);
@@ -30,12 +30,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mig_batch.atomize.gaps import GpuTimeline, Hold
 from mig_batch.mig.models import get_model
 from mig_batch.mig.scores import FragVariant
 from mig_batch.mig.tables import tables_for
 from mig_batch.placement.base import Placement, PlacementRequest, Policy, placement_on
 from mig_batch.placement.cluster import Cluster
+from mig_batch.placement.timelines import GpuTimeline, Hold
 
 _INSTANT = 1e-3  # seconds: "about to end" for an instance whose expected end has passed
 
