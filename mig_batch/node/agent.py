@@ -35,6 +35,7 @@ from mig_batch.batch.tags import (
     with_report,
 )
 from mig_batch.gpu.base import GpuBackend, GpuBackendError, InsufficientResources, InUse, NotFound, NotSupported
+from mig_batch.job_env import ENV_DEADLINE, ENV_MARGIN
 from mig_batch.node.fence import Fence, FenceError, Unfenced
 from mig_batch.node.journal import NO_HOLDER, OWNER_UNKNOWN, Entry, Journal
 from mig_batch.node.lock import LOCK_NAME, NodeBusy, NodeLock
@@ -43,7 +44,6 @@ from mig_batch.placement.cluster import Cluster, Gpu
 from mig_batch.placement.multi import MULTI_POLICIES, MultiPlacement, MultiPolicy
 from mig_batch.placement.policies import make_policy
 from mig_batch.safe_files import make_dir, write_file
-from mig_batch.subjob import ENV_DEADLINE, ENV_MARGIN
 
 log = logging.getLogger("mig-batch-agent")
 NO_DEVICE = "NoDevFiles"  # what a job gets when nothing could be made: CUDA sees no GPU

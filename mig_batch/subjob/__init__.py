@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mig_batch.errors import MigBatchError
+from mig_batch.job_env import ENV_DEADLINE, ENV_MARGIN  # the node agent sets them
 
 TYPE_CHECKING = False  # typing costs ~2 ms at every start; annotations here are strings
 if TYPE_CHECKING:
@@ -37,9 +38,7 @@ EXIT_DONE = 0
 EXIT_CONTINUE = 75  # EX_TEMPFAIL: checkpointed, more work left
 EXIT_NOT_PREPARED = 76  # the runner found no instance/deadline: the node's prolog did not run for this start
 ENV_CHECKPOINT_DIR = "MIG_BATCH_CHECKPOINT_DIR"
-ENV_DEADLINE = "MIG_BATCH_DEADLINE"  # epoch seconds at which the subjob's window closes
 ENV_CHAIN = "MIG_BATCH_CHAIN"  # the chain's first Slurm job, set for the later jobs the runner submits
-ENV_MARGIN = "MIG_BATCH_CHECKPOINT_MARGIN"  # seconds before the deadline to checkpoint
 SLURM_SIGNAL_MARGIN_S = 60  # migsub's --signal=B:USR1@60: Slurm's own warning, a backstop after the runner's
 KEEP = 2  # checkpoints kept: the newest and the one before it
 _NAME = re.compile(r"^ckpt-(\d+)$")
