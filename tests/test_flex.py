@@ -13,7 +13,8 @@ from mig_batch.batch.fake import FakeBatch
 from mig_batch.batch.system import JobState, Pin
 from mig_batch.batch.tags import NodeReport, Placed, parse_place, parse_report, parse_tag, placed_tag, with_report
 from mig_batch.config import SiteConfig
-from mig_batch.controller.daemon import Controller, build_view
+from mig_batch.controller.daemon import Controller
+from mig_batch.controller.ledger import build_view
 from mig_batch.mig.models import get_model
 from mig_batch.mig.tables import tables_for
 from mig_batch.node.agent import NodeAgent
@@ -452,7 +453,7 @@ def test_a_mixed_model_node_gets_one_model_per_job_and_placement_goes_on(tmp_pat
     place, d = parse_place(batch.job(multi).admin_tag), store.decision(multi)
     models = {c.view.gpus[c.gid["n1", g]].model for g, _, _ in place.ranks()}
     assert models == {d.model} and len(place.ranks()) == 2
-    pin = c._pin(d)
+    pin = c.pinning.pin(d)
     assert pin.slices == sum(get_model(d.model).profile(p).memory_slices for _, p, _ in place.ranks())
     assert parse_place(batch.job(plain).admin_tag) is not None
 
@@ -560,7 +561,7 @@ def test_a_stored_decision_mixing_models_is_pinned_with_each_gpus_slices(tmp_pat
     plain = batch.add("mig-batch:v1;req=1g.10gb")
     assert c.step().placed == 2
     assert parse_place(batch.job(plain).admin_tag) is not None
-    assert c._pin(store.decision(old)).slices == get_model("A100-40GB").profile("3g.20gb").memory_slices + \
+    assert c.pinning.pin(store.decision(old)).slices == get_model("A100-40GB").profile("3g.20gb").memory_slices + \
         get_model("A100-80GB").profile("2g.20gb").memory_slices  # fmt: skip
 
 
@@ -591,4 +592,4 @@ def test_a_job_the_node_moved_to_another_models_gpu_is_recorded_with_that_model(
     c.step()
     moved = store.decision(job)
     assert moved.model == other.model and moved.gpu == other.index
-    assert c._pin(moved).slices == 2 * get_model(other.model).profile(profile).memory_slices
+    assert c.pinning.pin(moved).slices == 2 * get_model(other.model).profile(profile).memory_slices

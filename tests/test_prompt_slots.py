@@ -11,7 +11,7 @@ from mig_batch.batch.fake import FakeBatch
 from mig_batch.batch.system import BatchError, JobState
 from mig_batch.batch.tags import NodeReport, parse_place, parse_slot
 from mig_batch.config import ConfigError, SiteConfig, load_config
-from mig_batch.controller import daemon
+from mig_batch.controller import slots as slots_room
 from mig_batch.controller.daemon import Controller
 from mig_batch.controller.slots import SLOTS_HEADER, slot_key
 from mig_batch.slurm.install import job_submit_lua
@@ -112,7 +112,7 @@ def test_a_slot_on_a_node_gone_down_leaves_the_file_and_its_spot_is_freed_after_
     assert all(slot_key(i) in c.view.job_gpu for i in on_n1)  # a job bound from the old file may yet show up
     c.step()  # ... in a listing made up to WITHDRAWN_GRACE_S after the file without the slot
     assert all(slot_key(i) in c.view.job_gpu for i in on_n1)
-    monkeypatch.setattr(daemon, "WITHDRAWN_GRACE_S", -60.0)
+    monkeypatch.setattr(slots_room, "WITHDRAWN_GRACE_S", -60.0)
     c.step()
     assert not set(on_n1) & {s.id for s in store.slots()}
     assert not [k for k in c.view.job_gpu if k in {slot_key(i) for i in on_n1}]
@@ -138,7 +138,7 @@ def test_a_job_bound_to_a_spot_taken_since_is_held_unplaced_and_decided_again(si
 
 
 def test_slots_go_while_a_job_waits_for_a_spot_they_hold(site, batch, monkeypatch):
-    monkeypatch.setattr(daemon, "WITHDRAWN_GRACE_S", -60.0)
+    monkeypatch.setattr(slots_room, "WITHDRAWN_GRACE_S", -60.0)
     store, c = primed(site, batch)
     assert len(store.slots()) == 3 and {s.node for s in store.slots()} == {"n1", "n2"}
     big = batch.add(BIG)  # a whole GPU: both GPUs hold slots or the first job
@@ -191,7 +191,7 @@ def test_a_job_bound_from_the_file_before_a_withdrawal_keeps_its_spot_when_it_sh
     before.write_text(site.slots_file.read_text())  # what job_submit.lua read; the job is created later
     old = {s.id for s in store.slots()}
     with monkeypatch.context() as m:
-        m.setattr(daemon, "SLOT_LIFETIME_S", -1.0)
+        m.setattr(slots_room, "SLOT_LIFETIME_S", -1.0)
         c.step()  # every slot withdrawn (and made again): out of the file, the spots still held
     assert old.isdisjoint(int(line[0]) for line in published(site))
     other = batch.add(RIGID)  # a job mig-batchd places within the grace: not on a spot still held
@@ -237,7 +237,7 @@ def test_a_hold_that_fails_leaves_the_passs_other_bindings_recorded_and_placed(s
 def test_a_slot_no_job_took_in_its_lifetime_is_made_again_under_a_new_id(site, batch, monkeypatch):
     store, c = primed(site, batch)
     old = {s.id for s in store.slots()}
-    monkeypatch.setattr(daemon, "SLOT_LIFETIME_S", -1.0)
+    monkeypatch.setattr(slots_room, "SLOT_LIFETIME_S", -1.0)
     c.step()
     assert {int(line[0]) for line in published(site)}.isdisjoint(old)
 

@@ -1,0 +1,70 @@
+"""Why a waiting job is not placed: recorded once per change of reason, as a ``waiting`` event."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from mig_batch.batch.system import After, Awaits, BatchJob
+from mig_batch.state import Store
+
+log = logging.getLogger("mig-batchd")
+
+
+class WaitNotes:
+    def __init__(self, store: Store):
+        self.store = store
+        self._why: dict[str, str] = {}  # job -> the reason last recorded
+
+    def note(self, job: str, reason: str) -> None:
+        if self._why.get(job) != reason:
+            self._why[job] = reason
+            self.store.event(job, "waiting", reason=reason)
+            log.info("job %s waits: %s", job, reason)
+
+    def placed(self, job: str) -> None:
+        self._why.pop(job, None)
+
+    def keep_only(self, jobs: Iterable[str]) -> None:
+        """Forget the jobs the batch system no longer lists."""
+        listed = set(jobs)
+        for gone in [j for j in self._why if j not in listed]:
+            del self._why[gone]
+
+
+def why_not_yet(job: BatchJob, awaited: Callable[[After], list[BatchJob]], now: float,
+                begin: bool = True) -> str | None:  # fmt: skip
+    """What the job waits for before the batch system may start it: its begin time (where ``begin``), or the
+    jobs it depends on, as ``awaited`` finds their records (None: nothing). An array's tasks count together,
+    as Slurm counts them: started when none waits, ended when all have, succeeded when all have."""
+    if begin and job.not_before > now:
+        return f"its begin time, {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(job.not_before))}"
+    for after in job.after:
+        if after.awaits is Awaits.NEVER:
+            return f"its dependency on job {after.job_id}, which the batch system says can never be met"
+        records = awaited(after)
+        if not records:  # gone from the batch system: it ended long ago
+            continue
+        if after.awaits is Awaits.FAILURE and (not after.array or after.task is not None) and len(records) == 1 \
+                and records[0].exited_special:  # fmt: skip
+            continue  # Slurm counts it as failed (an array as a whole: by a record it picks, so wait)
+        if after.awaits is Awaits.START:
+            if not all(r.running or r.finished for r in records):
+                return f"job {after.job_id} to start"
+            if max(r.start_time for r in records) + after.delay_s > now:  # ended too: Slurm still counts from its start
+                return f"job {after.job_id} to have run {after.delay_s / 60:g} min"
+        elif not all(r.finished for r in records):
+            return f"job {after.job_id} to end"
+        elif after.awaits is not Awaits.END and (after.awaits is Awaits.SUCCESS) != all(r.succeeded for r in records):
+            return f"its dependency on job {after.job_id}, which can never be met: {_how_it_ended(after, records)}"
+    return None
+
+
+def _how_it_ended(after: After, records: list[BatchJob]) -> str:
+    if not after.array:
+        return f"that job ended {records[0].outcome}"
+    if after.awaits is Awaits.SUCCESS:
+        failed = next(r for r in records if not r.succeeded)
+        return f"its task {failed.job_id} ended {failed.outcome}"
+    return f"every task of it ended {records[0].outcome}"
