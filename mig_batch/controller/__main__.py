@@ -2,6 +2,6 @@
 
 import sys
 
-from mig_batch.cli.cluster_commands import daemon_main
+from mig_batch.cli.daemons import batchd_main
 
-sys.exit(daemon_main())
+sys.exit(batchd_main())

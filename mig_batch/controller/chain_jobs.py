@@ -8,7 +8,6 @@ import math
 from collections.abc import Mapping
 
 from mig_batch.atomize.defrag import Steer
-from mig_batch.atomize.gaps import GpuTimeline
 from mig_batch.batch.states import CHAIN_OVER, DecisionState
 from mig_batch.batch.system import BatchError, BatchJob, BatchSystem
 from mig_batch.batch.tags import JobTag, parse_tag
@@ -17,6 +16,7 @@ from mig_batch.controller.fences import Fences
 from mig_batch.controller.translations import Translations
 from mig_batch.controller.waits import WaitNotes
 from mig_batch.mig.models import get_model
+from mig_batch.placement.timelines import GpuTimeline
 from mig_batch.state import ChainRecord, Decision, Store
 
 log = logging.getLogger("mig-batchd")

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
 from mig_batch.atomize.defrag import Steer, choose_spot, offer_groups
-from mig_batch.atomize.gaps import Gap, GpuTimeline, cluster_gaps, start_in_gap
+from mig_batch.atomize.gaps import Gap, cluster_gaps, start_in_gap
 from mig_batch.atomize.profiles import MemoryProfile
 from mig_batch.atomize.protocol import Chain, Reply, Round, negotiate
 from mig_batch.atomize.samples import read_samples
@@ -33,6 +33,7 @@ from mig_batch.batch.tags import JobTag
 from mig_batch.config import SiteConfig
 from mig_batch.mig.models import get_model
 from mig_batch.placement.cluster import Cluster
+from mig_batch.placement.timelines import GpuTimeline
 from mig_batch.state import ChainRecord, Decision, Store, SubjobRecord
 from mig_batch.subjob import EXIT_CONTINUE, EXIT_DONE, EXIT_NOT_PREPARED, SLURM_SIGNAL_MARGIN_S
 
@@ -132,6 +133,8 @@ class ChainDriver:
             if chosen is None:
                 continue
             gap, chosen = round_.spots.get(chosen.job, (gap, chosen))
+            if chosen.profile is None:  # a reply that took no size is never chosen
+                continue
             if gap.gid != offered.gid:
                 self.store.event(chosen.job, "defrag-moved", offered=f"{offered.host}/{offered.gpu_index}",
                                  granted=f"{gap.host}/{gap.gpu_index}")  # fmt: skip

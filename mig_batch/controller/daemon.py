@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from mig_batch.atomize.defrag import Steer
-from mig_batch.atomize.gaps import GpuTimeline, Hold, with_hold
+from mig_batch.atomize.gaps import with_hold
 from mig_batch.batch.states import DECIDABLE
 from mig_batch.batch.system import BatchError, BatchJob, BatchSystem
 from mig_batch.batch.tags import JobTag, parse_tag
@@ -50,6 +50,7 @@ from mig_batch.controller.translations import Translations
 from mig_batch.controller.waits import WaitNotes, why_not_yet
 from mig_batch.placement.multi import MultiPolicy
 from mig_batch.placement.policies import make_policy
+from mig_batch.placement.timelines import GpuTimeline, Hold
 from mig_batch.state import Decision, Store
 
 log = logging.getLogger("mig-batchd")

@@ -9,14 +9,14 @@ its agent finds MIG mode off. Only what changes is fenced or unfenced: this runs
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
 from mig_batch.batch.system import BatchJob, JobState, NodeStatus
 from mig_batch.batch.tags import AgentTag, parse_agent_tag
 from mig_batch.controller.ledger import ViewLedger
-from mig_batch.controller.snapshot import PassSnapshot
+from mig_batch.controller.snapshot import FitKey, PassSnapshot
 from mig_batch.state import MIG_OFF, NODE_PROBLEM, Store
 
 Decided = TypeVar("Decided")
@@ -30,7 +30,7 @@ class PinRefusals:
         # job -> node -> [refused pins in a row, when the node is tried again]
         self.by_job: dict[str, dict[str, list[float]]] = {}
 
-    def forget_gone(self, jobs: set[str] | frozenset[str] | dict) -> None:
+    def forget_gone(self, jobs: Container[str]) -> None:
         for gone in [j for j in self.by_job if j not in jobs]:
             del self.by_job[gone]
 
@@ -211,7 +211,7 @@ class Fences:
             self._floor = -float("inf")
             self.apply()
 
-    def where_it_fits(self, decide: Callable[[], Decided], placed: type, request: tuple) -> Decided:
+    def where_it_fits(self, decide: Callable[[], Decided], placed: type, request: FitKey) -> Decided:
         """``decide()`` on the view; when every node is full and MIG fits on none of the nodes with the most
         room, ``decide()`` on the nodes with the most room where MIG fits (the job then waits for a CPU
         there): a binary search over the up nodes' room, as a node's fit does not change with the floor and

@@ -44,7 +44,8 @@ class Follower:
         """Carry every active decision forward from what the batch system shows: the decisions whose pin must
         be applied again (still held: a crash or a refused pin), and how many jobs ended. A batch-system call
         that fails is logged with its job (in ``errors`` too), and the others go on."""
-        again, ended = [], 0
+        again: list[Decision] = []
+        ended = 0
         for d in self.store.decisions():
             job = snapshot.jobs.get(d.job)
             try:
@@ -195,7 +196,7 @@ class Follower:
         later = self.chain_jobs.later_jobs(record, job, jobs) if record is not None else []
         outcome = job.outcome if job else "gone"
         linked = goes_on and bool(later)
-        if linked:
+        if linked and record is not None:
             self.store.link_job(later[0].job_id, record.job)
             later = later[1:]  # more than one: cancelled below
         if goes_on and not linked:
@@ -225,7 +226,7 @@ class Follower:
         requeued job."""
         record = self.chains.interrupted(d)
         later = self.chain_jobs.later_jobs(record, job, jobs) if record is not None else []
-        if later and not job.held_by_user:
+        if record is not None and later and not job.held_by_user:
             self.store.link_job(later[0].job_id, record.job)
             later = [job, *later[1:]]
         self.requeue(d, job, "the batch system requeued it")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 
-from mig_batch.atomize.gaps import GpuTimeline, Hold
 from mig_batch.batch.system import BatchJob
 from mig_batch.batch.tags import JobTag
 from mig_batch.config import MoldableConfig
@@ -14,6 +13,7 @@ from mig_batch.controller.place import Placer
 from mig_batch.controller.translations import Translations
 from mig_batch.placement.base import Policy
 from mig_batch.placement.moldable import MoldableJob, MoldablePlanner
+from mig_batch.placement.timelines import GpuTimeline, Hold
 from mig_batch.state import Decision, Store
 
 log = logging.getLogger("mig-batchd")

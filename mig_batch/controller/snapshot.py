@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 
 from mig_batch.batch.system import After, BatchJob, NodeStatus
 
+# a request as the fences try it: its profiles by model, its instances, the nodes outside its reach
+FitKey = tuple[frozenset[tuple[str, str]], int, frozenset[str]]
+
 
 @dataclass(frozen=True)
 class PassSnapshot:
@@ -22,7 +25,7 @@ class PassSnapshot:
     # requests MIG fits on no up node (the view only fills during a pass)
     _arrays: dict[str, list[BatchJob]] = field(default_factory=dict, repr=False)
     _outside_of: dict[tuple[str, ...], frozenset[str]] = field(default_factory=dict, repr=False)
-    fits_nowhere: set[tuple] = field(default_factory=set, repr=False)
+    fits_nowhere: set[FitKey] = field(default_factory=set, repr=False)
 
     @property
     def cpus(self) -> dict[str, int]:

@@ -11,13 +11,14 @@ import math
 from collections.abc import Callable, Mapping
 
 from mig_batch.atomize.defrag import Steer, keep_windows
-from mig_batch.atomize.gaps import GpuTimeline, Hold, cluster_timelines, reservation, with_hold
+from mig_batch.atomize.gaps import cluster_timelines, reservation, with_hold
 from mig_batch.batch.system import BatchJob, JobState
 from mig_batch.batch.tags import job_of, parse_tag
 from mig_batch.config import AtomizeConfig
 from mig_batch.controller.ledger import ViewLedger
 from mig_batch.mig.models import get_model
 from mig_batch.placement.moldable import expected_end
+from mig_batch.placement.timelines import GpuTimeline, Hold
 from mig_batch.state import Store
 
 log = logging.getLogger("mig-batchd")
@@ -59,12 +60,13 @@ class Timelines:
         def until(key: str) -> float:
             job_id = job_of(key)  # every rank of a multi-instance job ends with the job
             job, seconds = jobs.get(job_id), self._predicted_s(job_id)
-            running = job is not None and job.state is JobState.RUNNING
-            if running and job.end_time > 0:
-                limit = max(float(job.end_time), now)
+            if job is None:
+                limit, started = math.inf, now
+            elif job.state is JobState.RUNNING:
+                limit = max(float(job.end_time), now) if job.end_time > 0 else now + job.time_limit_s
+                started = float(job.start_time) if job.start_time > 0 else now
             else:
-                limit = now + job.time_limit_s if job is not None else math.inf
-            started = float(job.start_time) if running and job.start_time > 0 else now
+                limit, started = now + job.time_limit_s, now
             window = self._window_s(job_id)
             if window is not None:
                 return min(limit, max(started + window, now))
@@ -83,9 +85,8 @@ class Timelines:
         predicted = self.ledger.predicted
         if job_id not in predicted:
             d = self.store.decision(job_id)
-            tag = parse_tag(d.request) if d is not None else None
-            request = tag.moldable_request() if tag is not None else None
-            predicted[job_id] = request.candidates(get_model(d.model)).get(d.profile) if request else None
+            request = parse_tag(d.request).moldable_request() if d is not None else None
+            predicted[job_id] = request.candidates(get_model(d.model)).get(d.profile) if d and request else None
         return predicted[job_id]
 
     def _chain_masks(self) -> dict[int, int]:
