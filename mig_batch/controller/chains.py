@@ -126,6 +126,13 @@ class ChainDriver:
              [(r.job, int(r.interested), r.profile, r.duration, r.bound_mib, r.basis, r.reason) for r in replies])
             for g, replies, _ in published
         ])  # fmt: skip
+        return self._grant(round_, published, ids, waiting, now, admits)
+
+    def _grant(self, round_: Round, published: list[tuple[Gap, tuple[Reply, ...], Reply | None]], ids: list[int],
+               waiting: list[tuple[BatchJob, JobTag, ChainRecord]], now: float,
+               admits: Callable[[BatchJob, str], bool]) -> list[tuple[Decision, SubjobRecord]]:  # fmt: skip
+        """The round's grants taken in the view and recorded, each at its spot (a defrag move is an event)."""
+        cfg = self.config.atomize
         tags = {job.job_id: (job, tag, rec) for job, tag, rec in waiting}
         grants = []
         for offer_id, (offered, _, chosen) in zip(ids, published, strict=True):
