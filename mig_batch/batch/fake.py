@@ -12,6 +12,7 @@ import dataclasses
 import time
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from mig_batch.batch.system import MANAGED_PREFIX, After, BatchError, BatchJob, JobState, NodeStatus, Pin
 from mig_batch.batch.tags import NodeReport, parse_place, with_report
@@ -64,7 +65,7 @@ class FakeBatch:
             timed = p.time_limit_min is not None  # a subjob's pin, which also starts it at once (StartTime=now)
             self._jobs[p.job_id] = dataclasses.replace(
                 job, admin_tag=p.admin_tag, node=p.node, state=JobState.PENDING,
-                time_limit_s=p.time_limit_min * 60.0 if timed else job.time_limit_s,
+                time_limit_s=p.time_limit_min * 60.0 if p.time_limit_min is not None else job.time_limit_s,
                 not_before=0.0 if timed else job.not_before)  # fmt: skip
         return failed
 
@@ -176,10 +177,11 @@ class FakeBatch:
         far ahead."""
         now = time.time()
         j = self._jobs.get(job)
-        started = j is not None and (j.running or j.finished)
-        return {"not_before": now + REQUEUE_BEGIN_S} if started and j.not_before <= now else {}
+        if j is not None and (j.running or j.finished) and j.not_before <= now:  # it started
+            return {"not_before": now + REQUEUE_BEGIN_S}
+        return {}
 
-    def _set(self, job: str, **changes: object) -> None:
+    def _set(self, job: str, **changes: Any) -> None:
         if job not in self._jobs:
             raise BatchError(f"Invalid job id specified for job {job}")
         self._jobs[job] = dataclasses.replace(self._jobs[job], **changes)

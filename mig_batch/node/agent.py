@@ -15,7 +15,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
@@ -34,7 +34,15 @@ from mig_batch.batch.tags import (
     rank_key,
     with_report,
 )
-from mig_batch.gpu.base import GpuBackend, GpuBackendError, InsufficientResources, InUse, NotFound, NotSupported
+from mig_batch.gpu.base import (
+    GpuBackend,
+    GpuBackendError,
+    InsufficientResources,
+    InUse,
+    MigInstance,
+    NotFound,
+    NotSupported,
+)
 from mig_batch.job_env import ENV_DEADLINE, ENV_MARGIN
 from mig_batch.node.fence import Fence, FenceError, Unfenced
 from mig_batch.node.journal import NO_HOLDER, OWNER_UNKNOWN, Entry, Journal
@@ -373,9 +381,9 @@ class NodeAgent:
         report = NodeReport("requeue", reason=reason)
         return PrologResult([f"export CUDA_VISIBLE_DEVICES={NO_DEVICE}"], report, reason)
 
-    def _create_all(self, spots) -> list:
+    def _create_all(self, spots: Iterable[tuple[int, str, int]]) -> list[MigInstance]:
         """Create an instance at every (gpu, profile, start); on any failure destroy the ones made and raise."""
-        made = []
+        made: list[MigInstance] = []
         try:
             for gpu, profile, start in spots:
                 made.append(self.backend.create(gpu, profile, start))
@@ -384,7 +392,7 @@ class NodeAgent:
             raise
         return made
 
-    def _destroy_all(self, made) -> None:
+    def _destroy_all(self, made: Iterable[MigInstance]) -> None:
         for inst in made:
             with contextlib.suppress(GpuBackendError):
                 self.backend.destroy(inst.gpu, inst.gi_id, inst.uuid)
@@ -553,7 +561,7 @@ class NodeAgent:
         uuids = {e.uuid for e in owned}
         return [self._destroy_stray(i) for i in self.backend.instances(gpu) if i.uuid not in uuids]
 
-    def _destroy_stray(self, inst) -> str:
+    def _destroy_stray(self, inst: MigInstance) -> str:
         try:
             self.fence.revoke(inst.gpu, inst.gi_id)
             self.backend.destroy(inst.gpu, inst.gi_id, inst.uuid)
@@ -580,9 +588,9 @@ class NodeAgent:
             self.journal.look_for_old_files()  # an earlier release's hook may have written one since
             adopted = False  # entries journaled before the fence, of jobs running here: their owner's now
             for entry in self.journal.entries():
-                job = running.get(job_of(entry.job))
-                if entry.uid == OWNER_UNKNOWN and job is not None and job.user_id >= 0:
-                    self._owned_by([entry], job.user_id)
+                holder = running.get(job_of(entry.job))
+                if entry.uid == OWNER_UNKNOWN and holder is not None and holder.user_id >= 0:
+                    self._owned_by([entry], holder.user_id)
                     adopted = True
             strays = []
             for entry in self.journal.entries():
@@ -653,7 +661,7 @@ class NodeAgent:
         running = {job: j for job, j in answered.items() if j is not None and j.running and j.on(self.node)}
         return running, set(answered)
 
-    def _take_back(self, inst, reported: tuple[str, NodeReport, int] | None) -> bool:
+    def _take_back(self, inst: MigInstance, reported: tuple[str, NodeReport, int] | None) -> bool:
         """Journal again an instance that a running job's report names but the journal does not (the journal
         was lost: a wiped directory, an operator's clean-up), rather than destroy it under the job. Only
         where the report names this very instance (GPU, id and UUID) and the job's rank has no other entry."""

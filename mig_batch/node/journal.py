@@ -23,8 +23,10 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mig_batch.batch.tags import rank_key
 from mig_batch.safe_files import make_dir, write_file
@@ -208,7 +210,7 @@ class Journal:
         except (ValueError, TypeError, KeyError, AttributeError):
             log.warning("journal %s: an unreadable line skipped: %.80r", self.path, line)
 
-    def _append(self, record: dict) -> None:
+    def _append(self, record: dict[str, Any]) -> None:
         line = (json.dumps(record) + "\n").encode()
         while True:
             fd = self._open()
@@ -297,7 +299,7 @@ def _check_job(job: str) -> None:
 
 
 @contextlib.contextmanager
-def _locked(fd: int, how: int):
+def _locked(fd: int, how: int) -> Iterator[None]:
     fcntl.flock(fd, how)
     try:
         yield

@@ -52,7 +52,7 @@ class NodeLock:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
             self._flock(self._fd, deadline)
-            if self._is_the_file():
+            if self._is_the_file(self._fd):
                 return
             fcntl.flock(self._fd, fcntl.LOCK_UN)  # the file was removed or replaced: lock the one now there
             os.close(self._fd)
@@ -72,10 +72,10 @@ class NodeLock:
                                    f"{self.wait_s:.0f} s ({self.path})") from None  # fmt: skip
                 time.sleep(0.05)
 
-    def _is_the_file(self) -> bool:
+    def _is_the_file(self, fd: int) -> bool:
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
             return False
-        held = os.fstat(self._fd)
+        held = os.fstat(fd)
         return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)

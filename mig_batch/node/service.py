@@ -20,6 +20,7 @@ import struct
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from mig_batch.node.agent import NodeAgent, valid_job_id
 
@@ -30,7 +31,8 @@ BURST_BACKLOG = 256
 
 def peer_uid(sock: socket.socket) -> int:
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
+    uid: int = struct.unpack("3i", creds)[1]
+    return uid
 
 
 class _Handler(socketserver.StreamRequestHandler):
@@ -70,6 +72,12 @@ class _Handler(socketserver.StreamRequestHandler):
         self.wfile.write(json.dumps({"ok": ok, "detail": detail}).encode() + b"\n")
 
 
+# what socketserver hands a stream server's process_request, and a connection waiting for a worker: it, its
+# peer's address, when it was queued (time.monotonic)
+_Request = socket.socket | tuple[bytes, socket.socket]
+_Queued = tuple[_Request, Any, float]
+
+
 class WorkerPool:
     """A socketserver mix-in: connections are queued to ``workers`` long-lived threads instead of one new
     thread each. A burst of job starts opens dozens of connections at once; a new thread per connection
@@ -82,7 +90,7 @@ class WorkerPool:
     # a connection still queued after this long is closed unanswered: the hook (120 s timeout) then does
     # the work on its slow path, which it would otherwise do too once its wait ran out
     queue_limit_s = 60.0
-    _waiting: queue.SimpleQueue | None = None
+    _waiting: queue.SimpleQueue[_Queued | None] | None = None
 
     def server_activate(self) -> None:
         super().server_activate()  # type: ignore[misc]
@@ -91,11 +99,11 @@ class WorkerPool:
             threading.Thread(target=self._work, args=(self._waiting,), name=f"mig-batch-worker-{k}",
                              daemon=True).start()  # fmt: skip
 
-    def process_request(self, request, client_address) -> None:
+    def process_request(self, request: _Request, client_address: Any) -> None:
         assert self._waiting is not None
         self._waiting.put((request, client_address, time.monotonic()))
 
-    def _work(self, waiting: queue.SimpleQueue) -> None:
+    def _work(self, waiting: queue.SimpleQueue[_Queued | None]) -> None:
         while (item := waiting.get()) is not None:
             request, client_address, queued = item
             try:
