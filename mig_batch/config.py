@@ -16,9 +16,6 @@ TYPE_CHECKING = False  # typing costs ~2 ms at every start (migsub reads this co
 if TYPE_CHECKING:
     from typing import Any
 
-    from mig_batch.gpu.base import GpuBackend
-    from mig_batch.node.fence import Fence
-
 DEFAULT_PATH = Path("/etc/mig-batch/mig-batch.yaml")
 BACKENDS = ("nvml",)  # tests run it on the emulated libnvidia-ml (mig_batch.gpu.nvml_emu)
 
@@ -322,20 +319,3 @@ def _fence(raw: Any, path: Path) -> FenceConfig:
         if not getattr(config, name).startswith("/"):
             raise ConfigError(f"{path}: fence.{name} must be an absolute path (got {getattr(config, name)!r})")
     return config
-
-
-def open_fence(config: SiteConfig, node: str) -> Fence:
-    """Who may open each MIG instance on ``node``, as the config says (``{node}`` in a path: the node's name)."""
-    from mig_batch.node.fence import CapabilityFence, Unfenced
-
-    if config.fence.mode == "off":
-        return Unfenced()
-    f = config.fence
-    return CapabilityFence(*(Path(p.format(node=node)) for p in (f.capabilities, f.devices, f.proc_devices)))
-
-
-def open_backend(config: SiteConfig, node: str) -> GpuBackend:
-    """The GPU backend of ``node`` as the config says (NVML: the node's own driver)."""
-    from mig_batch.gpu.nvml import NvmlNode
-
-    return NvmlNode()

@@ -13,16 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from mig_batch.cli.cluster_commands import daemon_main
+from mig_batch.cli.daemons import batchd_main, htcondor_agent_main, slurm_agent_main
 from mig_batch.cli.main import build_parser
 from mig_batch.cli.main import main as mig_batch_main
 from mig_batch.cli.migsub import main as migsub_main
 from mig_batch.entry import INTERNAL
-from mig_batch.htcondor.node import agent_main as htcondor_agent_main
-from mig_batch.slurm.hooks import agent_main
 
 ENTRY_POINTS: dict[str, Callable[[list[str]], int]] = {
-    "mig-batch": mig_batch_main, "migsub": migsub_main, "mig-batchd": daemon_main, "mig-batch-agent": agent_main,
+    "mig-batch": mig_batch_main, "migsub": migsub_main, "mig-batchd": batchd_main, "mig-batch-agent": slurm_agent_main,
     "mig-batch-htcondor-agent": htcondor_agent_main,
 }  # fmt: skip
 

@@ -1,19 +1,17 @@
-"""``mig-batch slurm ...`` (install, gen-lua) and ``mig-batch status``; ``mig-batchd`` lives here too."""
+"""``mig-batch slurm ...`` (install, gen-lua), ``mig-batch htcondor install``, ``mig-batch status`` and
+``mig-batch offers``."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 from mig_batch.cli.output import Table, console, emit
 from mig_batch.config import ConfigError, SiteConfig, load_config
-from mig_batch.entry import DEBUG_HELP, LOG_LEVELS, log_level, run_guarded
 from mig_batch.mig.models import all_models, get_model
 from mig_batch.slurm.install import HOOK_KINDS
 
@@ -241,48 +239,3 @@ def _render_status(gpus: list[dict]) -> None:
             legend.insert(0, f"MIG mode off: no MIG job is placed here (enable: nvidia-smi -i {g['gpu']} -mig 1)")
         table.add_row(g["node"], str(g["gpu"]), g["model"], "".join(cells), ", ".join(legend))
     console.print(table)
-
-
-def daemon_main(argv: Sequence[str] | None = None) -> int:
-    """``mig-batchd``: the controller loop."""
-    return run_guarded(_daemon, argv, "mig-batchd")
-
-
-def _daemon(argv: list[str]) -> int:
-    from mig_batch.batch.system import BatchError
-    from mig_batch.controller.daemon import Controller
-    from mig_batch.slurm.commands import SlurmCli
-    from mig_batch.state import Store
-
-    parser = argparse.ArgumentParser(prog="mig-batchd", description="mig_batch controller: places managed jobs.")
-    parser.add_argument("--config", help="site config (default: MIG_BATCH_CONFIG or /etc/mig-batch/mig-batch.yaml)")
-    parser.add_argument("--once", action="store_true", help="one pass, then exit")
-    parser.add_argument("--log-level", type=log_level, default="INFO", help=f"one of {', '.join(LOG_LEVELS)}")
-    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    config = load_config(args.config)
-    if config.batch_system == "htcondor":
-        from mig_batch.htcondor.adapter import HTCondorBatch
-
-        batch = HTCondorBatch(config.htcondor_config or None, agent_file=config.htcondor_agent_file)
-    else:
-        from mig_batch.slurm.native import open_api
-
-        batch = SlurmCli(config.slurm_bin, slice_gres=config.slice_gres, api=open_api(config.slurm_library))
-    controller = Controller(config, Store(config.state), batch)
-    if args.once:
-        try:
-            stats = controller.step()
-        except BatchError as exc:
-            if config.batch_system == "htcondor":
-                raise BatchError(f"{exc}; check that the schedd and collector answer with htcondor_config "
-                                 f"{config.htcondor_config!r} (from the site config)") from exc  # fmt: skip
-            where = f"slurm_bin {config.slurm_bin!r}" if config.slurm_bin else "Slurm's commands on PATH"
-            raise BatchError(f"{exc}; check that slurmctld is up and that {where} (from the site config) "
-                             "holds squeue, scontrol and sinfo") from exc  # fmt: skip
-        console.print(f"placed {stats.placed}, waiting {stats.waiting}, ended {stats.ended}, "
-                      f"{stats.seconds * 1e3:.1f} ms", highlight=False)  # fmt: skip
-        return 0
-    controller.run()
-    return 0

@@ -560,11 +560,12 @@ def _submit_condor(description: dict[str, str], per_model: dict, args: argparse.
             console.print("HTCondor submit description:\n" + "\n".join(f"{k} = {v}" for k, v in description.items()),
                           highlight=False, markup=False, soft_wrap=True)  # fmt: skip
         return 0
-    from mig_batch.htcondor.adapter import HTCondorBatch, HTCondorError
+    from mig_batch.batch.system import BatchError
+    from mig_batch.factory import Role, open_batch_system
 
     try:
-        job = HTCondorBatch().submit([f"{k}={v}" for k, v in description.items()])
-    except HTCondorError as exc:
+        job = open_batch_system(None, Role.SUBMITTER, "htcondor").submit([f"{k}={v}" for k, v in description.items()])
+    except BatchError as exc:
         return fail(str(exc))
     print(job)
     return 0
@@ -574,21 +575,18 @@ def submit(command: list[str], stdin: str | None = None) -> int:
     """Hand the job to the batch system found on PATH; print its id."""
     import shutil
 
-    from mig_batch.slurm.commands import SlurmCli, SlurmError
+    from mig_batch.batch.system import BatchError
+    from mig_batch.factory import Role, open_batch_system
+    from mig_batch.slurm.commands import sbatch_args
 
     if shutil.which(command[0]) is None:
         return fail(f"no batch system found: {command[0]} is not on PATH; --dry-run shows the translation")
     try:
-        job = SlurmCli(timeout=60).submit(sbatch_args(command), stdin)
-    except SlurmError as exc:
+        job = open_batch_system(None, Role.SUBMITTER, "slurm").submit(sbatch_args(command), stdin)
+    except BatchError as exc:
         return fail(str(exc))
     print(job)
     return 0
-
-
-def sbatch_args(command: Sequence[str]) -> list[str]:
-    """sbatch's arguments in a command migsub built (``sbatch --parsable ...``)."""
-    return [a for a in command[1:] if a != "--parsable"]
 
 
 if __name__ == "__main__":

@@ -459,7 +459,7 @@ SETUID_MODPROBE = ("/usr/bin/nvidia-modprobe", "/usr/sbin/nvidia-modprobe", "/bi
 def check_fence(config: SiteConfig, node: str) -> Check:
     """The instance fence can work here: the driver's capabilities, a root-only /dev/nvidia-caps, and no
     setuid nvidia-modprobe allowed to make a job's nodes world-readable again (docs/security.md)."""
-    from mig_batch.config import open_fence
+    from mig_batch.factory import open_fence
     from mig_batch.node.fence import CapabilityFence
 
     fence = open_fence(config, node)
@@ -517,7 +517,7 @@ def check_agent(path: Path) -> Check:
 
 def check_gpus(config: SiteConfig, node: str) -> list[Check]:
     """The GPU backend reads this node's GPUs; the inventory's models are there, with MIG mode on."""
-    from mig_batch.config import open_backend
+    from mig_batch.factory import open_backend
 
     fix = "install the NVIDIA driver and nvidia-ml-py into mig_batch's Python; nvidia-smi must list the GPUs"
     try:

@@ -43,7 +43,6 @@ HTCondor: the job's ``MigBatchTag`` (the agent's identity is a queue superuser) 
 
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
 import errno
@@ -689,44 +688,7 @@ def raise_open_files_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (65536 if hard == resource.RLIM_INFINITY else hard, hard))
 
 
-def agent_main(argv: Sequence[str] | None = None) -> int:
-    """``mig-batch-htcondor-agent``: the node agent of an HTCondor execute node (root, systemd)."""
-    from mig_batch.entry import run_guarded
+if __name__ == "__main__":  # python -m mig_batch.htcondor.node: the agent; its main lives with the daemons' mains
+    from mig_batch.cli.daemons import htcondor_agent_main
 
-    return run_guarded(_agent, argv, "mig-batch-htcondor-agent")
-
-
-def _agent(argv: list[str]) -> int:
-    from mig_batch.config import load_config, open_backend, open_fence
-    from mig_batch.entry import DEBUG_HELP, LOG_LEVELS, log_level
-    from mig_batch.htcondor.adapter import HTCondorBatch
-
-    parser = argparse.ArgumentParser(prog="mig-batch-htcondor-agent",
-                                     description="mig_batch node agent for an HTCondor execute node")  # fmt: skip
-    parser.add_argument("--config", help="site config (default: MIG_BATCH_CONFIG or /etc/mig-batch/mig-batch.yaml)")
-    parser.add_argument("--node", default=socket.gethostname().split(".")[0],
-                        help="this node's MigBatchNodeName (default: the short host name)")  # fmt: skip
-    parser.add_argument("--startd-local-name", default="",
-                        help="the -local-name of this node's startd when several run on one host")  # fmt: skip
-    parser.add_argument("--log-level", type=log_level, default="INFO", help=f"one of {', '.join(LOG_LEVELS)}")
-    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    raise_open_files_limit()
-    config = load_config(args.config)
-    batch = HTCondorBatch(config.htcondor_config or None, agent_file=config.htcondor_agent_file)
-    node_dir = Path(str(config.node_dir).format(node=args.node))
-    journal = Journal(node_dir / "journal", adopt_old_files=True)
-    agent = NodeAgent(args.node, open_backend(config, args.node), journal, batch,
-                      Path(str(config.job_dir).format(node=args.node)), config.policy,
-                      config.atomize.checkpoint_margin_s, fence=open_fence(config, args.node))  # fmt: skip
-    guard = SlotGuard(batch, args.node, args.startd_local_name, directory=node_dir / "slots", journal=journal)
-    from mig_batch.node.service import serve
-
-    server = WrapperServer(Path(str(config.agent_socket).format(node=args.node)), agent, guard)
-    serve(server, agent, config.reconcile_interval_s)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(agent_main())
+    sys.exit(htcondor_agent_main())

@@ -677,6 +677,12 @@ class SlurmCli:
         return out.split(";")[0]
 
 
+def sbatch_args(command: Sequence[str]) -> list[str]:
+    """sbatch's arguments in a command migsub built (``sbatch --parsable ...``): what :meth:`SlurmCli.submit`
+    takes (it adds ``--parsable`` itself)."""
+    return [a for a in command[1:] if a != "--parsable"]
+
+
 def with_slices(tres_per_node: str, gres: str, slices: int) -> str:
     """``tres_per_node`` (Slurm's ``gres:name[:type]:count,...``) with ``gres`` set to ``slices``; every other
     item kept as it was."""

@@ -46,7 +46,8 @@ class _Sampler:
         if not uuid.startswith("MIG-") or not ckpt:
             return
         try:
-            from mig_batch.config import load_config, open_backend
+            from mig_batch.config import load_config
+            from mig_batch.factory import open_backend
 
             config = load_config()
             self.backend = open_backend(config, os.environ.get("SLURMD_NODENAME", ""))
@@ -128,14 +129,16 @@ def submit_next_job() -> str | None:
     ckpt, chain = os.environ.get(ENV_CHECKPOINT_DIR), os.environ.get(ENV_CHAIN) or os.environ.get("SLURM_JOB_ID")
     if not ckpt or not chain:
         return None
-    from mig_batch.cli.migsub import sbatch_args
-    from mig_batch.slurm.commands import SlurmCli, SlurmError
+    from mig_batch.batch.system import BatchError
+    from mig_batch.factory import Role, open_batch_system
+    from mig_batch.slurm.commands import sbatch_args
 
     try:
         spec = json.loads(next_job_spec(ckpt).read_text())
         argv = [a + f";chain={chain}" if a.startswith("--comment=mig-batch:") else a for a in spec["sbatch"]]
-        job = SlurmCli(env={**os.environ, ENV_CHAIN: chain}, timeout=60).submit(sbatch_args(argv), spec["script"])
-    except (OSError, ValueError, KeyError, TypeError, SlurmError) as exc:
+        slurm = open_batch_system(None, Role.SUBMITTER, "slurm", env={**os.environ, ENV_CHAIN: chain})
+        job = slurm.submit(sbatch_args(argv), spec["script"])
+    except (OSError, ValueError, KeyError, TypeError, BatchError) as exc:
         print(f"mig-batch subjob: could not submit the chain's next job ({exc}); mig-batchd requeues this one",
               file=sys.stderr)  # fmt: skip
         return None
