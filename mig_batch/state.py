@@ -32,12 +32,13 @@ import time
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from mig_batch.batch.states import ACTIVE, CHAIN_OVER, DECIDABLE, check_decision
-from mig_batch.batch.tags import RANK_SEPARATOR, rank_key
+from mig_batch.batch.states import ACTIVE, CHAIN_OVER, DECIDABLE, DecisionState, check_decision
+from mig_batch.batch.tags import RANK_SEPARATOR, JobTag, parse_tag, rank_key
 from mig_batch.errors import MigBatchError
 
 SCHEMA_VERSION = 4
@@ -167,8 +168,16 @@ class StateError(MigBatchError, RuntimeError):
     pass
 
 
+def _decision(row: tuple[Any, ...]) -> Decision:
+    job, request, node, gpu, model, profile, start, state, policy = row
+    return Decision(job, request, node, gpu, model, profile, start, DecisionState(state), policy)
+
+
 @dataclass(frozen=True)
 class Decision:
+    """One managed job's placement. ``request`` is the job's request as its tag says it (the store keeps
+    that text); ``tag`` is the same request parsed, once."""
+
     job: str
     request: str
     node: str
@@ -176,8 +185,13 @@ class Decision:
     model: str
     profile: str
     start: int
-    state: str
+    state: DecisionState
     policy: str
+
+    @cached_property
+    def tag(self) -> JobTag:
+        """The parsed request (ValueError where the text is not a request)."""
+        return parse_tag(self.request)
 
 
 @dataclass(frozen=True)
@@ -382,7 +396,7 @@ class Store:
 
     def decision(self, job: str) -> Decision | None:
         row = self.db.execute(f"SELECT {_DECISION_COLS} FROM decisions WHERE job=?", (job,)).fetchone()
-        return Decision(*row) if row else None
+        return _decision(row) if row else None
 
     def decisions(self, states: tuple[str, ...] = ACTIVE) -> list[Decision]:
         marks = ",".join("?" * len(states))
@@ -390,7 +404,7 @@ class Store:
             f"SELECT {_DECISION_COLS} FROM decisions WHERE state IN ({marks}) ORDER BY decided_at",
             [str(s) for s in states],
         ).fetchall()
-        return [Decision(*r) for r in rows]
+        return [_decision(r) for r in rows]
 
     def count_decisions(self, job: str) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM events WHERE job=? AND kind='decided'", (job,)).fetchone()[0])

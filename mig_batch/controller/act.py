@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from mig_batch.batch.states import DecisionState
 from mig_batch.batch.system import BatchError, BatchSystem, Pin, Unanswered
-from mig_batch.batch.tags import Placed, parse_place, parse_tag, placed_tag
+from mig_batch.batch.tags import Placed, parse_place, placed_tag
 from mig_batch.controller.chains import ChainDriver
 from mig_batch.controller.fences import PinRefusals
 from mig_batch.controller.ledger import ViewLedger
@@ -54,7 +54,7 @@ class Pinning:
         return len(released)
 
     def pin(self, d: Decision) -> Pin:
-        tag = parse_tag(d.request)
+        tag = d.tag
         limit = window = run = None
         if tag.atomize is not None:  # a subjob: its window, and Slurm's limit as the runner's backstop
             subjobs = self.store.subjobs(d.job)

@@ -28,6 +28,7 @@ from mig_batch.atomize.gaps import Gap, cluster_gaps, start_in_gap
 from mig_batch.atomize.profiles import MemoryProfile
 from mig_batch.atomize.protocol import Chain, Reply, Round, negotiate
 from mig_batch.atomize.samples import read_samples
+from mig_batch.batch.states import DecisionState
 from mig_batch.batch.system import BatchJob
 from mig_batch.batch.tags import JobTag
 from mig_batch.config import SiteConfig
@@ -154,8 +155,8 @@ class ChainDriver:
                 continue
             profile = get_model(gap.model).profile(chosen.profile)
             self.view.allocate(gap.gid, chosen.job, profile.name, start)
-            d = Decision(chosen.job, tag.text(), gap.host, gap.gpu_index, gap.model, profile.name, start, "decided",
-                         f"sja-{cfg.grant_policy}")  # fmt: skip
+            d = Decision(chosen.job, tag.text(), gap.host, gap.gpu_index, gap.model, profile.name, start,
+                         DecisionState.DECIDED, f"sja-{cfg.grant_policy}")  # fmt: skip
             sub = SubjobRecord(chosen.job, rec.subjobs, offer_id, profile.name, profile.memory_slices,
                                float(profile.memory_mib), chosen.duration, now, *(None,) * 5)  # fmt: skip
             self.store.grant_subjob(d, sub)  # recorded before Slurm hears of it

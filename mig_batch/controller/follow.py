@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from mig_batch.batch.states import DecisionState
 from mig_batch.batch.system import BatchError, BatchJob, BatchSystem
-from mig_batch.batch.tags import NodeReport, parse_report, parse_tag, rank_key
+from mig_batch.batch.tags import NodeReport, parse_report, rank_key
 from mig_batch.controller.chain_jobs import ChainJobs
 from mig_batch.controller.chains import ChainDriver
 from mig_batch.controller.fences import Fences
@@ -85,13 +85,13 @@ class Follower:
         if job.not_before <= snapshot.now + TAKE_BACK_AFTER_S and not job.after:
             return None  # the common case, without reading the tag
         return why_not_yet(job, snapshot.awaited, snapshot.now + TAKE_BACK_AFTER_S,
-                           begin=parse_tag(d.request).atomize is None)  # fmt: skip
+                           begin=d.tag.atomize is None)  # fmt: skip
 
     def running(self, d: Decision, job: BatchJob, now: float) -> None:
         """A running job: its node's report (once), and the subjob's start."""
         if d.state in (DecisionState.DECIDED, DecisionState.RELEASED):
             self.store.set_state(d.job, DecisionState.RUNNING, node=job.node)
-            if parse_tag(d.request).atomize is not None:
+            if d.tag.atomize is not None:
                 self.store.start_subjob(d.job, job.start_time or now)
         if d.job in self.reported:
             return
@@ -106,7 +106,7 @@ class Follower:
         self.reported.add(d.job)
         if report.kind == "requeue":
             self._prolog_problem(d, report)
-            if parse_tag(d.request).atomize is not None:  # its runner exits at once: its chain goes on
+            if d.tag.atomize is not None:  # its runner exits at once: its chain goes on
                 self.chains.interrupted(d, "not-started")
             self.requeue(d, job, report.reason)
             return
@@ -182,7 +182,7 @@ class Follower:
         self.reported.discard(d.job)
         if self.store.instance(d.job) is not None:  # the Epilog destroyed it (the node reconciles a leak)
             self.store.forget_instance(d.job, node=d.node)
-        if parse_tag(d.request).atomize is not None:
+        if d.tag.atomize is not None:
             self._subjob_ended(d, job, jobs)
         else:
             self.store.set_state(d.job, DecisionState.ENDED, outcome=job.outcome if job else "gone")
@@ -215,7 +215,7 @@ class Follower:
         may not have seen it run)."""
         started = d.state == DecisionState.RUNNING or (
             d.state == DecisionState.RELEASED and not job.held and job.not_before > now + REQUEUE_BEGIN_MARGIN_S)
-        return started and parse_tag(d.request).atomize is not None
+        return started and d.tag.atomize is not None
 
     def _subjob_interrupted(self, d: Decision, job: BatchJob, jobs: Mapping[str, BatchJob]) -> None:
         """A running subjob the batch system took back (an operator's requeue, its node's failure): it ended

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from mig_batch.atomize.defrag import Steer, keep_windows
 from mig_batch.atomize.gaps import cluster_timelines, reservation, with_hold
 from mig_batch.batch.system import BatchJob, JobState
-from mig_batch.batch.tags import job_of, parse_tag
+from mig_batch.batch.tags import job_of
 from mig_batch.config import AtomizeConfig
 from mig_batch.controller.ledger import ViewLedger
 from mig_batch.mig.models import get_model
@@ -85,7 +85,7 @@ class Timelines:
         predicted = self.ledger.predicted
         if job_id not in predicted:
             d = self.store.decision(job_id)
-            request = parse_tag(d.request).moldable_request() if d is not None else None
+            request = d.tag.moldable_request() if d is not None else None
             predicted[job_id] = request.candidates(get_model(d.model)).get(d.profile) if d and request else None
         return predicted[job_id]
 

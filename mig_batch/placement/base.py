@@ -53,7 +53,7 @@ class Rejection:
     reason: str
 
 
-Decision = Placement | Rejection
+Outcome = Placement | Rejection  # what a policy decides for one request (the store's record of a job is state.Decision)
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ class Policy(ABC):
     name = "policy"
 
     @abstractmethod
-    def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
+    def decide(self, cluster: Cluster, request: PlacementRequest) -> Outcome:
         """Place ``request`` or say why not; never changes ``cluster``."""
 
     def after_rejection(self, cluster: Cluster, request: PlacementRequest) -> list[Migration]:
@@ -185,7 +185,7 @@ class MaskScoredPolicy(Policy):
             ranked = self._ranked[key] = _Ranked(entries, frozenset(mask for _, mask, _ in entries))
         return ranked
 
-    def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
+    def decide(self, cluster: Cluster, request: PlacementRequest) -> Outcome:
         best: tuple[tuple[Any, ...], int, str, int | None] | None = None  # (key, gid, model, start)
         for model, profile in request.profiles.items():
             tables = cluster.tables.get(model)

@@ -25,8 +25,8 @@ from typing import Any
 
 from mig_batch.mig.tables import ModelTables
 from mig_batch.placement.base import (
-    Decision,
     Migration,
+    Outcome,
     PlacementRequest,
     Policy,
     Rejection,
@@ -89,7 +89,7 @@ class Grmu(Policy):
     def _basket_of(self, tables: ModelTables, profile: str) -> str:
         return HEAVY if tables.model.profile(profile).memory_slices == tables.model.memory_slices else LIGHT
 
-    def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
+    def decide(self, cluster: Cluster, request: PlacementRequest) -> Outcome:
         self._return_empty(cluster)
         for model, profile in request.profiles.items():
             tables = cluster.tables.get(model)

@@ -29,9 +29,9 @@ from mig_batch.mig.models import get_model
 from mig_batch.mig.scores import FragVariant
 from mig_batch.mig.tables import ModelTables, tables_for
 from mig_batch.placement.base import (
-    Decision,
     MaskChoice,
     MaskScoredPolicy,
+    Outcome,
     Placement,
     PlacementRequest,
     Policy,
@@ -178,7 +178,7 @@ class Lexicographic(MaskScoredPolicy):
         assert best is not None
         return best
 
-    def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
+    def decide(self, cluster: Cluster, request: PlacementRequest) -> Outcome:
         self.observe(cluster, request)
         if self.end_after is None or request.end is None or request.now is None or len(request.profiles) != 1:
             decision = super().decide(cluster, request)
@@ -189,7 +189,7 @@ class Lexicographic(MaskScoredPolicy):
             self.gpu_end[decision.gid] = request.end if emptied else max(self.gpu_end.get(decision.gid, 0), request.end)
         return decision
 
-    def _decide_by_end(self, cluster: Cluster, request: PlacementRequest) -> Decision:
+    def _decide_by_end(self, cluster: Cluster, request: PlacementRequest) -> Outcome:
         """Among the masks tied on the first ``end_after`` criteria, the GPU (each mask's lowest id) whose
         busy horizon the job extends least, then whose jobs end closest after it: jobs that end together
         share a GPU, so whole GPUs free up together. Visits masks, never GPUs."""
@@ -256,7 +256,7 @@ class MixAware(Policy):
         return any(cluster.models[model].profile(profile).memory_slices == cluster.models[model].memory_slices
                    for model, profile in request.profiles.items() if model in cluster.models)  # fmt: skip
 
-    def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
+    def decide(self, cluster: Cluster, request: PlacementRequest) -> Outcome:
         added = self.recent.add(request.job, lambda: self._whole(cluster, request))
         if added is not None:
             whole, left = added

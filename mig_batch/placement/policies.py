@@ -35,9 +35,9 @@ from typing import Any
 from mig_batch.mig.scores import FragVariant
 from mig_batch.mig.tables import ModelTables
 from mig_batch.placement.base import (
-    Decision,
     MaskChoice,
     MaskScoredPolicy,
+    Outcome,
     PlacementRequest,
     Policy,
     Rejection,
@@ -122,7 +122,7 @@ class RoundRobin(Policy):
     def __init__(self) -> None:
         self.next_gid = 0
 
-    def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
+    def decide(self, cluster: Cluster, request: PlacementRequest) -> Outcome:
         n = len(cluster.gpus)
         for step in range(n):
             gid = (self.next_gid + step) % n
@@ -189,7 +189,7 @@ class _LearnsProfileMix(MaskScoredPolicy):
         self.counts: Counter[tuple[str, int]] = Counter()  # over the window's jobs, kept as it changes
         self._derived: dict[str, list[float]] = {}
 
-    def decide(self, cluster: Cluster, request: PlacementRequest) -> Decision:
+    def decide(self, cluster: Cluster, request: PlacementRequest) -> Outcome:
         added = self.jobs.add(request.job, lambda: profile_indexes(cluster, request))
         if added is not None:
             entry, left = added
