@@ -166,8 +166,9 @@ class HTCondorBatch:
         """The slot ads of mig_batch's nodes."""
         with self._call("query the collector for startds"):
             collector = self.htcondor.Collector()
-            return collector.query(self.htcondor.AdType.Startd, constraint=f"{NODE_NAME_ATTR} =!= undefined",
-                                   projection=["Name", NODE_NAME_ATTR, AGENT_ATTR, "State"])  # fmt: skip
+            ads: list[Any] = collector.query(self.htcondor.AdType.Startd, constraint=f"{NODE_NAME_ATTR} =!= undefined",
+                                             projection=["Name", NODE_NAME_ATTR, AGENT_ATTR, "State"])  # fmt: skip
+            return ads
 
     def _startd_nodes(self) -> dict[str, str]:
         """startd name (``nodeb@migpool``) -> its MigBatchNodeName."""
@@ -225,7 +226,8 @@ class HTCondorBatch:
 
     # --- acting ----------------------------------------------------------------------------------
     def _quote(self, text: str) -> str:
-        return self.classad.quote(text)
+        quoted: str = self.classad.quote(text)
+        return quoted
 
     def pin_and_release(self, pins: Sequence[Pin]) -> dict[str, str]:
         """Write each waiting job's tag, time limit (subjobs) and pin, then release it if it was held; the

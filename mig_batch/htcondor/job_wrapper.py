@@ -12,6 +12,8 @@ reported the reason into the job's tag), and after ``REQUEUE_WAIT_S`` gives up t
 wrapper error file, which holds the job with the reason.
 """
 
+from __future__ import annotations
+
 import contextlib
 import json
 import os
@@ -19,6 +21,8 @@ import signal
 import socket
 import sys
 import time
+from types import FrameType
+from typing import Any
 
 SOCKET = "/run/mig-batch/agent.sock"  # filled in at install; "{node}" is the node's MigBatchNodeName
 AGENT_RETRY_S = 60.0  # the agent restarting (systemd: RestartSec=5) is waited for this long
@@ -26,9 +30,11 @@ REQUEUE_WAIT_S = 300.0
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
-def read_ad(path):
+def read_ad(path: str | None) -> dict[str, str]:
     """``Name = value`` lines of a ClassAd file; string values unquoted, others as text."""
-    ad = {}
+    ad: dict[str, str] = {}
+    if path is None:  # no such file
+        return ad
     try:
         with open(path) as f:
             for line in f:
@@ -43,7 +49,7 @@ def read_ad(path):
     return ad
 
 
-def ask(path, op, job, timeout_s=120.0):
+def ask(path: str, op: str, job: str, timeout_s: float = 120.0) -> dict[str, Any]:
     """The agent's answer (a dict); OSError when it does not answer, ValueError when the answer is
     not a JSON object."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
@@ -62,7 +68,7 @@ def ask(path, op, job, timeout_s=120.0):
     return answer
 
 
-def ask_patiently(path, op, job):
+def ask_patiently(path: str, op: str, job: str) -> dict[str, Any]:
     deadline = time.monotonic() + AGENT_RETRY_S
     while True:
         try:
@@ -73,12 +79,12 @@ def ask_patiently(path, op, job):
             time.sleep(1.0)
 
 
-def say(text):
+def say(text: str) -> None:
     sys.stderr.write(f"mig-batch wrapper: {text}\n")
     sys.stderr.flush()
 
 
-def give_up(reason):
+def give_up(reason: str) -> int:
     """HTCondor holds the job with ``reason`` (the starter reads the wrapper error file)."""
     path = os.environ.get("_CONDOR_WRAPPER_ERROR_FILE")
     if path:
@@ -88,7 +94,7 @@ def give_up(reason):
     return 1
 
 
-def run_child(argv):
+def run_child(argv: list[str]) -> int:
     """Run the job with the signals passed on; its wait status."""
     pid = os.fork()
     if pid == 0:
@@ -100,7 +106,7 @@ def run_child(argv):
             say(f"cannot run {argv[0]}: {exc}")
             os._exit(127)
 
-    def forward(signum, _frame):
+    def forward(signum: int, _frame: FrameType | None) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signum)
 
@@ -116,7 +122,7 @@ def run_child(argv):
             continue
 
 
-def wait_for_requeue(detail):
+def wait_for_requeue(detail: str) -> int:
     """The agent could not make the instance; the controller holds the job (SIGTERM ends this)."""
     say(f"no MIG instance ({detail}); waiting for mig-batchd to requeue the job")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -124,7 +130,7 @@ def wait_for_requeue(detail):
     return give_up(f"no MIG instance and no requeue within {REQUEUE_WAIT_S:.0f}s: {detail}")
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
     command = argv[1:]
     if not command:
         say("no job command given")

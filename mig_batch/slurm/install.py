@@ -6,6 +6,7 @@ between nodes that may differ); without a compiler, the shims run the Python cli
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -228,7 +229,7 @@ def install(dest: Path, python: str, config: str, job_dir: str, agent_socket: st
             text = resource_path("wrappers", f"{name}.in").read_text()
             for key, value in values.items():
                 text = text.replace(key, value)
-            _replace_with(path, lambda tmp, text=text: (tmp.write_text(text), tmp.chmod(0o755)))
+            _replace_with(path, functools.partial(_write_script, text=text))
         written.append(path)
     path = dest / "job_submit.lua"
     path.write_text(job_submit_lua(models, nodes, leaf_requests, slots_file))
@@ -246,6 +247,11 @@ def install(dest: Path, python: str, config: str, job_dir: str, agent_socket: st
             (dest / name).write_text(text)
             written.append(dest / name)
     return written, which
+
+
+def _write_script(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(0o755)
 
 
 def _replace_with(path: Path, make: Callable[[Path], object]) -> None:

@@ -42,7 +42,7 @@ class ScontrolSession:
         self.env = {**(env or os.environ), "INPUTRC": "/dev/null", "COLUMNS": "100000", "TERM": "dumb"}
         self.usable = True  # False once scontrol printed no prompt: callers run processes instead
         self._lock = threading.Lock()
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._started = 0.0
 
     def run(self, line: str, timeout_s: float | None = None) -> str:
