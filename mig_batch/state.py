@@ -9,7 +9,7 @@ decisions: job -> request, node, GPU, profile, start and a state:
   released -> pinned to the node and released
   running  -> the batch system runs it
   requeue  -> the prolog could not place it; the controller requeues and places it again
-  ended    -> finished (its slot is free once the epilog destroyed the instance)
+  ended    -> finished (its spot is free once the epilog destroyed the instance)
 instances: what the prolog created for a job (node, GPU, profile, start, uuid, GI id); the epilog
 deletes the row after destroying the instance.
 chains (schema 2): atomizable jobs (SJA) and their progress; subjobs: each granted run of a chain

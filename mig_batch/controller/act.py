@@ -1,7 +1,7 @@
 """What a pass's decisions do to the batch system: each job pinned to its node and spot, and released.
 
 Every decision is recorded before this, so a pin the batch system refuses, or a call it does not answer,
-is applied again next pass. A pin refused ``PIN_TRIES`` times in a row on one node frees the job's slot,
+is applied again next pass. A pin refused ``PIN_TRIES`` times in a row on one node frees the job's spot,
 and the job is decided again elsewhere.
 """
 
@@ -73,9 +73,9 @@ class Pinning:
 
     def _count_refusals(self, decided: list[Decision], failed: Mapping[str, str], now: float) -> None:
         """A pin the batch system refuses PIN_TRIES times in a row on one node (the job's own limits: an
-        excluded node, a reservation) frees the job's slot, and the job is decided again elsewhere; that
+        excluded node, a reservation) frees the job's spot, and the job is decided again elsewhere; that
         node is tried again for it after REFUSED_FOR_S. Without this the job was pinned there every pass
-        and its slot stayed taken. Partitions are known beforehand and never tried (``Fences.confinement``)."""
+        and its spot stayed taken. Partitions are known beforehand and never tried (``Fences.confinement``)."""
         by_job = self.refusals.by_job
         for d in decided:
             if d.job not in failed:

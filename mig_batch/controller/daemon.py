@@ -172,7 +172,7 @@ class Controller:
             return None
         # a subjob's pin starts it at once (Slurm's begin time after a requeue would cost it its gap)
         if (why := why_not_yet(job, snapshot.awaited, snapshot.now, begin=tag.atomize is None)) is not None:
-            self.waits.note(job.job_id, why)  # a slot decided now would idle
+            self.waits.note(job.job_id, why)  # a spot decided now would idle
             return None
         if tag.instances > 1 and (tag.atomize is not None or tag.moldable is not None):
             self.waits.note(job.job_id, "a job over several instances cannot be a subjob chain or moldable")

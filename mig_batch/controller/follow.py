@@ -1,7 +1,7 @@
 """Each decision's life cycle, followed from what the batch system shows of its job each pass.
 
   decided  + job still held    -> pin and release again (same node, same tag)
-  released/running + job ended -> free the slot
+  released/running + job ended -> free its spot
   node report "requeue"        -> requeue-hold the job, decide again
   running job pending again    -> the batch system requeued it (its node failed): hold it, decide again;
                                   a chain's subjob ends there, and its chain goes on (the runner's next job)
@@ -25,7 +25,7 @@ from mig_batch.placement.cluster import PlacementConflict
 from mig_batch.state import NODE_PROBLEM, Decision, InstanceRecord, Store
 
 log = logging.getLogger("mig-batchd")
-# A placed job is taken back for its begin time only when that is further away than this: a slot idle that
+# A placed job is taken back for its begin time only when that is further away than this: a spot idle that
 # long costs less than a hold and a new decision.
 TAKE_BACK_AFTER_S = 60.0
 # a released subjob waiting for a begin time this far ahead was requeued by the batch system (Slurm moves it
@@ -67,7 +67,7 @@ class Follower:
         elif (d.state == DecisionState.DECIDED or (d.state == DecisionState.RELEASED and not job.held)) \
                 and not job.held_by_user and (why := self._too_early(d, job, snapshot)):  # fmt: skip
             # its begin time or a dependency moved since the decision (its owner's update, an array's
-            # tasks failing, a requeue by the batch system): its slot would idle until then, or for ever.
+            # tasks failing, a requeue by the batch system): its spot would idle until then, or for ever.
             # Held again after its release (by its owner, an operator or Slurm), it is theirs to release.
             self.requeue(d, job, f"placed, it waits for {why}")
         elif job.held and d.state == DecisionState.DECIDED and not job.held_by_user:
@@ -160,7 +160,7 @@ class Follower:
 
     def _unplace(self, d: Decision) -> None:
         """Its old placement and report out of a requeued job's tag: released by its owner, it must not start on
-        the freed slot (job_submit.lua lets a placed job go), nor its old report be read again."""
+        the freed spot (job_submit.lua lets a placed job go), nor its old report be read again."""
         try:
             self.batch.set_job_tag(d.job, d.request)
         except BatchError as exc:  # the requeue stands; only that release stays possible

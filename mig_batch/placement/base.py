@@ -101,8 +101,8 @@ class Policy(ABC):
         """A defragmentation plan to run after a rejection (none by default)."""
         return []
 
-    def periodic(self, cluster: Cluster, slot: int) -> list[Migration]:
-        """A consolidation plan to run at the start of ``slot`` (none by default)."""
+    def periodic(self, cluster: Cluster, step: int) -> list[Migration]:
+        """A consolidation plan to run at the start of time step ``step`` (none by default)."""
         return []
 
     def describe(self) -> dict[str, Any]:

@@ -8,7 +8,7 @@
   fragmentation value has its instances re-placed on a mock empty GPU with the default placement
   (largest first, then by current start). A rebuild with the GPU's current occupancy is dropped
   (it would only swap same-size instances); otherwise same-size instances are matched to the new
-  slots so that only instances that really change start move.
+  starts so that only instances that really change start move.
 - Consolidation (Alg. 5), every ``consolidation_interval`` time units (None: off, GRMU's trace
   setting): light GPUs holding one half-GPU instance (3g or 4g) are paired; the later one's
   instance moves onto the earlier, emptying a GPU.
@@ -54,10 +54,10 @@ def grmu_fragmentation(tables: ModelTables, mask: int) -> float:
     return score
 
 
-def _fewest_moves(instances: dict[str, tuple[str, int]], slots: list[tuple[str, int]]) -> dict[str, tuple[int, int]]:
+def _fewest_moves(instances: dict[str, tuple[str, int]], targets: list[tuple[str, int]]) -> dict[str, tuple[int, int]]:
     """job -> (current start, target start): same-profile instances are interchangeable, so a job
-    whose current start is one of its profile's target slots stays there; the rest fill the others."""
-    free = list(slots)
+    whose current start is one of its profile's targets stays there; the rest fill the others."""
+    free = list(targets)
     target = {}
     for job, (profile, start) in instances.items():
         if (profile, start) in free:
@@ -65,9 +65,9 @@ def _fewest_moves(instances: dict[str, tuple[str, int]], slots: list[tuple[str, 
             target[job] = (start, start)
     for job, (profile, start) in sorted(instances.items(), key=lambda item: item[1][1]):
         if job not in target:
-            slot = next(s for s in free if s[0] == profile)
-            free.remove(slot)
-            target[job] = (start, slot[1])
+            spot = next(s for s in free if s[0] == profile)
+            free.remove(spot)
+            target[job] = (start, spot[1])
     return target
 
 
@@ -132,25 +132,25 @@ class Grmu(Policy):
             worst.instances.items(),
             key=lambda item: (-tables.model.profile(item[1][0]).memory_slices, item[1][1]),
         )
-        mock, slots = 0, []
+        mock, targets = 0, []
         for _job, (profile, _start) in order:
             choice = max_cc_choice(tables, tables.index(profile), mock)
             if choice is None:
                 return []  # the default placement cannot rebuild this GPU; leave it alone
-            slots.append((profile, choice[1]))
+            targets.append((profile, choice[1]))
             mock |= tables.window(profile, choice[1])
         if mock == worst.mask:
             return []  # same occupancy: the rebuild would only reshuffle same-size instances
         return [
             Migration(job, worst.gid, start, worst.gid, target)
-            for job, (start, target) in _fewest_moves(worst.instances, slots).items()
+            for job, (start, target) in _fewest_moves(worst.instances, targets).items()
             if target != start
         ]
 
     # -- consolidation ---------------------------------------------------------------------------
-    def periodic(self, cluster: Cluster, slot: int) -> list[Migration]:
+    def periodic(self, cluster: Cluster, step: int) -> list[Migration]:
         interval = self.consolidation_interval
-        if interval is None or slot == 0 or slot % interval:
+        if interval is None or step == 0 or step % interval:
             return []
         halves = []
         for gid, basket in sorted(self.basket.items()):

@@ -237,10 +237,10 @@ def lifetimes(directory: Path) -> list[Lifetime]:
                             default=events[0]["time"])  # fmt: skip
                 made = {**event, "time": since}
             done.append(_lifetime(made, event["time"], migs.get(made["uuid"], [])))
-    live = set(_live_slots(directory))
+    live = set(_live_spots(directory))
     for made in open_.values():
         later = (e["time"] for e in events
-                 if e["op"] == "create" and e["time"] > made["time"] and _shares_slices(_slot(e), made))  # fmt: skip
+                 if e["op"] == "create" and e["time"] > made["time"] and _shares_slices(_spot(e), made))  # fmt: skip
         ended = next(later, None)
         if ended is None and (made["gpu"], made["gi_id"], made["start"], made["size"]) not in live:
             ended = events[-1]["time"]
@@ -248,20 +248,20 @@ def lifetimes(directory: Path) -> list[Lifetime]:
     return done
 
 
-def _live_slots(directory: Path) -> list[tuple[int, int, int, int]]:
+def _live_spots(directory: Path) -> list[tuple[int, int, int, int]]:
     """(GPU, GPU instance id, start, size) of every instance in the node's state file now, in its order."""
     path = Path(directory) / "state"
     lines = path.read_text().splitlines() if path.exists() else []
     return [(int(f[1]), int(f[2]), int(f[4]), int(f[5])) for f in map(str.split, lines) if f and f[0] == "gi"]
 
 
-def _slot(event: dict) -> tuple[str, int, int, int]:
+def _spot(event: dict) -> tuple[str, int, int, int]:
     return event["node"], event["gpu"], event["start"], event["size"]
 
 
-def _shares_slices(slot: tuple[str, int, int, int], event: dict) -> bool:
-    """Whether an instance at ``slot`` (node, GPU, start, size) and ``event``'s share a memory slice."""
-    node, gpu, start, size = slot
+def _shares_slices(spot: tuple[str, int, int, int], event: dict) -> bool:
+    """Whether an instance at ``spot`` (node, GPU, start, size) and ``event``'s share a memory slice."""
+    node, gpu, start, size = spot
     return node == event["node"] and gpu == event["gpu"] and start < event["start"] + event["size"] \
         and event["start"] < start + size  # fmt: skip
 
@@ -273,7 +273,7 @@ def _lifetime(made: dict, destroyed: float | None, mig_uuids: list[str]) -> Life
 
 def live_instances(directory: Path) -> list[tuple[int, int]]:
     """(GPU, GPU instance id) of every instance in the node's state file now."""
-    return [(gpu, gi_id) for gpu, gi_id, _, _ in _live_slots(directory)]
+    return [(gpu, gi_id) for gpu, gi_id, _, _ in _live_spots(directory)]
 
 
 # ---------------------------------------------------------------------------------------------
