@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from mig_batch.batch.system import After, Awaits, BatchError, BatchJob, JobState, NodeStatus, Pin, Unanswered
 from mig_batch.slurm.native import SlurmApi, SlurmApiError
@@ -182,7 +183,7 @@ def array_tasks(text: str) -> tuple[range, ...]:
     cut = text.endswith("...") or len(text) > 61  # squeue's own cut (a merge of pending tasks) adds no dots
     pieces = text.rstrip(".").split(",")
     last = pieces.pop() if cut else ""
-    tasks = []
+    tasks: list[range] = []
     for piece in pieces:
         m = _TASKS.fullmatch(piece)
         if m is None:
@@ -191,7 +192,8 @@ def array_tasks(text: str) -> tuple[range, ...]:
         first, end, step = m.groups()
         tasks.append(range(int(first), int(end or first) + 1, int(step or 1)))
     if cut:
-        lead = _LEADING_NUMBER.match(last).group()  # a cut number reads no larger than it was
+        leading = _LEADING_NUMBER.match(last)  # always matches (\d*)
+        lead = leading.group() if leading is not None else ""  # a cut number reads no larger than it was
         tasks.append(range(int(lead) if lead else (tasks[-1][-1] + 1 if tasks else 0), 2**63))
     return tuple(tasks)
 
@@ -262,7 +264,7 @@ def _expand_name(item: str, text: str) -> list[str]:
         if not item or "]" in item:
             raise SlurmError(f"not a host list: {text!r}")
         return [item]
-    numbers = []
+    numbers: list[str] = []
     for piece in match.group(1).split(","):
         m = _HOSTLIST_ITEM.fullmatch(piece.strip())
         if m is None or int(m.group(2) or m.group(1)) < int(m.group(1)):
@@ -320,28 +322,40 @@ def _limit_s(text: str) -> float:
         return math.inf
 
 
-class GroupCommit:
+_Item = TypeVar("_Item")
+
+
+@dataclass
+class _Slot(Generic[_Item]):
+    """A caller's item in a GroupCommit's queue: whether its run is done, and its error."""
+
+    item: _Item
+    done: bool = False
+    error: Exception | None = None
+
+
+class GroupCommit(Generic[_Item]):
     """Concurrent calls combined into one run: a caller that finds no run under way runs everything queued
     by then, its own item included; the others wait for that run, or lead the next. ``run`` returns the
     errors by position in the batch. Each caller gets its own item's error."""
 
-    def __init__(self, run: Callable[[list], dict[int, Exception]]):
+    def __init__(self, run: Callable[[list[_Item]], dict[int, Exception]]):
         self._run, self._cond = run, threading.Condition()
-        self._queue: list[list] = []  # [item, done, error]
+        self._queue: list[_Slot[_Item]] = []
         self._running = False
 
-    def submit(self, item: object) -> None:
-        slot = [item, False, None]
+    def submit(self, item: _Item) -> None:
+        slot = _Slot(item)
         with self._cond:
             self._queue.append(slot)
-            while self._running and not slot[1]:
+            while self._running and not slot.done:
                 self._cond.wait()
-            if not slot[1]:  # no run under way: this caller runs the queue
+            if not slot.done:  # no run under way: this caller runs the queue
                 batch, self._queue, self._running = self._queue, [], True
-        if not slot[1]:
+        if not slot.done:
             errors: dict[int, Exception] = {}
             try:
-                errors = self._run([s[0] for s in batch])
+                errors = self._run([s.item for s in batch])
             except BaseException as exc:  # every caller of the batch learns it failed
                 shared = exc if isinstance(exc, Exception) else RuntimeError(f"the batch was interrupted: {exc!r}")
                 errors = dict.fromkeys(range(len(batch)), shared)
@@ -350,11 +364,11 @@ class GroupCommit:
             finally:
                 with self._cond:
                     for i, s in enumerate(batch):
-                        s[1], s[2] = True, errors.get(i)
+                        s.done, s.error = True, errors.get(i)
                     self._running = False
                     self._cond.notify_all()
-        if slot[2] is not None:
-            raise slot[2]
+        if slot.error is not None:
+            raise slot.error
 
 
 class SlurmCli:
@@ -530,7 +544,8 @@ class SlurmCli:
         if (api := self._live_api()) is not None:
             job_updates = self._through_api(api, job_updates, failed)
         updates = [(u.job_id, u.args()) for u in job_updates]
-        batched, alone = [], []
+        batched: list[tuple[str, list[str]]] = []
+        alone: list[tuple[str, list[str]]] = []
         for update in updates:
             (batched if all(map(stdin_safe, update[1])) else alone).append(update)
         if self._session is not None:
