@@ -63,12 +63,16 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from mig_batch.errors import MigBatchError
 from mig_batch.node.agent import NodeAgent
 from mig_batch.node.journal import Journal
 from mig_batch.node.service import BURST_BACKLOG
 from mig_batch.safe_files import write_file
+
+if TYPE_CHECKING:
+    from mig_batch.htcondor.adapter import HTCondorBatch
 
 log = logging.getLogger("mig-batch-agent")
 RUNNING = 2  # JobStatus
@@ -266,7 +270,7 @@ def parse_request(line: bytes) -> tuple[str, str]:
 class SlotGuard:
     """Decides whether a caller may provision or destroy a job's instance (see the module's text)."""
 
-    def __init__(self, batch, node: str, local_name: str = "", settle_s: float = 10.0,
+    def __init__(self, batch: HTCondorBatch, node: str, local_name: str = "", settle_s: float = 10.0,
                  directory: Path | None = None, journal: Journal | None = None):  # fmt: skip
         self.batch, self.node, self.local_name, self.settle_s = batch, node, local_name, settle_s
         self.slots: dict[str, tuple[str, int]] = {}  # job -> the slot and uid that provisioned it
@@ -385,7 +389,7 @@ class SlotGuard:
             raise CallerRefused(f"job {job}'s instance was made for uid {recalled[1]}, not uid {caller.uid}")
         self._forget(job)
 
-    def _ad(self, job: str) -> dict | None:
+    def _ad(self, job: str) -> dict[str, Any] | None:
         with self.batch._call(f"read job {job}"):
             ads = self.batch.schedd.query(constraint=_job_constraint(job),
                                           projection=["JobStatus", "RemoteHost", "Owner"])  # fmt: skip
@@ -415,23 +419,26 @@ class _Connection:
     data: bytearray = field(default_factory=bytearray)
 
 
-class _FairQueue:
+_Item = TypeVar("_Item")
+
+
+class _FairQueue(Generic[_Item]):
     """Requests read in full, waiting for a worker: root's first, then each uid in turn, no uid with more
     than ``per_uid`` of them being answered at once (one job's slow requests take no other job's workers)."""
 
     def __init__(self, per_uid: int):
         self.per_uid = per_uid
         self._cond = threading.Condition()
-        self._pending: dict[int, collections.deque] = {}
+        self._pending: dict[int, collections.deque[_Item]] = {}
         self._running: collections.Counter[int] = collections.Counter()
         self._stopped = False
 
-    def put(self, uid: int, item: object) -> None:
+    def put(self, uid: int, item: _Item) -> None:
         with self._cond:
             self._pending.setdefault(uid, collections.deque()).append(item)
             self._cond.notify_all()
 
-    def get(self, root_only: bool) -> tuple[int, object] | None:
+    def get(self, root_only: bool) -> tuple[int, _Item] | None:
         """The next (uid, item) to answer; None once stopped."""
         with self._cond:
             while not self._stopped:
@@ -482,7 +489,7 @@ class WrapperServer(socketserver.UnixStreamServer):
         self.agent, self.guard = agent, guard
         self.workers, self.read_timeout_s, self.max_request_bytes = workers, read_timeout_s, max_request_bytes
         self.per_uid_connections, self.max_user_connections = per_uid_connections, max_user_connections
-        self._queue = _FairQueue(per_uid_workers)
+        self._queue: _FairQueue[tuple[_Connection, bytes]] = _FairQueue(per_uid_workers)
         self._open: collections.Counter[int] = collections.Counter()  # uid -> its connections now
         self._open_lock = threading.Lock()
         self._turned_away_logged: dict[int, float] = {}
@@ -620,7 +627,7 @@ class WrapperServer(socketserver.UnixStreamServer):
     # --- the workers ---------------------------------------------------------------------------------
     def _work(self, root_only: bool) -> None:
         while (got := self._queue.get(root_only)) is not None:
-            uid, (conn, line) = got  # type: ignore[misc]
+            uid, (conn, line) = got
             try:
                 conn.sock.setblocking(True)
                 conn.sock.settimeout(self.read_timeout_s)  # for the answer: a peer that never reads it
