@@ -150,6 +150,7 @@ def htcondor_agent_main(argv: Sequence[str] | None = None) -> int:
 
 
 def _htcondor_agent(argv: list[str]) -> int:
+    from mig_batch.htcondor.adapter import HTCondorBatch
     from mig_batch.htcondor.node import SlotGuard, WrapperServer, raise_open_files_limit
     from mig_batch.node.agent import NodeAgent
     from mig_batch.node.journal import Journal
@@ -166,6 +167,7 @@ def _htcondor_agent(argv: list[str]) -> int:
     raise_open_files_limit()
     config = load_config(args.config)
     batch = open_batch_system(config, Role.AGENT, "htcondor")
+    assert isinstance(batch, HTCondorBatch)  # the slot guard asks the schedd HTCondor's own questions
     node_dir = Path(str(config.node_dir).format(node=args.node))
     journal = Journal(node_dir / "journal", adopt_old_files=True)
     agent = NodeAgent(args.node, open_backend(config, args.node), journal, batch,
