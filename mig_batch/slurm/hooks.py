@@ -1,4 +1,5 @@
-"""Slurm's side of the node agent: the agent service for a Slurm node, and the hooks' slow path.
+"""Slurm's side of the node agent: the hooks' slow path (the agent service's main and the wiring of a Slurm
+node's agent are in :mod:`mig_batch.cli.daemons`, with the other daemons').
 
 The Prolog and Epilog (the compiled hook client, or shims that run it or the standard-library Python
 one) ask the node's agent (``mig-batch-agent``, a root service holding the GPUs open). When the agent is
