@@ -27,7 +27,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mig_batch.batch.system import BatchError, BatchJob, JobState, NodeStatus, Pin
+from mig_batch.batch.system import BatchError, BatchJob, BatchSystem, JobState, NodeStatus, Pin
 from mig_batch.htcondor.attrs import AGENT_ATTR, NODE_NAME_ATTR, PIN_ATTR, TAG_ATTR, TIME_LIMIT_ATTR
 from mig_batch.safe_files import write_file
 
@@ -322,3 +322,8 @@ class HTCondorBatch:
         with self._call(f"submit {description}"):
             result = self.schedd.submit(self.htcondor.Submit(description), count=1)
         return f"{result.cluster()}.0"
+
+
+# The seam, checked statically: mypy (see pyproject.toml) fails here when a method of HTCondorBatch no longer matches
+# BatchSystem's (a missing method, another signature or return type).
+_SEAM_CHECK: type[BatchSystem] = HTCondorBatch

@@ -22,7 +22,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from mig_batch.batch.system import After, Awaits, BatchError, BatchJob, JobState, NodeStatus, Pin, Unanswered
+from mig_batch.batch.system import (
+    After,
+    Awaits,
+    BatchError,
+    BatchJob,
+    BatchSystem,
+    JobState,
+    NodeStatus,
+    Pin,
+    Unanswered,
+)
 from mig_batch.slurm.native import SlurmApi, SlurmApiError
 from mig_batch.slurm.session import ScontrolSession, SessionBroken, SessionError
 
@@ -710,3 +720,8 @@ def stdin_safe(arg: str) -> bool:
     scontrol splits such lines at blanks and keeps quotes in values, drops a line of 4 KiB, and its readline
     may alter control and non-ASCII characters."""
     return _STDIN_SAFE.fullmatch(arg) is not None
+
+
+# The seam, checked statically: mypy (see pyproject.toml) fails here when a method of SlurmCli no longer matches
+# BatchSystem's (a missing method, another signature or return type).
+_SEAM_CHECK: type[BatchSystem] = SlurmCli
