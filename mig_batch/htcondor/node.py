@@ -513,6 +513,7 @@ class WrapperServer(socketserver.UnixStreamServer):
         threading.Thread(target=self._work, args=(True,), name="mig-batch-worker-root", daemon=True).start()
 
     # --- accept: identify the caller, or turn it away ------------------------------------------------
+    # the override's narrower request: a stream server's request is always its socket (BaseServer allows a datagram's)
     def process_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
         try:
             pid, uid, _ = peer_credentials(request)

@@ -20,7 +20,7 @@ import struct
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mig_batch.node.agent import NodeAgent, valid_job_id
 
@@ -77,8 +77,13 @@ class _Handler(socketserver.StreamRequestHandler):
 _Request = socket.socket | tuple[bytes, socket.socket]
 _Queued = tuple[_Request, Any, float]
 
+if TYPE_CHECKING:  # the server WorkerPool is mixed into, for the type check; at run time a plain mix-in
+    _Server = socketserver.BaseServer
+else:
+    _Server = object
 
-class WorkerPool:
+
+class WorkerPool(_Server):
     """A socketserver mix-in: connections are queued to ``workers`` long-lived threads instead of one new
     thread each. A burst of job starts opens dozens of connections at once; a new thread per connection
     cost more CPU than the agent's own work on some of them, and the GPU work is serialized anyway. Each
@@ -93,7 +98,7 @@ class WorkerPool:
     _waiting: queue.SimpleQueue[_Queued | None] | None = None
 
     def server_activate(self) -> None:
-        super().server_activate()  # type: ignore[misc]
+        super().server_activate()
         self._waiting = queue.SimpleQueue()
         for k in range(self.workers):
             threading.Thread(target=self._work, args=(self._waiting,), name=f"mig-batch-worker-{k}",
@@ -111,15 +116,15 @@ class WorkerPool:
                     log.warning("a request waited %.0f s for a worker; closed unanswered (the hook takes its "
                                 "slow path)", time.monotonic() - queued)  # fmt: skip
                 else:
-                    self.finish_request(request, client_address)  # type: ignore[attr-defined]
+                    self.finish_request(request, client_address)
             except Exception:  # one bad request must not end a worker
                 log.exception("request failed")
             finally:
                 with contextlib.suppress(Exception):
-                    self.shutdown_request(request)  # type: ignore[attr-defined]
+                    self.shutdown_request(request)
 
     def server_close(self) -> None:
-        super().server_close()  # type: ignore[misc]
+        super().server_close()
         if self._waiting is not None:  # None when binding the socket failed
             for _ in range(self.workers):
                 self._waiting.put(None)
