@@ -2,8 +2,8 @@
 
 * ``mig-batchd`` (:func:`batchd_main`, also ``python -m mig_batch.controller``): the controller loop.
 * ``mig-batch-agent`` (:func:`slurm_agent_main`): the node agent of a Slurm node (root, systemd).
-* ``mig-batch-htcondor-agent`` (:func:`htcondor_agent_main`, also ``python -m mig_batch.htcondor.node``): the
-  node agent of an HTCondor execute node (root, systemd).
+* ``mig-batch-htcondor-agent`` (:func:`htcondor_agent_main`): the node agent of an HTCondor execute node
+  (root, systemd).
 * ``python -I -m mig_batch.slurm.hooks prolog|epilog|agent`` (:func:`slurm_hook_main`): the Slurm hooks' slow
   path when the agent is down, and the agent started by that module's name.
 

@@ -57,7 +57,6 @@ import socket
 import socketserver
 import stat
 import struct
-import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -694,9 +693,3 @@ def raise_open_files_limit() -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_NOFILE, (65536 if hard == resource.RLIM_INFINITY else hard, hard))
-
-
-if __name__ == "__main__":  # python -m mig_batch.htcondor.node: the agent; its main lives with the daemons' mains
-    from mig_batch.cli.daemons import htcondor_agent_main
-
-    sys.exit(htcondor_agent_main())

@@ -131,7 +131,8 @@ class HTCondorTestbed:
         assert self.pool is not None
         local_name = "" if node == self.pool.nodes[0] else node.upper()  # see LocalPool: extra startds
         env = {**self.pool.client_env(self.pool.controller), **self.gpu_env(node)}
-        argv = [sys.executable, "-m", "mig_batch.htcondor.node", "--config", str(self.config_path), "--node", node,
+        agent = Path(sys.executable).with_name("mig-batch-htcondor-agent")  # the console script systemd runs
+        argv = [str(agent), "--config", str(self.config_path), "--node", node,
                 "--startd-local-name", local_name, "--log-level", "DEBUG"]  # fmt: skip
         socket = self.pool.root / "agent" / f"{node}.sock"
         socket.unlink(missing_ok=True)

@@ -11,7 +11,6 @@ onto the agent's request; the decision and the report travel through the job's A
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 
 from mig_batch.node.agent import NodeAgent
@@ -32,9 +31,3 @@ def run_hook(agent: NodeAgent, op: str, job: str) -> str:
         result = agent.prolog(job)
         return result.problem or (result.report.text() if result.report else "nothing to do")
     return agent.epilog(job)
-
-
-if __name__ == "__main__":  # the generated hooks run this module; its main lives with the daemons' mains
-    from mig_batch.cli.daemons import slurm_hook_main
-
-    sys.exit(slurm_hook_main())
