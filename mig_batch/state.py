@@ -372,7 +372,7 @@ class Store:
                                (job,)).fetchall()  # fmt: skip
         return [(int(g), str(p), int(s)) for g, p, s in rows]
 
-    def set_state(self, job: str, state: str, **detail: Any) -> None:
+    def set_state(self, job: str, state: DecisionState, **detail: Any) -> None:
         """Move a decision to ``state`` (checked against the allowed transitions), with an event."""
         with self._tx() as db:
             row = db.execute("SELECT state FROM decisions WHERE job=?", (job,)).fetchone()
@@ -380,7 +380,7 @@ class Store:
             db.execute("UPDATE decisions SET state=?, updated_at=? WHERE job=?", (str(state), time.time(), job))
             self._event(db, job, str(state), detail)
 
-    def set_states(self, jobs: list[str], state: str) -> None:
+    def set_states(self, jobs: list[str], state: DecisionState) -> None:
         """:meth:`set_state` for many jobs in one transaction (a pass releases hundreds)."""
         if not jobs:
             return
