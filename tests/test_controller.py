@@ -1152,3 +1152,42 @@ def test_the_pass_bench_keeps_its_queue_and_places_the_churn():
     assert row.running + row.queued == 16 * 6
     assert row.queued > 0 and 0 < row.placed_per_pass <= 10 + 7  # what ended frees, give or take a fit
     assert 0 < row.p50_ms <= row.max_ms
+
+
+def test_a_pass_reads_the_time_from_the_injected_clock(site, batch):
+    """The begin time is judged on the controller's clock, not the machine's: a job due at 5,000 on a clock
+    at 4,000 waits (while the machine's time is long past it), and is placed once that clock passes it."""
+    now = [4_000.0]
+    store = Store(site.state)
+    c = Controller(site, store, batch, clock=lambda: now[0])
+    job = batch.add(RIGID, not_before=5_000.0)
+    assert c.step().placed == 0
+    assert any("begin time" in e.get("reason", "") for e in store.events(job=job, kind="waiting"))
+    now[0] = 5_001.0
+    assert c.step().placed == 1 and store.decision(job) is not None
+
+
+def test_a_failing_cancel_in_the_placement_phase_is_logged_with_its_job_and_the_pass_goes_on(site, batch, tmp_path,
+                                                                                               monkeypatch):
+    """A job naming a chain that is over is cancelled; when the batch system refuses that cancel, the other
+    waiting jobs are still placed and the error names the job."""
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    tag = CHAIN.format(tmp_path / "ckpt")
+    first = batch.add(tag)
+    c.step()
+    made(batch, first)
+    c.step()
+    batch.finish(first, exit_status=0)  # the chain is done
+    c.step()
+    assert store.chain(first).state == "done"
+    late = batch.add(f"{tag};chain={first}")
+    rigid = batch.add(RIGID)
+
+    def refuse(job):
+        raise BatchError(f"Invalid job id specified for job {job}")
+
+    monkeypatch.setattr(batch, "cancel", refuse)
+    stats = c.step()  # the refused cancel is logged with the job (it is tried again next pass)
+    assert store.decision(rigid) is not None and parse_place(batch.job(rigid).admin_tag) is not None
+    assert store.events(job=late, kind="chain-job-cancelled") and not stats.errors
