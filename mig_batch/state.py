@@ -608,7 +608,7 @@ class Store:
                                (self._chain_of(self.db, job),)).fetchall()  # fmt: skip
         return [SubjobRecord(*r) for r in rows]
 
-    def record_round(self, offers: list[tuple[tuple, list[tuple]]]) -> list[int]:
+    def record_round(self, offers: list[tuple[tuple[Any, ...], list[tuple[Any, ...]]]]) -> list[int]:
         """Persist offers (node, gpu, model, profile, start, opens, closes) with their replies
         (job, interested, profile, duration, bound_mib, basis, reason); returns the offer ids."""
         now, ids = time.time(), []
@@ -616,7 +616,8 @@ class Store:
             for offer, replies in offers:
                 cur = db.execute("INSERT INTO offers (time, node, gpu, model, profile, start, opens, closes) "
                                  "VALUES (?,?,?,?,?,?,?,?)", (now, *offer))  # fmt: skip
-                ids.append(int(cur.lastrowid))
+                assert cur.lastrowid is not None  # an INSERT's row
+                ids.append(cur.lastrowid)
                 db.executemany("INSERT INTO replies VALUES (?,?,?,?,?,?,?,?)", [(cur.lastrowid, *r) for r in replies])
         return ids
 
@@ -726,7 +727,8 @@ class Store:
                since: float | None = None, last: int | None = None) -> list[dict[str, Any]]:  # fmt: skip
         """Events, oldest first: of ``job``, of ``kind``, about ``node`` (naming it, or of a job decided
         there), at or after ``since`` (epoch seconds); only the newest ``last`` of them when given."""
-        sql, args = "SELECT time, job, kind, detail FROM events WHERE 1=1", []
+        sql = "SELECT time, job, kind, detail FROM events WHERE 1=1"
+        args: list[Any] = []
         if job is not None:
             sql, args = sql + " AND job=?", [*args, job]
         if kind is not None:

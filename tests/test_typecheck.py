@@ -8,7 +8,8 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STRICT = ["mig_batch/batch", "mig_batch/controller", "mig_batch/node", "mig_batch/slurm", "mig_batch/htcondor"]
+STRICT = ["mig_batch/batch", "mig_batch/controller", "mig_batch/node", "mig_batch/slurm", "mig_batch/htcondor",
+          "mig_batch/state.py", "mig_batch/factory.py", "mig_batch/cli/daemons.py"]
 
 
 def test_mypy_is_strict_on_the_seam_the_adapters_the_controller_and_the_node_agent():
