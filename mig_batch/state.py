@@ -410,18 +410,20 @@ class Store:
         return int(self.db.execute("SELECT COUNT(*) FROM events WHERE job=? AND kind='decided'", (job,)).fetchone()[0])
 
     # prompt slots
-    def add_slots(self, slots: list[tuple[str, str, int, str, str, int]]) -> list[SlotRecord]:
-        """Record new slots, each (request, node, gpu, model, profile, start), in one transaction; with their ids.
-        An id is never given twice, a lost store's included (job_submit.lua remembers the ids it bound):
-        at least the time in milliseconds."""
+    def add_slots(self, slots: list[tuple[str, str, int, str, str, int]],
+                  made_at: float | None = None) -> list[SlotRecord]:  # fmt: skip
+        """Record new slots, each (request, node, gpu, model, profile, start), made at ``made_at`` (the
+        controller's clock; None: now), in one transaction; with their ids. An id is never given twice, a lost
+        store's included (job_submit.lua remembers the ids it bound): at least the wall time in milliseconds."""
         made, now = [], time.time()
+        made_at = now if made_at is None else made_at
         with self._tx() as db:
             row = db.execute("SELECT seq FROM sqlite_sequence WHERE name='slots'").fetchone()
             next_id = max(int(row[0]) + 1 if row else 1, int(now * 1000))
             for k, slot in enumerate(slots):
                 db.execute("INSERT INTO slots (id, request, node, gpu, model, profile, start, made_at) VALUES "
-                           "(?,?,?,?,?,?,?,?)", (next_id + k, *slot, now))  # fmt: skip
-                made.append(SlotRecord(next_id + k, *slot, made_at=now))
+                           "(?,?,?,?,?,?,?,?)", (next_id + k, *slot, made_at))  # fmt: skip
+                made.append(SlotRecord(next_id + k, *slot, made_at=made_at))
         return made
 
     def record_bindings(self, bound: list[tuple[Decision, int]]) -> None:

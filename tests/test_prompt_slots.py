@@ -319,3 +319,23 @@ def test_doctor_names_a_job_submit_lua_that_reads_another_slots_file_or_none(tmp
     slots.parent.chmod(0o700)
     check = check_prompt_slots(show, on)
     assert not check.ok and f"{slots.parent} is mode 700" in check.detail
+
+
+def test_a_slot_ages_on_the_controllers_clock(tmp_path):
+    """A slot's age is judged on the clock the controller runs on (a day ahead of the machine's here): one pass
+    later the same slots stand, and once that clock passes their lifetime they are made anew."""
+    site = SiteConfig(state=tmp_path / "s.db", nodes={"n1": ("A100-80GB",), "n2": ("A100-80GB",)},
+                      prompt_slots=2, slots_file=tmp_path / "run" / "slots")  # fmt: skip
+    batch = FakeBatch(["n1", "n2"], cpus_per_node=16)
+    now = [batch.clock + 86400]
+    store = Store(site.state)
+    c = Controller(site, store, batch, clock=lambda: now[0])
+    batch.add(RIGID)
+    c.step()
+    first = {s.id for s in store.slots() if s.withdrawn_at is None}
+    now[0] += 1
+    c.step()
+    assert first and {s.id for s in store.slots() if s.withdrawn_at is None} == first
+    now[0] += slots_room.SLOT_LIFETIME_S + 1
+    c.step()
+    assert not first & {s.id for s in store.slots() if s.withdrawn_at is None}

@@ -31,17 +31,15 @@ class ChainJobs:
     def unlinked(self, job: BatchJob, tag: JobTag) -> bool:
         """A job naming a known chain it is not (yet) linked to. One naming an unknown chain (a lost
         state store) starts a chain of its own; it resumes from the same checkpoints. One naming a chain
-        that is over is cancelled (tried again next pass where the batch system does not answer)."""
+        that is over is cancelled (a BatchError where the batch system refuses: the caller logs it with the job,
+        and the cancel is tried again next pass)."""
         chain = tag.atomize.chain if tag.atomize else None
         if chain is None or chain == job.job_id or self.store.chain(job.job_id) is not None:
             return False
         known = self.store.chain(chain)
         if known is not None and known.state in CHAIN_OVER:
             self.store.event(job.job_id, "chain-job-cancelled", chain=chain, why=f"the chain is {known.state}")
-            try:
-                self.batch.cancel(job.job_id)
-            except BatchError as exc:
-                log.warning("job %s, of chain %s that is over: cancelling it failed: %s", job.job_id, chain, exc)
+            self.batch.cancel(job.job_id)
         return known is not None
 
     def offer(self, waiting: list[tuple[BatchJob, JobTag]], timelines: list[GpuTimeline], now: float,

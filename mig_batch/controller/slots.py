@@ -233,7 +233,7 @@ class PromptSlots:
             if not new:
                 continue
             for slot in self.store.add_slots([(request, p.host, p.gpu_index, p.model, p.profile, p.start)
-                                              for p in new]):  # fmt: skip
+                                              for p in new], made_at=now):  # fmt: skip
                 self.view.allocate(self.ledger.gid[(slot.node, slot.gpu)], slot_key(slot.id), slot.profile,
                                    slot.start)  # fmt: skip
                 self.held[slot.id] = slot
