@@ -256,7 +256,7 @@ class Controller:
                 if stats.placed or stats.ended:
                     log.info("pass %.1f ms: placed %d, ended %d, waiting %d", stats.seconds * 1e3, stats.placed,
                              stats.ended, stats.waiting)  # fmt: skip
-                self.prune(self.clock())  # with the jobs this pass listed
+                self.prune(time.time())  # with the jobs this pass listed; the store stamps ends with the machine's time
             except BatchError as exc:
                 log.warning("pass failed: %s", exc)
             except Exception:  # a bug in one pass must not stop placement for everyone: log it, go on
