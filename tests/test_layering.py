@@ -263,3 +263,23 @@ def test_the_check_sees_an_upward_import_a_cycle_and_a_main_block(tmp_path):
     assert cycles(_graph(imports, unit_of)) == [["cli", "config"]]
     assert cycles(_graph(imports)) == [["mig_batch.cli.other", "mig_batch.cli.tool", "mig_batch.config"]]
     assert Import("mig_batch.node.run:__main__", "mig_batch.cli.tool", "mig_batch/node/run.py:2") in imports
+
+
+# The controller is phases over one snapshot, a room per concern (docs/architecture.md): no room grows into a hall.
+ROOM_MAX_LINES = 400
+METHOD_MAX_LINES = 60
+
+
+def test_the_controller_rooms_and_their_methods_stay_small():
+    too_long = []
+    for path in sorted((PACKAGE / "controller").glob("*.py")):
+        source = path.read_text()
+        if len(source.splitlines()) > ROOM_MAX_LINES:
+            too_long.append(f"{path.name}: {len(source.splitlines())} lines (at most {ROOM_MAX_LINES})")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > METHOD_MAX_LINES:
+                    where = f"{path.name}:{node.lineno} {node.name}"
+                    too_long.append(f"{where}: {lines} lines (at most {METHOD_MAX_LINES})")
+    assert not too_long, "split these into rooms or phases of their own:\n" + "\n".join(too_long)
