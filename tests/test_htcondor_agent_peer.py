@@ -21,8 +21,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from mig_batch.htcondor import node
-from mig_batch.htcondor.node import SlotGuard, WrapperServer
+from mig_batch.htcondor import node, peers
+from mig_batch.htcondor.node import SlotGuard
+from mig_batch.htcondor.server import WrapperServer
 
 
 def python_for_every_uid() -> str:
@@ -284,7 +285,7 @@ def test_a_pid_handed_on_to_the_victims_slot_ends_no_instance(bed, monkeypatch, 
     if pidfd == "kernel" and not kernel_has_peer_pidfd():
         pytest.skip("this kernel has no SO_PEERPIDFD (Linux >= 6.5)")
     if pidfd == "pidfd_open":
-        monkeypatch.setattr(node, "SO_PEERPIDFD", 9999, raising=False)  # ENOPROTOOPT, as on an older kernel
+        monkeypatch.setattr(peers, "SO_PEERPIDFD", 9999, raising=False)  # ENOPROTOOPT, as on an older kernel
     answer, _ = bed.slot.ask(bed.path, VICTIM, "prolog", JOB)
     assert answer["ok"], answer
     if accepted == "after the swap":
@@ -411,7 +412,7 @@ def test_a_passwd_file_the_job_put_in_its_own_root_costs_the_agent_nothing(what,
         os.mkfifo(planted)
     elif what == "huge":
         with open(planted, "wb") as f:
-            f.truncate(node.PASSWD_MAX_BYTES + 1)
+            f.truncate(peers.PASSWD_MAX_BYTES + 1)
     elif what == "symlink":
         planted.write_text("alice:x:4321:4321::/:/bin/sh\n")  # a file only root may read, say
     source = "/dev/zero" if what == "dev-zero" else str(planted)
@@ -425,7 +426,7 @@ def test_a_passwd_file_the_job_put_in_its_own_root_costs_the_agent_nothing(what,
             assert time.monotonic() < deadline and job.poll() is None, "the job's /etc/passwd was not planted"
             time.sleep(0.05)
         t0 = time.monotonic()
-        assert node.owner_uid(job.pid, "alice") is None
+        assert peers.owner_uid(job.pid, "alice") is None
         assert time.monotonic() - t0 < 1.0
     finally:
         job.kill()
@@ -439,10 +440,10 @@ def test_a_passwd_file_of_the_jobs_own_root_names_the_owner(tmp_path):
                             'mount --bind "$1" /etc/passwd && exec sleep 30', "sh", str(planted)])  # fmt: skip
     try:
         deadline = time.monotonic() + 10
-        while node.owner_uid(job.pid, "alice") is None:
+        while peers.owner_uid(job.pid, "alice") is None:
             assert time.monotonic() < deadline and job.poll() is None
             time.sleep(0.05)
-        assert node.owner_uid(job.pid, "alice") == 4321
+        assert peers.owner_uid(job.pid, "alice") == 4321
     finally:
         job.kill()
         job.wait()
@@ -456,7 +457,7 @@ def test_a_job_asking_for_its_instance_again_and_again_is_refused(monkeypatch):
     for _ in range(node.PROLOGS_PER_WINDOW):
         guard._count_prolog("7.0")
         now[0] += 1
-    with pytest.raises(node.CallerRefused, match="times within"):
+    with pytest.raises(peers.CallerRefused, match="times within"):
         guard._count_prolog("7.0")
     guard._count_prolog("8.0")  # another job is not held back
     now[0] += node.PROLOG_WINDOW_S

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from mig_batch.htcondor.attrs import _fits_expression, largest_profile_text, schedd_config
 from mig_batch.htcondor.install import install, wrapper_text
-from mig_batch.htcondor.node import Caller, CallerRefused, SlotGuard, exports_env, find_caller
+from mig_batch.htcondor.node import SlotGuard, exports_env
+from mig_batch.htcondor.peers import Caller, CallerRefused, find_caller
 from mig_batch.mig.models import get_model
 from mig_batch.request import parse_gres
 

@@ -151,7 +151,8 @@ def htcondor_agent_main(argv: Sequence[str] | None = None) -> int:
 
 def _htcondor_agent(argv: list[str]) -> int:
     from mig_batch.htcondor.adapter import HTCondorBatch
-    from mig_batch.htcondor.node import SlotGuard, WrapperServer, raise_open_files_limit
+    from mig_batch.htcondor.node import SlotGuard
+    from mig_batch.htcondor.server import WrapperServer, raise_open_files_limit
     from mig_batch.node.agent import NodeAgent
     from mig_batch.node.journal import Journal
     from mig_batch.node.service import serve
