@@ -21,6 +21,7 @@ from rich.text import Text
 
 from mig_batch.cli.output import Table, console, emit
 from mig_batch.config import SiteConfig, config_path, load_config
+from mig_batch.slurm.versions import release_note, version_in
 
 ROLES = ("controller", "node")
 SHIM_MARK = "(filled in by `mig-batch slurm install`)"  # in every hook shim we install
@@ -197,7 +198,7 @@ def slurm_config(config: SiteConfig) -> tuple[str | None, Check]:
         why = "; ".join((proc.stderr.strip() or proc.stdout.strip() or f"exit {proc.returncode}").splitlines())[-300:]
         return None, Check("slurm", False, f"{scontrol} show config: {why}",
                            "check that slurmctld is up and reachable from here (scontrol ping)")  # fmt: skip
-    return proc.stdout, Check("slurm", True, f"slurmctld answers ({scontrol})")
+    return proc.stdout, Check("slurm", True, f"slurmctld answers ({scontrol}); {release_note(version_in(proc.stdout))}")
 
 
 def check_slurm_library(config: SiteConfig) -> Check:
