@@ -88,8 +88,10 @@ def build_slurm_library(dest: Path, compiler: str | None = None, slurm_bin: str 
     source, library = resource_path("plugins", "slurm", "mig-batch-slurm.c"), dest / SLURM_LIBRARY
     building = dest / f".{SLURM_LIBRARY}.new"  # a process loading it meanwhile gets the old one, whole
     try:
-        proc = subprocess.run([cc, "-O2", "-std=gnu11", "-shared", "-fPIC", *flags, "-o", str(building), str(source),
-                               "-lslurm"], capture_output=True, text=True, timeout=120)  # fmt: skip
+        # --no-undefined: a libslurm that no longer exports a name the library calls fails here, not at load
+        proc = subprocess.run([cc, "-O2", "-std=gnu11", "-shared", "-fPIC", "-Wl,--no-undefined", *flags, "-o",
+                               str(building), str(source), "-lslurm"], capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as exc:
         building.unlink(missing_ok=True)
         return None, f"{cc} failed: {exc}"

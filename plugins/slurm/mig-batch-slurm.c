@@ -19,9 +19,16 @@
 #include <slurm/slurm.h>
 #include <slurm/slurm_errno.h>
 
-/* exported by libslurm; slurm.h of 22.05 does not declare them */
+/* exported by libslurm; slurm.h does not declare them. Later releases name job_reason_string
+   slurm_job_state_reason_string (23.11, as upstream's src/common/job_state_reason.c reads; built against 22.05, 24.11 and 26.05) */
 extern char *slurm_job_state_string(uint32_t inx);
+#if SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(23, 11, 0)
+extern const char *slurm_job_state_reason_string(enum job_state_reason inx);
+#define job_reason_text(r) slurm_job_state_reason_string(r)
+#else
 extern char *slurm_job_reason_string(enum job_state_reason inx);
+#define job_reason_text(r) slurm_job_reason_string(r)
+#endif
 
 /* the interface below; mig_batch/slurm/native.py refuses a library of another */
 int mb_abi_version(void) { return 5; }
@@ -91,7 +98,7 @@ static void put_job(FILE *f, const slurm_job_info_t *job)
 		put_minutes(f, job->time_limit);
 	fprintf(f, "%d|", (int) job->exit_code);
 	/* -O Reason: free text, so its end is REASON_END of commands.py (ASCII's unit separator) */
-	fprintf(f, "%s\x1f", job->state_desc ? job->state_desc : slurm_job_reason_string(job->state_reason));
+	fprintf(f, "%s\x1f", job->state_desc ? job->state_desc : job_reason_text(job->state_reason));
 	fprintf(f, "%u|", job->num_cpus);
 	put_text(f, job->partition);
 	put_time(f, job->eligible_time);  /* -O EligibleTime: the job's begin time (--begin) */
@@ -116,7 +123,8 @@ static int put_jobs(job_info_msg_t *msg, char **out)
 	return fclose(f) == 0 ? 0 : ENOMEM;
 }
 
-static int slurm_error(void) { return slurm_get_errno() ? slurm_get_errno() : SLURM_ERROR; }
+/* slurm_get_errno() is gone from 24.11's libslurm; errno itself carries Slurm's codes, on 22.05 too */
+static int slurm_error(void) { return errno ? errno : SLURM_ERROR; }
 
 /* Every record of job `job_id` (an array's tasks, too) into *out (free with mb_free): 0 or Slurm's error.
    The flags of `squeue --local -j ID`: SHOW_LOCAL skips the federation read. */
@@ -125,7 +133,14 @@ int mb_job_lines(uint32_t job_id, char **out)
 	job_info_msg_t *msg = NULL;
 
 	*out = NULL;
+#if SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(26, 5, 0)
+	slurm_step_id_t id = SLURM_STEP_ID_INITIALIZER;  /* 26.05: a step id (job_id or sluid) */
+
+	id.job_id = job_id;
+	if (slurm_load_job(&msg, id, SHOW_ALL | SHOW_LOCAL) != SLURM_SUCCESS)
+#else
 	if (slurm_load_job(&msg, job_id, SHOW_ALL | SHOW_LOCAL) != SLURM_SUCCESS)
+#endif
 		return slurm_error();
 	return put_jobs(msg, out);
 }
