@@ -6,7 +6,7 @@ import math
 import pytest
 
 from mig_batch.batch.system import JobState
-from mig_batch.htcondor.adapter import HTCondorError, _job_constraint, job_state, to_batch_job
+from mig_batch.htcondor.adapter import HTCondorError, _job_constraint, check_bindings, job_state, to_batch_job
 from mig_batch.htcondor.attrs import START_POLICY, execute_config, node_config, schedd_config
 
 
@@ -107,3 +107,17 @@ def test_a_hold_that_is_not_the_controllers_is_the_users():
     assert ours.held and not ours.held_by_user
     assert owners.held and owners.held_by_user
     assert released.held and not released.held_by_user
+
+
+@pytest.mark.parametrize("version", ["$CondorVersion: 25.0.14 2026-08-01 BuildID: UW_Python_Wheel_Build $",
+                                     "$CondorVersion: 25.14.1 2026-09-24 BuildID: UW_Python_Wheel_Build $"])
+def test_the_tested_bindings_are_taken(version):
+    check_bindings(version)
+
+
+@pytest.mark.parametrize("version", ["$CondorVersion: 24.0.24 2026-07-01 BuildID: UW_Python_Wheel_Build $",
+                                     "$CondorVersion: 26.0.1 2027-02-01 $", "no version here"])
+def test_bindings_outside_the_tested_range_are_refused_with_what_would_do(version):
+    with pytest.raises(HTCondorError, match=r"not a release mig_batch supports \(25\.0 or later, below 26\.0.*"
+                                            r"pip install 'htcondor>=25\.0,<26'"):
+        check_bindings(version)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import tempfile
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
@@ -45,12 +46,32 @@ MANAGED = f"{TAG_ATTR} =!= undefined"
 WAITING = f"(JobStatus == {HELD} || (JobStatus == {IDLE} && {PIN_ATTR} =?= undefined))"  # the seam's HELD
 
 
+# The bindings mig_batch is tested with (docs/htcondor.md, "Bindings"): from the 25.0 LTS on, below 26. The
+# 24.0 LTS bindings (24.0.24) fail every submission: their Schedd.submit indexes the queue arguments' next-to-last
+# character, and a description without a queue statement has none (htcondor2/_schedd.py, IndexError).
+BINDINGS_FROM, BINDINGS_BELOW = (25, 0), (26, 0)
+_BINDINGS_VERSION = re.compile(r"\$CondorVersion:\s*(\d+)\.(\d+)\.(\d+)")
+
+
+def check_bindings(version_text: str) -> None:
+    """HTCondorError unless ``htcondor2.version()``'s text names a release in the tested range."""
+    found = _BINDINGS_VERSION.search(version_text)
+    release = (int(found.group(1)), int(found.group(2))) if found else None
+    if release is None or not BINDINGS_FROM <= release < BINDINGS_BELOW:
+        have = ".".join(found.groups()) if found else repr(version_text[:60])
+        wanted = f"{BINDINGS_FROM[0]}.{BINDINGS_FROM[1]} or later, below {BINDINGS_BELOW[0]}.{BINDINGS_BELOW[1]}"
+        raise HTCondorError(f"HTCondor Python bindings {have} are not a release mig_batch supports ({wanted}; "
+                            f"tested: 25.0 LTS and 25.x): pip install 'htcondor>={BINDINGS_FROM[0]}.{BINDINGS_FROM[1]},"
+                            f"<{BINDINGS_BELOW[0]}'")  # fmt: skip
+
+
 def _bindings() -> tuple[Any, Any]:
     try:
         import classad2
         import htcondor2
     except ImportError as exc:
         raise HTCondorError(f"no HTCondor bindings (pip install 'mig-batch[htcondor]'): {exc}") from None
+    check_bindings(htcondor2.version())
     return htcondor2, classad2
 
 
