@@ -32,7 +32,6 @@ import time
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -191,9 +190,9 @@ class Decision:
     state: DecisionState
     policy: str
 
-    @cached_property
+    @property
     def tag(self) -> JobTag:
-        """The parsed request (ValueError where the text is not a request)."""
+        """The parsed request (ValueError where the text is not a request); parse_tag memoises each text."""
         return parse_tag(self.request)
 
 

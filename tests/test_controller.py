@@ -202,8 +202,8 @@ def test_a_chain_whose_next_job_is_missing_goes_on_in_its_own_job_unplaced_until
     assert parse_place(batch.job(first).admin_tag) is not None  # the next subjob's grant
 
 
-def chain_job_running_with_its_next(site, batch, tmp_path):
-    """A chain's first job, running, and the chain's next job, which its runner submitted as it stopped."""
+def chain_job_running(site, batch, tmp_path):
+    """A chain's first job, placed and running; the store, the controller, the job and its tag."""
     store = Store(site.state)
     c = Controller(site, store, batch)
     tag = CHAIN.format(tmp_path / "ckpt")
@@ -211,6 +211,12 @@ def chain_job_running_with_its_next(site, batch, tmp_path):
     c.step()
     made(batch, first)
     c.step()
+    return store, c, first, tag
+
+
+def chain_job_running_with_its_next(site, batch, tmp_path):
+    """A chain's first job, running, and the chain's next job, which its runner submitted as it stopped."""
+    store, c, first, tag = chain_job_running(site, batch, tmp_path)
     nxt = batch.add(f"{tag};chain={first}")
     return store, c, first, nxt
 
@@ -1171,13 +1177,7 @@ def test_a_failing_cancel_in_the_placement_phase_is_logged_with_its_job_and_the_
                                                                                                monkeypatch):
     """A job naming a chain that is over is cancelled; when the batch system refuses that cancel, the other
     waiting jobs are still placed and the error names the job."""
-    store = Store(site.state)
-    c = Controller(site, store, batch)
-    tag = CHAIN.format(tmp_path / "ckpt")
-    first = batch.add(tag)
-    c.step()
-    made(batch, first)
-    c.step()
+    store, c, first, tag = chain_job_running(site, batch, tmp_path)
     batch.finish(first, exit_status=0)  # the chain is done
     c.step()
     assert store.chain(first).state == "done"

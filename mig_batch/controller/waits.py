@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container
 
 from mig_batch.batch.system import After, Awaits, BatchJob
 from mig_batch.state import Store
@@ -26,10 +26,9 @@ class WaitNotes:
     def placed(self, job: str) -> None:
         self._why.pop(job, None)
 
-    def keep_only(self, jobs: Iterable[str]) -> None:
+    def keep_only(self, jobs: Container[str]) -> None:
         """Forget the jobs the batch system no longer lists."""
-        listed = set(jobs)
-        for gone in [j for j in self._why if j not in listed]:
+        for gone in [j for j in self._why if j not in jobs]:
             del self._why[gone]
 
 
