@@ -23,34 +23,40 @@ Requires root (chroot, mounts), ``debootstrap`` or a built image, and the bindin
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import importlib.util
 import os
 import shutil
 import signal
-import socket
-import stat
 import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mig_batch.errors import MigBatchError
 from mig_batch.htcondor.attrs import execute_config, node_config, schedd_config
 from mig_batch.mig.models import get_model
 
+from .chroot import (
+    CHROOT_ENV,
+    ChrootError,
+    ChrootImage,
+    free_port,
+    inside,
+    mount,
+    mount_dev,
+    pids_rooted_at,
+    run,
+    unmount_all,
+    write_hosts,
+)
+
 SUITE = "sid"  # the Debian suite whose minicondor matches the bindings
 CONDOR_VERSION = "25.14.1"  # verified with htcondor==25.14.1 (P2: sid moves on; the image records its version)
-MIRROR = "http://deb.debian.org/debian"
 DOMAIN = "migpool.local"  # UID_DOMAIN and FILESYSTEM_DOMAIN on both sides (jobs take the submitter's)
 HOSTNAME = "migpool"  # NETWORK_HOSTNAME on both sides: stable daemon names, Schedd() finds its schedd
-CHROOT_ENV = ["env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8",
-              "DEBIAN_FRONTEND=noninteractive"]  # fmt: skip
-# the master would pass the caller's environment (host PATH, CONDOR_CONFIG) to every daemon and hook
 
 
-class PoolError(MigBatchError, RuntimeError):
+class PoolError(ChrootError):
     """The pool could not be built, started or asked; the message names the command and its output."""
 
 
@@ -58,167 +64,23 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MIG_BATCH_HTCONDOR_CACHE", "/var/cache/mig-batch/htcondor"))
 
 
-def _run(argv: Sequence[str], timeout: float = 60, check: bool = True, **kw: object) -> subprocess.CompletedProcess:
-    try:
-        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, **kw)  # type: ignore[call-overload]
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise PoolError(f"{' '.join(argv)}: {exc}") from None
-    if check and proc.returncode != 0:
-        raise PoolError(f"{' '.join(argv)} failed ({proc.returncode}): {(proc.stderr or proc.stdout).strip()[-2000:]}")
-    return proc
-
-
-def _mounts_under(path: Path) -> list[str]:
-    """Mount points at or below ``path``, deepest first."""
-    prefix = str(path)
-    points = []
-    with open("/proc/mounts") as mounts:
-        for line in mounts:
-            point = line.split()[1].replace("\\040", " ")
-            if point == prefix or point.startswith(prefix + "/"):
-                points.append(point)
-    return sorted(points, key=len, reverse=True)
-
-
-def _unmount_all(path: Path) -> None:
-    for point in _mounts_under(path):
-        if subprocess.run(["umount", point], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", point], capture_output=True)
-    if _mounts_under(path):
-        raise PoolError(f"still mounted under {path}: {_mounts_under(path)}")
-
-
-def _mount(what: str, where: Path, *args: str) -> None:
-    if str(where) not in _mounts_under(where):
-        _run(["mount", *args, what, str(where)])
-
-
-DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9), "tty": (5, 0)}
-
-
-def _mount_dev(root: Path) -> None:
-    """A private /dev (tmpfs with the few nodes condor uses, its own devpts): not a bind of the host's,
-    so a recursive delete of a pool left mounted cannot remove the host's device nodes."""
-    dev = root / "dev"
-    _mount("mig-batch-dev", dev, "-t", "tmpfs", "-o", "mode=0755,size=1m")
-    for name, (major, minor) in DEVICES.items():
-        if not (dev / name).exists():
-            os.mknod(dev / name, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
-            os.chmod(dev / name, 0o666)  # mknod applies the umask
-    for sub in ("pts", "shm"):
-        (dev / sub).mkdir(exist_ok=True)
-    _mount("devpts", dev / "pts", "-t", "devpts", "-o", "newinstance,ptmxmode=0666")
-    _mount("mig-batch-shm", dev / "shm", "-t", "tmpfs", "-o", "mode=1777,size=16m")
-    links = {"ptmx": "pts/ptmx", "fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
-             "stderr": "/proc/self/fd/2"}  # fmt: skip
-    for name, target in links.items():
-        if not (dev / name).is_symlink():
-            os.symlink(target, dev / name)
-
-
-def _inside(root: Path, path: str) -> Path:
-    """``path`` of the chroot, seen from the host; refuses one that resolves outside the chroot (its
-    absolute symlinks, /var/lock -> /run/lock, would otherwise reach the host's own directories)."""
-    host = root / path.lstrip("/")
-    resolved, real_root = host.resolve(), root.resolve()
-    if resolved != real_root and real_root not in resolved.parents:
-        raise PoolError(f"{path} in the chroot resolves outside it ({resolved})")
-    return host
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
-class Image:
+class Image(ChrootImage):
     """The built chroot with minicondor, shared read-only by every pool on this machine."""
 
     cache: Path = field(default_factory=cache_dir)
     suite: str = SUITE
-
-    @property
-    def path(self) -> Path:
-        return self.cache / f"image-{self.suite}"
+    packages: tuple[str, ...] = ("minicondor",)
 
     @property
     def tarball(self) -> Path:
-        """Restored instead of a build when present (``make_tarball`` writes it; no secrets: it is
-        made from the image, which no pool ever started in)."""
-        return Path(os.environ.get("MIG_BATCH_HTCONDOR_TARBALL", self.cache / f"image-{self.suite}.tar.zst"))
+        return Path(os.environ.get("MIG_BATCH_HTCONDOR_TARBALL", super().tarball))
 
-    @property
-    def marker(self) -> Path:
-        return self.path / ".mig-batch-image"  # written last: its presence means a finished image
-
-    def ready(self) -> bool:
-        return self.marker.exists()
-
-    def version(self) -> str:
-        return self.marker.read_text().strip() if self.ready() else ""
-
-    def ensure(self, log: Callable[[str], None] = lambda _: None) -> str:
-        """Build, restore or reuse the image; returns how (``reused``, ``restored``, ``built``)."""
-        self.cache.mkdir(parents=True, exist_ok=True)
-        with open(self.cache / "image.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # another test session may be building it right now
-            if self.ready():
-                return "reused"
-            staging = self.cache / f"image-{self.suite}.partial"
-            _unmount_all(staging)
-            shutil.rmtree(staging, ignore_errors=True)
-            if self.tarball.exists():
-                log(f"restoring {self.tarball}")
-                staging.mkdir()
-                _run(["sh", "-c", f'zstd -q -dc "{self.tarball}" | tar -C "{staging}" -xpf -'], timeout=300)
-                how = "restored"
-            else:
-                self._build(staging, log)
-                how = "built"
-            staging.rename(self.path)
-            return how
-
-    def _build(self, root: Path, log: Callable[[str], None]) -> None:
-        if not shutil.which("debootstrap"):
-            raise PoolError("no HTCondor image and no debootstrap to build one (apt-get install debootstrap)")
-        log(f"debootstrap {self.suite} -> {root}")
-        debs = self.cache / "debs"
-        debs.mkdir(exist_ok=True)
-        _run(["debootstrap", "--variant=minbase", f"--cache-dir={debs}", self.suite, str(root), MIRROR], timeout=900)
-        # never start services from package scripts
-        (root / "usr/sbin/policy-rc.d").write_text("#!/bin/sh\nexit 101\n")
-        (root / "usr/sbin/policy-rc.d").chmod(0o755)
-        archives = self.cache / "apt-archives"
-        (archives / "partial").mkdir(parents=True, exist_ok=True)
-        try:
-            _mount("proc", root / "proc", "-t", "proc")
-            _mount_dev(root)
-            _mount(str(archives), _inside(root, "/var/cache/apt/archives"), "--bind")  # .debs kept for rebuilds
-            in_root = ["chroot", str(root)]
-            log("apt-get install minicondor (in the chroot)")
-            # the mirror's sid Release may be past its Valid-Until; debootstrap's lists still work
-            _run([*CHROOT_ENV, *in_root, "apt-get", "-o", "Acquire::Check-Valid-Until=false", "update", "-qq"],
-                 timeout=300, check=False)  # fmt: skip
-            _run([*CHROOT_ENV, *in_root, "apt-get", "install", "-y", "-qq", "--no-install-recommends", "minicondor"],
-                 timeout=900)  # fmt: skip
-            version = _run([*CHROOT_ENV, *in_root, "condor_version"]).stdout.splitlines()[0]
-        finally:
-            _unmount_all(root)
-        # lists and caches are not needed at run time (about 170 MB)
-        for junk in ("var/lib/apt/lists", "var/cache/apt"):
-            shutil.rmtree(root / junk, ignore_errors=True)
-            (root / junk).mkdir(parents=True)
+    def finish(self, root: Path, log: Callable[[str], None]) -> str:
+        version = self.run_in(root, "condor_version").stdout.splitlines()[0]
         if CONDOR_VERSION not in version:
             log(f"warning: the image has {version!r}, the recipe verified {CONDOR_VERSION}")
-        (root / ".mig-batch-image").write_text(version + "\n")
-
-    def make_tarball(self) -> Path:
-        """Pack the image for a cache elsewhere (about 100 MB)."""
-        _run(["sh", "-c", f'tar -C "{self.path}" --one-file-system -cf - . | zstd -q -T0 -3 -f -o "{self.tarball}"'],
-             timeout=600)  # fmt: skip
-        return self.tarball
+        return version
 
 
 @dataclass
@@ -297,7 +159,7 @@ class LocalPool:
             prefix = [*CHROOT_ENV[:-3], f"HOME={home}", f"USER={user}", "LANG=C.UTF-8", "chroot",
                       f"--userspec={user}:{user}", str(self.chroot)]  # fmt: skip
         command = [*prefix, "sh", "-c", 'cd "$0" && exec "$@"', cwd, *argv]
-        return _run(command, timeout=timeout, check=check, input=stdin)
+        return run(command, timeout=timeout, check=check, input=stdin)
 
     # --- life cycle --------------------------------------------------------------------------------
     def start(self, timeout: float = 120) -> LocalPool:
@@ -363,7 +225,7 @@ class LocalPool:
         logs = self.chroot / "var/log/condor"
         if logs.is_dir() and not logs.is_symlink():
             shutil.copytree(logs, self.root / "log", dirs_exist_ok=True)
-        _unmount_all(self.chroot)
+        unmount_all(self.chroot)
         shutil.rmtree(self.root / "overlay", ignore_errors=True)
 
     def __enter__(self) -> LocalPool:
@@ -378,30 +240,28 @@ class LocalPool:
         for d in (upper, work, self.chroot, self.shared, self.root / "client", self.root / "agent"):
             d.mkdir(parents=True, exist_ok=True)
         (self.root / "owner.pid").write_text(f"{os.getpid()}\n")  # a pool whose owner died is reaped
-        _mount("overlay", self.chroot, "-t", "overlay",
+        mount("overlay", self.chroot, "-t", "overlay",
                "-o", f"lowerdir={self.image.path},upperdir={upper},workdir={work}")  # fmt: skip
-        _mount("proc", self.chroot / "proc", "-t", "proc")
-        _mount("sysfs", self.chroot / "sys", "-t", "sysfs")
-        _mount_dev(self.chroot)
+        mount("proc", self.chroot / "proc", "-t", "proc")
+        mount("sysfs", self.chroot / "sys", "-t", "sysfs")
+        mount_dev(self.chroot)
         for host_dir in (self.shared, self.root / "agent"):  # the same path inside, so paths need no mapping
             self.run("mkdir", "-p", str(host_dir))
-            _mount(str(host_dir), _inside(self.chroot, str(host_dir)), "--bind")
+            mount(str(host_dir), inside(self.chroot, str(host_dir)), "--bind")
         for host_dir in self.binds:  # read-only: jobs read a node's files, only the host side writes them
             self.run("mkdir", "-p", str(host_dir))
-            _mount(str(host_dir), _inside(self.chroot, str(host_dir)), "--bind", "-o", "ro")
+            mount(str(host_dir), inside(self.chroot, str(host_dir)), "--bind", "-o", "ro")
 
     def _prepare(self) -> None:
         for user, uid in self.users.items():
             self.run("useradd", "-m", "-u", str(uid), "-s", "/bin/sh", user)
-        hosts = _inside(self.chroot, "/etc/hosts")
-        hosts.unlink(missing_ok=True)  # never write through a link
-        hosts.write_text(f"127.0.0.1 localhost {HOSTNAME} {socket.gethostname()}\n")
+        write_hosts(self.chroot, HOSTNAME)
         executes = [f"/var/lib/condor/execute-{n}" for n in self.nodes]
         dirs = ["/run/condor", "/run/lock/condor", "/var/spool/condor", "/var/log/condor", *executes]
         self.run("mkdir", "-p", *dirs)  # inside: /var/lock and /run are the chroot's own
         self.run("chown", "condor:condor", *dirs)
         self.shared.chmod(0o1777)
-        self.port = self.port or _free_port()
+        self.port = self.port or free_port()
         config = [
             f"# written by the test harness (tests/harness/htcondor_pool.py) for {self.root}",
             "CONDOR_HOST = 127.0.0.1",
@@ -438,7 +298,7 @@ class LocalPool:
                 node_config(node, str(self.agent_file(node)), prefix=f"{local}."),
             ]
         config.append(self.extra_config)
-        _inside(self.chroot, "/etc/condor/config.d/50-mig-batch-pool.conf").write_text("\n".join(config) + "\n")
+        inside(self.chroot, "/etc/condor/config.d/50-mig-batch-pool.conf").write_text("\n".join(config) + "\n")
 
     def _start_master(self) -> None:
         self.run("/usr/sbin/condor_master", "-pidfile", "/run/condor/condor_master.pid")  # daemonizes
@@ -495,11 +355,4 @@ class LocalPool:
 
     def _pids(self) -> list[int]:
         """Processes whose root is this pool's chroot: only ours live there."""
-        root = str(self.chroot)
-        found = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                with contextlib.suppress(OSError):
-                    if os.readlink(f"/proc/{entry}/root") == root:
-                        found.append(int(entry))
-        return found
+        return pids_rooted_at(self.chroot)
