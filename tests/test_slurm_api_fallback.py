@@ -99,7 +99,7 @@ def test_a_timed_pin_is_released_in_a_second_rpc(tmp_path):
 
 def test_a_read_slurm_did_not_answer_goes_to_squeue_and_an_answered_error_is_raised(tmp_path, scontrol):
     cli = SlurmCli(bin_dir=str(tmp_path), api=FakeApi({("read", "7"): TIMED_OUT}))
-    read = " ".join(("squeue", *commands.SQUEUE_ARGS, "-O", commands.FORMAT, "-j", "7"))
+    read = " ".join(("squeue", *commands.SQUEUE_ARGS, commands.ARRAY_UNIQUE, "-O", commands.FORMAT, "-j", "7"))
     assert cli.job("7") is None and scontrol() == [read]
     with pytest.raises(SlurmError, match="2108"):
         SlurmCli(bin_dir=str(tmp_path), api=FakeApi({("read", "7"): QOS_THRESHOLD})).job("7")
@@ -146,3 +146,29 @@ def test_squeue_and_sinfo_run_without_the_settings_their_users_may_have_in_the_e
     assert cli.jobs() == [] and cli.nodes() == []
     names = {line.partition("=")[0] for line in seen.read_text().splitlines()}
     assert "PATH" in names and not {n for n in names if n.startswith(("SQUEUE_", "SINFO_", "SCONTROL_"))}
+
+
+def test_a_squeue_without_array_unique_is_read_without_it_from_then_on(tmp_path):
+    """Slurm 23.02 removed ``--array-unique`` (and keeps an array's own task records apart without it)."""
+    calls = tmp_path / "calls"
+    (tmp_path / "squeue").write_text(f"""#!/bin/sh
+echo "squeue $*" >> {calls}
+case " $* " in *" --array-unique "*) echo "squeue: unrecognized option '--array-unique'" >&2; exit 1;; esac
+""")
+    (tmp_path / "squeue").chmod(0o755)
+    cli = SlurmCli(bin_dir=str(tmp_path))
+    assert cli.jobs() == [] and cli.job("7") is None
+    lines = calls.read_text().split("\n")[:-1]  # the format holds \x1e
+    assert [ARRAY in line for line in lines] == [True, False, False], lines
+
+
+def test_a_squeue_that_fails_otherwise_is_an_error_and_keeps_the_option(tmp_path):
+    (tmp_path / "squeue").write_text("#!/bin/sh\necho 'squeue: error: Unable to contact slurmctld' >&2\nexit 1\n")
+    (tmp_path / "squeue").chmod(0o755)
+    cli = SlurmCli(bin_dir=str(tmp_path))
+    with pytest.raises(SlurmError, match="Unable to contact"):
+        cli.jobs()
+    assert cli._array_unique
+
+
+ARRAY = " " + commands.ARRAY_UNIQUE

@@ -1,5 +1,6 @@
 """The Slurm adapter's parsing of squeue's one-record-per-job format (records as Slurm 22.05 printed them)."""
 
+import itertools
 import math
 
 import pytest
@@ -13,6 +14,7 @@ from mig_batch.slurm.commands import (
     SlurmError,
     _limit_s,
     array_tasks,
+    fold_array_lines,
     job_in,
     parse_dependency,
     parse_job_line,
@@ -46,6 +48,12 @@ def test_an_array_tasks_record_names_its_array_and_a_plain_job_none():
 
 def test_a_signal_is_reported_as_128_plus_it():
     assert parse_job_line(KILLED).exit_status == 128 + 9
+
+
+@pytest.mark.parametrize(("printed", "status"), [("3:0", 3), ("0:9", 128 + 9), ("0:0", 0), ("255:0", 255)])
+def test_the_exit_code_as_slurm_23_02_and_later_print_it_reads_as_the_wait_status_did(printed, status):
+    """24.11 and 26.05 print EXIT:SIGNAL where 22.05 printed the wait status (768, 9: above)."""
+    assert parse_job_line(FAILED.replace("|768|", f"|{printed}|")).exit_status == status
 
 
 def test_a_held_job_has_no_forecast_start_and_its_tag():
@@ -428,3 +436,20 @@ def test_a_session_that_cannot_start_falls_back_to_a_process_and_its_failure_is_
     (tmp_path / "scontrol").chmod(0o644)
     with pytest.raises(SlurmError, match="Permission denied"):
         SlurmCli(bin_dir=str(tmp_path), session=True).set_job_tag("1", "mig-batch:v1;x")
+
+
+@given(st.sets(st.integers(1, 60), min_size=1), st.integers(0, 3))
+def test_an_arrays_pending_tasks_printed_a_line_each_fold_into_its_record(tasks, own_records):
+    """``squeue --array`` (Slurm 23.02 and later) prints each pending task of the record on its own line under the
+    record's id; tasks with records of their own keep their ids."""
+    ordered = sorted(tasks)
+    apart, pending = ordered[:own_records], ordered[own_records:]
+    lines = [HELD.replace("4|4|N/A|", f"{100 + t}|9|{t}|") for t in apart]
+    lines += [HELD.replace("4|4|N/A|", f"9|9|{t}|") for t in reversed(pending)]
+    jobs = {j.job_id: j for j in fold_array_lines(map(parse_job_line, lines))}
+    assert sorted(jobs) == sorted([f"{100 + t}" for t in apart] + (["9"] if pending else []))
+    if pending:
+        record = jobs["9"].array_tasks
+        assert [t for r in record for t in r] == pending
+        assert all(a.stop < b.start for a, b in itertools.pairwise(record))  # as few ranges as can be
+    assert job_in("\x1e\n".join(lines) + "\x1e\n", "9") == jobs.get("9")

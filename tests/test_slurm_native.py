@@ -10,10 +10,21 @@ import time
 from pathlib import Path
 
 import pytest
-from harness.slurm_cluster import LocalCluster
+from harness.slurm_cluster import LocalCluster, release_here
 
 from mig_batch.batch.system import JobState, Pin
-from mig_batch.slurm.commands import FORMAT, JOB_HEAD, SQUEUE_ARGS, SlurmCli, SlurmError, records
+from mig_batch.slurm.commands import (
+    ARRAY_UNIQUE,
+    EVERY_TASK,
+    FORMAT,
+    JOB_HEAD,
+    SQUEUE_ARGS,
+    SlurmCli,
+    SlurmError,
+    fold_array_lines,
+    parse_job_line,
+    records,
+)
 from mig_batch.slurm.install import build_slurm_library
 from mig_batch.slurm.native import SlurmApi, open_api
 
@@ -74,10 +85,13 @@ def test_a_job_reads_the_same_through_libslurm_as_through_squeue(cluster, clis, 
     for job in (held, running, failed, done, array, f"{array}_1", later, noted, "999999"):
         assert api.job(job) == commands.job(job), job
     env = {**cluster.env(), "SLURM_TIME_FORMAT": "%s"}
+    every_record = [ARRAY_UNIQUE] if release_here() < "23.02" else [EVERY_TASK]  # 23.02 removed --array-unique
     for job in (held, running, failed, done, array, split, later, noted):  # every record of the id (an array's too)
-        squeue = subprocess.run(["squeue", *SQUEUE_ARGS, "-O", FORMAT, "-j", job], env=env,
+        squeue = subprocess.run(["squeue", *SQUEUE_ARGS, *every_record, "-O", FORMAT, "-j", job], env=env,
                                 capture_output=True, text=True, check=True).stdout  # fmt: skip
-        assert sorted(records(api.api.job_lines(int(job)), JOB_HEAD)) == sorted(records(squeue, JOB_HEAD)), job
+        through_api = fold_array_lines(map(parse_job_line, records(api.api.job_lines(int(job)), JOB_HEAD)))
+        by_squeue = fold_array_lines(map(parse_job_line, records(squeue, JOB_HEAD)))
+        assert sorted(through_api, key=str) == sorted(by_squeue, key=str), job
         assert api.api.job_lines(int(job)).endswith("\x1e\n") and squeue.endswith("\x1e\n")  # squeue sorts them
     assert api.api.job_lines(999999) == ""
     named = [held, running, done, "999999"]  # the agents' journals hold Slurm's numeric SLURM_JOB_ID
@@ -92,7 +106,8 @@ def test_a_job_reads_the_same_through_libslurm_as_through_squeue(cluster, clis, 
     assert (api.job(array).array, api.job(array).array_tasks) == (array, (range(1, 3),))  # both pending, one record
     assert api.job(running).array == "" and api.job(running).array_tasks == ()
     tasks = {j.job_id: [t for r in j.array_tasks for t in r] for j in api.jobs() if j.array == split}
-    assert sorted(tasks.values()) == [[1, 2, 4], [3]]  # apart, as squeue prints them only with --array-unique
+    assert sorted(tasks.values()) == [[1, 2, 4], [3]]  # apart, as squeue prints them (before 23.02: --array-unique)
+    assert {j.job_id: j for j in commands.jobs()} == {j.job_id: j for j in api.jobs()}
 
 
 def test_a_pin_and_its_release_are_one_rpc_and_a_refused_pin_is_never_released(cluster, clis, tmp_path):

@@ -17,7 +17,7 @@ import re
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -45,10 +45,14 @@ log = logging.getLogger("mig-batch")
 _FAILED_JOB = re.compile(r"for job (\d+)")
 _STDIN_SAFE = re.compile(r"[!#-&(-~]{0,999}")  # printable ASCII but blanks and quotes, under 1000 characters
 # Every job of this cluster in any state. --local: a one-job read (the agent's, per job) skips the
-# federation read slurmctld would otherwise answer first. --array-unique: an array's pending tasks with records
-# of their own (requeued, held or updated alone) stay apart, as libslurm gives them; squeue would fold them
-# back into the array's record and cut its task list short without saying so.
-SQUEUE_ARGS = ("--local", "-h", "-t", "all", "--array-unique")
+# federation read slurmctld would otherwise answer first.
+SQUEUE_ARGS = ("--local", "-h", "-t", "all")
+# An array's pending tasks with records of their own (requeued, held or updated alone) stay apart, as libslurm
+# gives them, only with --array-unique (Slurm 22.05); without it squeue folds them back into the array's record
+# and drops their records without saying so. 23.02 removed the option and still folds them: there, --array
+# prints every task apart (a line each, pending ones under their record's id: fold_array_lines joins them).
+ARRAY_UNIQUE = "--array-unique"
+EVERY_TASK = "--array"
 # Settings of Slurm's commands read from the environment (SQUEUE_ARRAY, SQUEUE_USERS, SINFO_PARTITION, ...):
 # they would change or filter the records mig_batch reads.
 _COMMAND_SETTINGS = ("SQUEUE_", "SINFO_", "SCONTROL_")
@@ -107,8 +111,13 @@ def job_state(state: str, priority: int) -> JobState:
     return JobState.HELD if state in WAITING and priority == 0 else JobState.PENDING
 
 
-def _exit_status(wait_status: int) -> int:
-    """squeue's exit code is a wait status: exit status << 8 | signal."""
+def _exit_status(exit_code: str) -> int:
+    """The shell's view of squeue's exit code (128 + the signal for a killed job). Slurm 22.05 prints the wait
+    status (exit status << 8 | signal); 23.02 and later print ``EXIT:SIGNAL``, as scontrol does."""
+    if ":" in exit_code:
+        status, signal = (_int(part) for part in exit_code.split(":", 1))
+        return 128 + signal if signal else status
+    wait_status = _int(exit_code)
     return 128 + (wait_status & 0x7F) if wait_status & 0x7F else wait_status >> 8
 
 
@@ -167,7 +176,7 @@ def parse_job_line(line: str) -> BatchJob:
         start_time=0.0 if pending else float(_int(start)),
         end_time=0.0 if pending else float(_int(end)),
         time_limit_s=_limit_s(limit),
-        exit_status=_exit_status(_int(exit_code)),
+        exit_status=_exit_status(exit_code),
         outcome=state,
         reason=reason,
         cpus=max(1, _int(cpus, 1)),
@@ -292,7 +301,31 @@ def _expand_name(item: str, text: str) -> list[str]:
 
 def job_in(lines: str, job: str) -> BatchJob | None:
     """The record of ``job`` among squeue's lines (an id can list an array's other records too)."""
-    return next((j for j in map(parse_job_line, records(lines, JOB_HEAD)) if j.job_id == job), None)
+    return next((j for j in fold_array_lines(map(parse_job_line, records(lines, JOB_HEAD))) if j.job_id == job), None)
+
+
+def fold_array_lines(jobs: Iterable[BatchJob]) -> list[BatchJob]:
+    """One job per record: ``squeue --array`` (Slurm 23.02 and later) prints each pending task of an array's
+    record on a line of its own, all with the record's id; they are that record's tasks, as ranges."""
+    folded: dict[str, BatchJob] = {}
+    for job in jobs:
+        seen = folded.get(job.job_id)
+        if seen is None:
+            folded[job.job_id] = job
+        elif job.array_tasks:
+            folded[job.job_id] = replace(seen, array_tasks=_ranges(seen.array_tasks + job.array_tasks))
+    return list(folded.values())
+
+
+def _ranges(tasks: tuple[range, ...]) -> tuple[range, ...]:
+    """Task ranges as few as can say them (overlapping or touching runs of tasks join); step ranges are kept."""
+    merged: list[range] = []
+    for run in sorted((r for r in tasks if r.step == 1), key=lambda r: r.start):
+        if merged and run.start <= merged[-1].stop:
+            merged[-1] = range(merged[-1].start, max(merged[-1].stop, run.stop))
+        else:
+            merged.append(run)
+    return (*merged, *(r for r in tasks if r.step != 1))
 
 
 NODE_FIELDS = ("NodeList", "StateComplete", "CPUsState", "PartitionName", "Comment")  # the comment last: any character
@@ -397,6 +430,7 @@ class SlurmCli:
         self._session = ScontrolSession(self._exe("scontrol"), env, timeout) if session else None
         # a node's Prologs report at once in a burst: one scontrol process for all of them (~3 ms of CPU each)
         self._job_tags = GroupCommit(self._set_job_tags)
+        self._array_unique = True  # until this squeue refuses the option (Slurm 23.02 and later)
 
     def _live_api(self) -> SlurmApi | None:
         """The helper library, unless it could not reach slurmctld within the last ``API_PAUSE_S``: a call that
@@ -425,6 +459,18 @@ class SlurmCli:
             raise SlurmError(f"{command} {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
         return proc.stdout if check else proc.stderr
 
+    def _squeue(self, *args: str, time_format: str | None = None) -> str:
+        """squeue over every record (:data:`SQUEUE_ARGS`), with ``--array-unique`` where this squeue has it."""
+        if self._array_unique:
+            try:
+                return self._run("squeue", *SQUEUE_ARGS, ARRAY_UNIQUE, *args, time_format=time_format)
+            except SlurmError as exc:
+                if "unrecognized option" not in str(exc):  # squeue's getopt, naming the option
+                    raise
+                self._array_unique = False
+                log.info("squeue has no %s (Slurm 23.02 and later): reading with %s", ARRAY_UNIQUE, EVERY_TASK)
+        return self._run("squeue", *SQUEUE_ARGS, EVERY_TASK, *args, time_format=time_format)
+
     def jobs(self) -> list[BatchJob]:
         """Every job; through libslurm, read and parsed again only when one changed since the last call."""
         if (api := self._live_api()) is not None:
@@ -439,7 +485,7 @@ class SlurmCli:
                     return list(self._parsed.values())
                 self._jobs_stamp = stamp
                 return self._parse_jobs(lines)
-        out = self._run("squeue", *SQUEUE_ARGS, "-O", FORMAT, time_format="%s")
+        out = self._squeue("-O", FORMAT, time_format="%s")
         return self._parse_jobs(out)
 
     def _parse_jobs(self, lines: str) -> list[BatchJob]:
@@ -448,7 +494,7 @@ class SlurmCli:
         seen, self._parsed = self._parsed, {}
         for line in records(lines, JOB_HEAD):
             self._parsed[line] = seen.get(line) or parse_job_line(line)
-        return list(self._parsed.values())
+        return fold_array_lines(self._parsed.values())
 
     def nodes(self) -> list[NodeStatus]:
         """Every node once, with all its partitions (sinfo -N lists a node once per partition)."""
@@ -627,7 +673,7 @@ class SlurmCli:
         """Each job's TresPerNode now ("" for none): the pin replaces the whole list, so it keeps the rest."""
         if not jobs:
             return {}
-        out = self._run("squeue", *SQUEUE_ARGS, "-j", ",".join(jobs), "-O", "JobID:|,tres-per-node:|")
+        out = self._squeue("-j", ",".join(jobs), "-O", "JobID:|,tres-per-node:|")
         found = {}
         for line in out.splitlines():
             job, _, tres = line.partition("|")
@@ -684,7 +730,7 @@ class SlurmCli:
             else:
                 return job_in(lines, job)
         try:
-            return job_in(self._run("squeue", *SQUEUE_ARGS, "-O", FORMAT, "-j", job, time_format="%s"), job)
+            return job_in(self._squeue("-O", FORMAT, "-j", job, time_format="%s"), job)
         except SlurmError as exc:
             if "Invalid job id" in str(exc):
                 return None

@@ -9,6 +9,7 @@ the controller's state, each node's spool, logs. Nodes are ``slurmd -N name`` pr
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import shutil
@@ -226,6 +227,9 @@ PartitionName=gpu Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE Stat
 {self.extra_conf}
 """
         )
+        if release_here() >= CGROUP_PLUGIN_DISABLED_FROM:
+            # without cgroups mounted (a chroot), slurmd of these releases refuses to start unless told
+            (self.conf.parent / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
 
     def _accounting_conf(self) -> str:
         if not self.accounting:
@@ -260,6 +264,21 @@ PartitionName=gpu Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE Stat
                     raise ClusterError(f"{name} exited ({proc.returncode}) while waiting for {what}:\n{log}")
             time.sleep(0.2)
         raise ClusterError(f"timed out waiting for {what}; logs in {self.root / 'log'}")
+
+
+CGROUP_PLUGIN_DISABLED_FROM = "23.02"  # the first release whose cgroup.conf takes CgroupPlugin=disabled
+
+
+@functools.cache
+def release_here() -> str:
+    """The Slurm release this machine's slurmd is (``22.05``), from ``slurmd -V`` (``slurm-wlm 24.11.5``)."""
+    from mig_batch.slurm.versions import release_of
+
+    said = subprocess.run([_sbin("slurmd"), "-V"], capture_output=True, text=True, timeout=30).stdout.split()
+    release = release_of(said[-1]) if said else None
+    if release is None:
+        raise ClusterError(f"slurmd -V said {' '.join(said)!r}, not a Slurm version")
+    return release
 
 
 def _sbin(name: str) -> str:
@@ -503,8 +522,8 @@ class MigTestbed:
         assert self.cluster is not None
         log = open(self.root / "log" / f"agent-{node}.log", "ab")  # noqa: SIM115 - lives as long as the process
         self.agents[node] = subprocess.Popen(
-            ["nsenter", f"--mount=/proc/{self.cluster.node_pid(node)}/ns/mnt", "--", str(self.node_python), "-m",
-             "mig_batch.slurm.hooks", "agent", "--node", node, "--log-level", "debug"],
+            [*self.enter_node(node), str(self.node_python), "-m", "mig_batch.slurm.hooks", "agent", "--node", node,
+             "--log-level", "debug"],
             env=self.env(), stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         socket_file = self.node_dir(node) / "run" / "agent.sock"
@@ -568,8 +587,15 @@ class MigTestbed:
     def in_node(self, node: str, *argv: str) -> subprocess.CompletedProcess:
         """Run a command in the node's mount namespace (what the node sees)."""
         assert self.cluster is not None
-        return subprocess.run(["nsenter", f"--mount=/proc/{self.cluster.node_pid(node)}/ns/mnt", "--", *argv],
-                              capture_output=True, text=True, timeout=30)  # fmt: skip
+        return subprocess.run([*self.enter_node(node), *argv], capture_output=True, text=True, timeout=30)
+
+    def enter_node(self, node: str) -> list[str]:
+        """The prefix that runs a command in the node's mount namespace, under the node's root: entering
+        a mount namespace resets the root to the namespace's own, which is not a chroot's (the release
+        images of tests/harness/slurm_image.py)."""
+        assert self.cluster is not None
+        proc = f"/proc/{self.cluster.node_pid(node)}"
+        return ["nsenter", f"--mount={proc}/ns/mnt", f"--root={proc}/root", f"--wd={proc}/root", "--"]
 
     def stop(self) -> None:
         self.stop_controller()

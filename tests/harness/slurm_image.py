@@ -1,0 +1,265 @@
+"""Slurm releases other than the host's, for the release matrix: a Debian image per release (trixie: 24.11,
+sid: 26.05) with that release's slurmctld, slurmd, slurmdbd, munge, commands, libslurm and headers, MariaDB,
+a C compiler, and a venv of the image's Python holding mig_batch's dependencies; and a run of the test suite
+inside one (:class:`ReleaseRun`), with mig_batch installed from the wheel under test.
+
+Everything Slurm-facing of a run happens in the image: the daemons, the commands, libslurm and the helper
+library compiled against the image's slurm.h, mig-batchd, the node agents, the hooks and the tests' own
+commands (a client of one release never talks to daemons of another). A run is one PID and mount namespace
+(``unshare --pid --fork --mount-proc``): when its command ends, or the test process dies, every process
+and mount made inside goes with it; the host side (an overlay of the image, /dev, /sys) is unmounted at
+:meth:`ReleaseRun.stop` or by :func:`reap_stale`. Images are cached like the HTCondor pool's, under a name
+keyed by their recipe, so a changed recipe builds a new one. Requires root.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .chroot import (
+    CHROOT_ENV,
+    ChrootError,
+    ChrootImage,
+    inside,
+    mount,
+    mount_dev,
+    mounts_under,
+    unmount_all,
+    write_hosts,
+)
+
+RELEASES = {"24.11": "trixie", "26.05": "sid"}  # the Slurm release each Debian suite ships (docs/slurm.md)
+PACKAGES = ("slurm-wlm", "slurmdbd", "libslurm-dev", "munge", "mariadb-server", "gcc", "libc6-dev", "python3",
+            "python3-venv", "passwd", "procps")  # fmt: skip
+TEST_TOOLS = ("pytest", "hypothesis", "lupa")  # of the test extra: what the suite needs in an image
+VENV = "/opt/mig-batch"  # the image's venv
+SOURCE = "/mig-batch-src"  # where a run finds the tests and the wheel, inside
+CA_BUNDLE = "/etc/mig-batch-pip-ca.crt"  # the host's CA bundle, for pip through this machine's egress
+RECIPE = 1  # bump to rebuild every image
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MIG_BATCH_SLURM_CACHE", "/var/cache/mig-batch/slurm"))
+
+
+def requirements(pyproject: Path) -> list[str]:
+    """What the image's venv holds: mig_batch's dependencies and the test tools, as pyproject names them."""
+    project = tomllib.loads(pyproject.read_text())["project"]
+    tools = [r for r in project["optional-dependencies"]["test"] if r.split(">")[0].split("=")[0] in TEST_TOOLS]
+    return [*project["dependencies"], *tools]
+
+
+@dataclass
+class SlurmImage(ChrootImage):
+    """A Debian suite's Slurm with mig_batch's dependencies in a venv of its Python."""
+
+    cache: Path = field(default_factory=cache_dir)
+    suite: str = "trixie"
+    packages: tuple[str, ...] = PACKAGES
+    pip: Sequence[str] = ()  # the venv's requirements (:func:`requirements`)
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        recipe = repr((RECIPE, self.suite, self.packages, sorted(self.pip))).encode()
+        return f"image-{hashlib.sha256(recipe).hexdigest()[:10]}"
+
+    @staticmethod
+    def for_release(release: str, pyproject: Path) -> SlurmImage:
+        return SlurmImage(suite=RELEASES[release], pip=requirements(pyproject))
+
+    @staticmethod
+    def available() -> str | None:
+        if os.geteuid() != 0:
+            return "the Slurm release images need root (chroot, mounts, namespaces)"
+        missing = [b for b in ("unshare", "setpriv", "chroot", "nsenter") if not shutil.which(b)]
+        if missing:
+            return f"missing {', '.join(missing)}"
+        return None
+
+    def finish(self, root: Path, log: Callable[[str], None]) -> str:
+        slurm = self.run_in(root, "slurmd", "-V").stdout.strip()
+        python = self.run_in(root, "python3", "-V").stdout.strip()
+        log(f"{slurm}, {python}: venv {VENV} with {' '.join(self.pip)}")
+        self.run_in(root, "python3", "-m", "venv", VENV)
+        shutil.copy(host_ca_bundle(), inside(root, CA_BUNDLE))
+        self.run_in(root, f"{VENV}/bin/pip", "install", "-q", "--no-cache-dir", *self.pip, timeout=900,
+                    env=pip_env())  # fmt: skip
+        inside(root, CA_BUNDLE).unlink()
+        return f"{slurm}; {python}"
+
+
+def host_ca_bundle() -> str:
+    """The CA bundle this machine's pip trusts (its egress may re-sign), else Debian's."""
+    candidates = (os.environ.get("PIP_CERT"), os.environ.get("SSL_CERT_FILE"), "/etc/ssl/certs/ca-certificates.crt")
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file():
+            return candidate
+    raise ChrootError("no CA bundle for pip in the image (PIP_CERT, SSL_CERT_FILE, /etc/ssl/certs)")
+
+
+def pip_env() -> list[str]:
+    """pip's settings for the image: the host's index and proxies (not its local file mirrors)."""
+    passed = [f"{k}={v}" for k, v in os.environ.items()
+              if k in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_DEFAULT_TIMEOUT", "HTTP_PROXY", "HTTPS_PROXY",
+                       "NO_PROXY", "http_proxy", "https_proxy", "no_proxy") and "file:" not in v]  # fmt: skip
+    return [*passed, f"PIP_CERT={CA_BUNDLE}", "PIP_DISABLE_PIP_VERSION_CHECK=1"]
+
+
+@dataclass
+class Results:
+    """A run's pytest results, from its JUnit XML."""
+
+    passed: int
+    failed: int
+    skipped: int
+    seconds: float
+    returncode: int
+    output: str
+    skipped_why: list[str]
+
+    def summary(self) -> str:
+        return f"{self.passed} passed, {self.failed} failed, {self.skipped} skipped in {self.seconds:.0f} s"
+
+
+@dataclass
+class ReleaseRun:
+    """A run of commands in one release's image: ``root/chroot`` (an overlay of the image, its writable
+    layer in ``root/overlay``) with ``tests/`` and pyproject.toml of ``checkout`` and the wheel at
+    :data:`SOURCE`, and the wheel installed in the image's venv."""
+
+    root: Path
+    image: SlurmImage
+    checkout: Path
+    wheel: Path
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def chroot(self) -> Path:
+        return self.root / "chroot"
+
+    def start(self, log: Callable[[str], None] = lambda _: None) -> ReleaseRun:
+        t0 = time.monotonic()
+        how = self.image.ensure(log)
+        self.timings[f"image_{how}"] = time.monotonic() - t0
+        try:
+            self._mount()
+            self._copy_source()
+            self.run(f"{VENV}/bin/pip", "install", "-q", "--no-deps", "--no-index", "--force-reinstall",
+                     f"{SOURCE}/{self.wheel.name}", timeout=300)  # fmt: skip
+        except BaseException:
+            self.stop()
+            raise
+        self.timings["start"] = time.monotonic() - t0
+        return self
+
+    def run(self, *argv: str, env: Sequence[str] = (), timeout: float = 60,
+            check: bool = True) -> subprocess.CompletedProcess:  # fmt: skip
+        """``argv`` in the image, in a PID and mount namespace of its own, from :data:`SOURCE`: nothing it
+        starts or mounts outlives it, nor this process."""
+        namespace = ["setpriv", "--pdeathsig", "KILL", "--", "unshare", "--pid", "--fork", "--kill-child",
+                     f"--mount-proc={self.chroot}/proc"]  # fmt: skip
+        command = [*namespace, *CHROOT_ENV, *env, "chroot", str(self.chroot), "sh", "-c", f'cd {SOURCE} && exec "$@"',
+                   "sh", *argv]  # fmt: skip
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise ChrootError(f"{' '.join(argv)} ran past {timeout:.0f} s in {self.chroot}") from exc
+        if check and proc.returncode != 0:
+            said = (proc.stdout + proc.stderr).strip()[-3000:]
+            raise ChrootError(f"{' '.join(argv)} failed in the image ({proc.returncode}):\n{said}")
+        return proc
+
+    def pytest(self, *args: str, timeout: float = 1800) -> Results:
+        """The suite's ``args`` (test files, -m ...) with the image's Python, mig_batch the installed wheel."""
+        report = f"{SOURCE}/results.xml"
+        env = ["MIG_BATCH_EXPECT_INSTALLED=1", "PYTHONSAFEPATH=1", "PYTHONDONTWRITEBYTECODE=1"]
+        t0 = time.monotonic()
+        proc = self.run(f"{VENV}/bin/python", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                        f"--junitxml={report}", *args, env=env, timeout=timeout, check=False)  # fmt: skip
+        seconds = time.monotonic() - t0
+        counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+        skipped_why: list[str] = []
+        xml = inside(self.chroot, report)
+        if xml.exists():
+            tree = ET.parse(xml)
+            for suite in tree.iter("testsuite"):
+                for key in counts:
+                    counts[key] += int(suite.get(key, 0))
+            skipped_why = [f"{case.get('classname')}.{case.get('name')}: {skip.get('message')}"
+                           for case in tree.iter("testcase") for skip in case.iter("skipped")]  # fmt: skip
+        failed = counts["failures"] + counts["errors"]
+        return Results(counts["tests"] - failed - counts["skipped"], failed, counts["skipped"], seconds,
+                       proc.returncode, (proc.stdout + proc.stderr)[-20000:], skipped_why)  # fmt: skip
+
+    def stop(self) -> None:
+        unmount_all(self.chroot)
+        shutil.rmtree(self.root / "overlay", ignore_errors=True)
+
+    def __enter__(self) -> ReleaseRun:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _mount(self) -> None:
+        upper, work = self.root / "overlay" / "upper", self.root / "overlay" / "work"
+        for d in (upper, work, self.chroot):
+            d.mkdir(parents=True, exist_ok=True)
+        (self.root / "owner.pid").write_text(f"{os.getpid()}\n")  # a run whose owner died is reaped
+        mount("overlay", self.chroot, "-t", "overlay",
+              "-o", f"lowerdir={self.image.path},upperdir={upper},workdir={work}")  # fmt: skip
+        mount("sysfs", self.chroot / "sys", "-t", "sysfs")
+        mount_dev(self.chroot)
+        write_hosts(self.chroot)
+
+    def _copy_source(self) -> None:
+        source = inside(self.chroot, SOURCE)
+        source.mkdir()
+        shutil.copytree(self.checkout / "tests", source / "tests",
+                        ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))  # fmt: skip
+        shutil.copy(self.checkout / "pyproject.toml", source)
+        shutil.copy(self.wheel, source)
+
+
+def reap_stale(cache: Path | None = None, base: Path = Path("/tmp")) -> list[Path]:
+    """Unmount the runs whose owning process is gone (a test run that was killed)."""
+    reaped = []
+    with open("/proc/mounts") as mounts:
+        points = [Path(line.split()[1]) for line in mounts if line.startswith("overlay ")]
+    for point in points:
+        owner = point.parent / "owner.pid"
+        if point.name != "chroot" or not owner.exists() or not (point / SOURCE.lstrip("/")).is_dir():
+            continue  # not a release run
+        try:
+            os.kill(int(owner.read_text()), 0)
+            continue
+        except ProcessLookupError:
+            pass
+        except (ValueError, PermissionError):
+            continue
+        unmount_all(point)
+        reaped.append(point.parent)
+    return reaped
+
+
+def build_wheel(checkout: Path, into: Path) -> Path:
+    """The checkout's wheel, built offline (hatchling from the test extra)."""
+    into.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                           "-w", str(into), str(checkout)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    if proc.returncode != 0:
+        raise ChrootError(f"building the wheel failed: {proc.stderr.strip()[-2000:]}")
+    return next(into.glob("mig_batch-*.whl"))
+
+
+__all__ = ["RELEASES", "ReleaseRun", "Results", "SlurmImage", "build_wheel", "mounts_under", "reap_stale"]
