@@ -2,10 +2,12 @@
 constraints, and the generated policy text. The real pool is in test_htcondor_e2e.py."""
 
 import math
+from pathlib import Path
 
 import pytest
 
 from mig_batch.batch.system import JobState
+from mig_batch.htcondor import versions
 from mig_batch.htcondor.adapter import HTCondorError, _job_constraint, check_bindings, job_state, to_batch_job
 from mig_batch.htcondor.attrs import START_POLICY, execute_config, node_config, schedd_config
 
@@ -109,15 +111,88 @@ def test_a_hold_that_is_not_the_controllers_is_the_users():
     assert released.held and not released.held_by_user
 
 
-@pytest.mark.parametrize("version", ["$CondorVersion: 25.0.14 2026-08-01 BuildID: UW_Python_Wheel_Build $",
-                                     "$CondorVersion: 25.14.1 2026-09-24 BuildID: UW_Python_Wheel_Build $"])
-def test_the_tested_bindings_are_taken(version):
-    check_bindings(version)
+def condor_version(version: str) -> str:
+    """``htcondor2.version()``'s text for a release"""
+    return f"$CondorVersion: {version} 2026-09-24 BuildID: UW_Python_Wheel_Build $"
 
 
-@pytest.mark.parametrize("version", ["$CondorVersion: 24.0.24 2026-07-01 BuildID: UW_Python_Wheel_Build $",
-                                     "$CondorVersion: 26.0.1 2027-02-01 $", "no version here"])
-def test_bindings_outside_the_tested_range_are_refused_with_what_would_do(version):
-    with pytest.raises(HTCondorError, match=r"not a release mig_batch supports \(25\.0 or later, below 26\.0.*"
-                                            r"pip install 'htcondor>=25\.0,<26'"):
-        check_bindings(version)
+@pytest.mark.parametrize("version", ["24.0.24", "24.12.24", "25.0.14", "25.14.1"])
+def test_the_supported_bindings_are_taken(version):
+    check_bindings(condor_version(version))
+
+
+@pytest.mark.parametrize("text", [condor_version("23.10.29"), condor_version("26.0.1"), "no version here"])
+def test_bindings_outside_the_range_are_refused_with_what_would_do(text):
+    with pytest.raises(HTCondorError, match=r"not a release mig_batch supports \(24\.0 or later, below 26\.0.*"
+                                            r"pip install 'htcondor>=24\.0,<26'"):  # fmt: skip
+        check_bindings(text)
+
+
+def test_the_refusal_names_the_version_found():
+    with pytest.raises(HTCondorError, match=r"bindings 23\.10\.29 are not"):
+        check_bindings(condor_version("23.10.29"))
+
+
+@pytest.mark.parametrize(("version", "says"), [
+    ("24.0.24", "a release mig_batch is tested with"),
+    ("25.14.1", "a release mig_batch is tested with"),
+    ("25.11.0", "in the supported range but not tested (tested: 24.0, "),
+    ("23.10.29", "which mig_batch refuses (it takes htcondor>=24.0,<26)"),
+    (None, "no known version"),
+])  # fmt: skip
+def test_doctor_notes_say_whether_the_bindings_are_supported_and_tested(version, says):
+    assert says in versions.bindings_note(version)
+
+
+def test_doctor_notes_say_whether_the_daemons_are_tested():
+    assert versions.daemons_note("25.14.1", "schedd") == "schedd 25.14.1, a release mig_batch is tested against"
+    assert "not a release mig_batch is tested against (tested: 25.14" in versions.daemons_note("23.9.6")
+    assert versions.version_in("$CondorVersion: 23.9.6 2024-07-04 BuildID: Debian-23.9.6+dfsg-2 $") == "23.9.6"
+
+
+def test_the_extra_declares_the_range_the_adapter_takes():
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert pyproject["project"]["optional-dependencies"]["htcondor"] == [versions.BINDINGS_RANGE]
+
+
+def fake_bindings(version: str, collector_error: str = ""):
+    """An htcondor2 stand-in: its version text, and a collector that answers with a 25.14.1 pool or fails."""
+    import types
+
+    class Collector:
+        def query(self, ad_type, projection=()):
+            if collector_error:
+                raise RuntimeError(collector_error)
+            return [{"Name": ad_type, "CondorVersion": "$CondorVersion: 25.14.1 2026-09-24 BuildID: 1 $"}]
+
+    return types.SimpleNamespace(version=lambda: f"$CondorVersion: {version} 2026-09-24 BuildID: 1 $",
+                                 reload_config=lambda: None, Collector=Collector,
+                                 AdType=types.SimpleNamespace(Collector="collector", Schedd="schedd"))  # fmt: skip
+
+
+@pytest.mark.parametrize(("version", "collector_error", "ok", "says"), [
+    ("24.0.24", "", True, "bindings 24.0.24, a release mig_batch is tested with; collector 25.14.1, a release "
+                          "mig_batch is tested against; schedd 25.14.1, a release mig_batch is tested against"),
+    ("23.10.29", "", False, "bindings 23.10.29, which mig_batch refuses (it takes htcondor>=24.0,<26)"),
+    ("25.0.14", "Unable to determine collector host.", False, "bindings 25.0.14, a release mig_batch is tested with; "
+                                                               "the collector does not answer: RuntimeError: Unable"),
+])  # fmt: skip
+def test_doctor_names_the_htcondor_it_finds(tmp_path, monkeypatch, capsys, version, collector_error, ok, says):
+    import json
+    import sys
+
+    from mig_batch.cli.main import main
+
+    config = tmp_path / "site.yaml"
+    config.write_text(f"batch_system: htcondor\nnodes: {{gpu1: [A100-80GB]}}\nstate: {tmp_path / 'state.db'}\n"
+                      f"htcondor_config: {tmp_path / 'condor_config'}\n")  # fmt: skip
+    monkeypatch.setitem(sys.modules, "htcondor2", fake_bindings(version, collector_error))
+    monkeypatch.setenv("CONDOR_CONFIG", "/dev/null")  # doctor sets it to htcondor_config; monkeypatch restores it
+    code = main(["doctor", "--config", str(config), "--role", "controller", "--json"])
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)}
+    assert checks["htcondor"]["ok"] is ok and checks["htcondor"]["detail"].startswith(says), checks["htcondor"]
+    assert code == (0 if ok else 1) and list(checks) == ["config", "htcondor", "store"]
+    if not ok and "refuses" in says:
+        assert "pip install 'htcondor>=24.0,<26'" in checks["htcondor"]["fix"]

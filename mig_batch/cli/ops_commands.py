@@ -153,6 +153,8 @@ def doctor(config_file: str | None, role: str | None, node: str) -> list[Check]:
     if not config.nodes:
         checks.append(Check("inventory", False, "no nodes in the inventory",
                             "list each GPU node and its GPU models under nodes: in the site config"))  # fmt: skip
+    if config.batch_system == "htcondor":
+        return checks + htcondor_doctor(config, role, node, path)
     show_config, slurm = slurm_config(config)
     checks.append(slurm)
     if show_config is not None:
@@ -173,6 +175,46 @@ def doctor(config_file: str | None, role: str | None, node: str) -> list[Check]:
     checks.append(check_agent(config.agent_socket))
     checks += check_gpus(config, node)
     return checks
+
+
+def htcondor_doctor(config: SiteConfig, role: str, node: str, path: Path) -> list[Check]:
+    """The checks of an HTCondor site (``batch_system: htcondor``): the bindings and the pool in place of Slurm's
+    commands and hooks; the store (controller), or the node's directories, fence, agent and GPUs."""
+    checks = [check_htcondor(config)]
+    if role == "controller":
+        return [*checks, check_store(config.state)]
+    if node not in config.nodes:
+        fix = f"add {node} under nodes: in {path}, or give --node with this node's MigBatchNodeName"
+        checks.append(Check("inventory", False, f"node {node} is not in the inventory", fix))
+    checks.append(check_node_dirs(config, node))
+    checks.append(check_fence(config, node))
+    checks.append(check_agent(Path(str(config.agent_socket).format(node=node))))  # HTCondor's: one per node
+    return checks + check_gpus(config, node)
+
+
+def check_htcondor(config: SiteConfig) -> Check:
+    """The HTCondor bindings are a release mig_batch takes, and the pool's collector and schedd answer; names
+    each version found and whether mig_batch is tested with it."""
+    from mig_batch.htcondor import versions
+
+    bindings, daemons, error = versions.pool_versions(config.htcondor_config)
+    install = f"pip install '{versions.BINDINGS_RANGE}' into mig_batch's Python (the extra mig-batch[htcondor])"
+    if bindings is None:
+        return Check("htcondor", False, error, install)
+    note = versions.bindings_note(bindings)
+    if not versions.supported_bindings(bindings):
+        return Check("htcondor", False, note, install)
+    where = config.htcondor_config or os.environ.get("CONDOR_CONFIG", "") or "HTCondor's default config"
+    if error:
+        return Check("htcondor", False, f"{note}; {error} (config {where})",
+                     "check that the pool's collector is up and reachable from here (condor_status), and "
+                     "htcondor_config in the site config")  # fmt: skip
+    found = [versions.daemons_note(daemons[who], who) if who in daemons else f"no {who} in the collector"
+             for who in ("collector", "schedd")]  # fmt: skip
+    if "schedd" not in daemons:
+        return Check("htcondor", False, "; ".join([note, *found]),
+                     "start the pool's condor_schedd (mig-batchd and migsub need it)")  # fmt: skip
+    return Check("htcondor", True, "; ".join([note, *found]))
 
 
 def slurm_bin(config: SiteConfig, command: str) -> str | None:

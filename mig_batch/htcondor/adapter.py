@@ -19,9 +19,9 @@ acts as (the controller's token, a queue superuser) is the process's, from ``CON
 from __future__ import annotations
 
 import contextlib
+import io
 import math
 import os
-import re
 import tempfile
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mig_batch.batch.system import BatchError, BatchJob, BatchSystem, JobState, NodeStatus, Pin
+from mig_batch.htcondor import versions
 from mig_batch.htcondor.attrs import AGENT_ATTR, NODE_NAME_ATTR, PIN_ATTR, TAG_ATTR, TIME_LIMIT_ATTR
 from mig_batch.safe_files import write_file
 
@@ -46,23 +47,10 @@ MANAGED = f"{TAG_ATTR} =!= undefined"
 WAITING = f"(JobStatus == {HELD} || (JobStatus == {IDLE} && {PIN_ATTR} =?= undefined))"  # the seam's HELD
 
 
-# The bindings mig_batch is tested with (docs/htcondor.md, "Bindings"): from the 25.0 LTS on, below 26. The
-# 24.0 LTS bindings (24.0.24) fail every submission: their Schedd.submit indexes the queue arguments' next-to-last
-# character, and a description without a queue statement has none (htcondor2/_schedd.py, IndexError).
-BINDINGS_FROM, BINDINGS_BELOW = (25, 0), (26, 0)
-_BINDINGS_VERSION = re.compile(r"\$CondorVersion:\s*(\d+)\.(\d+)\.(\d+)")
-
-
 def check_bindings(version_text: str) -> None:
-    """HTCondorError unless ``htcondor2.version()``'s text names a release in the tested range."""
-    found = _BINDINGS_VERSION.search(version_text)
-    release = (int(found.group(1)), int(found.group(2))) if found else None
-    if release is None or not BINDINGS_FROM <= release < BINDINGS_BELOW:
-        have = ".".join(found.groups()) if found else repr(version_text[:60])
-        wanted = f"{BINDINGS_FROM[0]}.{BINDINGS_FROM[1]} or later, below {BINDINGS_BELOW[0]}.{BINDINGS_BELOW[1]}"
-        raise HTCondorError(f"HTCondor Python bindings {have} are not a release mig_batch supports ({wanted}; "
-                            f"tested: 25.0 LTS and 25.x): pip install 'htcondor>={BINDINGS_FROM[0]}.{BINDINGS_FROM[1]},"
-                            f"<{BINDINGS_BELOW[0]}'")  # fmt: skip
+    """HTCondorError unless ``htcondor2.version()``'s text names a release in the supported range (``versions``)."""
+    if not versions.supported_bindings(versions.version_in(version_text)):
+        raise HTCondorError(versions.refusal(version_text))
 
 
 def _bindings() -> tuple[Any, Any]:
@@ -109,8 +97,8 @@ def to_batch_job(ad: Mapping[str, Any], nodes_by_startd: dict[str, str] | None =
     signalled = bool(ad.get("ExitBySignal", False))
     exit_status = 128 + int(ad.get("ExitSignal", 0)) if signalled else int(ad.get("ExitCode", 0) or 0)
     startd = _host(str(ad.get("RemoteHost") or ad.get("LastRemoteHost") or ""))
-    start = float(ad.get("JobCurrentStartDate", 0) or 0) if status in (RUNNING, TRANSFERRING_OUTPUT, SUSPENDED) \
-        else 0.0
+    running = status in (RUNNING, TRANSFERRING_OUTPUT, SUSPENDED)
+    start = float(ad.get("JobCurrentStartDate", 0) or 0) if running else 0.0
     limit = float(ad.get(TIME_LIMIT_ATTR, 0) or 0) or math.inf
     return BatchJob(
         job_id=f"{ad['ClusterId']}.{ad['ProcId']}",
@@ -158,6 +146,9 @@ class HTCondorBatch:
             self.htcondor.reload_config()
         self.agent_file, self.history_s = agent_file, history_s
         self._schedd: Any = None
+        # Bindings before 24.12 (the 24.0 LTS) need a way round their Schedd.submit: see submit
+        release = versions.release_of(versions.version_in(self.htcondor.version()) or "")
+        self._submit_needs_queue_args = release is not None and release < (24, 12)
 
     @contextlib.contextmanager
     def _call(self, what: str) -> Iterator[None]:
@@ -341,7 +332,16 @@ class HTCondorBatch:
                 raise HTCondorError(f"submit: write the script in {where}: {exc}") from None
             description["executable"] = exe
         with self._call(f"submit {description}"):
-            result = self.schedd.submit(self.htcondor.Submit(description), count=1)
+            submit = self.htcondor.Submit(description)
+            if not self._submit_needs_queue_args:
+                result = self.schedd.submit(submit, count=1)
+            else:
+                # The 24.0 LTS bindings' Schedd.submit reads the queue arguments' next-to-last character (IndexError
+                # when there are fewer than two) and prints the whole description to stdout, where migsub prints the
+                # job id. "01" is one job (count=1 decides anyway) and two characters; the print is swallowed.
+                submit.setQArgs("01")
+                with contextlib.redirect_stdout(io.StringIO()):
+                    result = self.schedd.submit(submit, count=1)
         return f"{result.cluster()}.0"
 
 
