@@ -73,3 +73,28 @@ def nvml_emu_creator(nvml_emu_node):
     if os.geteuid() != 0:
         pytest.skip("NVML creates MIG instances for root only, the emulated library too")
     return nvml_emu_node
+
+
+def pytest_collection_finish(session):
+    """The Slurm release images, built (or restored) in the background from the start of a session that will
+    run the release matrix: debootstrap and pip mostly wait on the network while the host's tests run."""
+    if not any(item.path.name == "test_slurm_releases.py" for item in session.items):
+        return
+    import threading
+    from pathlib import Path
+
+    from harness.slurm_image import RELEASES, SlurmImage
+
+    if SlurmImage.available() is not None:
+        return
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    for release in RELEASES:
+        image = SlurmImage.for_release(release, pyproject)
+        threading.Thread(target=_build_quietly, args=(image,), daemon=True).start()
+
+
+def _build_quietly(image):
+    import contextlib
+
+    with contextlib.suppress(Exception):  # built again, and reported, by the matrix's own ensure()
+        image.ensure()

@@ -146,18 +146,15 @@ class LocalCluster:
         self._wait(self.munge_socket.exists, "munged")
 
     def _start_slurmdbd(self, db_port: int, dbd_port: int) -> None:
-        """A private MariaDB (no grant tables: nothing but this slurmdbd reaches 127.0.0.1:db_port) and
-        slurmdbd on it; the cluster, an account and root's association are added before slurmctld starts."""
-        data, sock = self.root / "mariadb", self.root / "mariadb" / "mysqld.sock"
-        init = subprocess.run(["mariadb-install-db", f"--datadir={data}", "--user=root", "--skip-test-db"],
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
-        if init.returncode != 0:
-            raise ClusterError(f"mariadb-install-db failed ({init.returncode}): {init.stderr.strip()[-2000:]}")
-        self._spawn("mariadbd", [_sbin("mariadbd"), "--no-defaults", f"--datadir={data}", "--user=root",
-                                 f"--socket={sock}", "--bind-address=127.0.0.1", f"--port={db_port}",
-                                 "--skip-grant-tables", "--innodb-buffer-pool-size=16M",
-                                 f"--pid-file={data / 'mysqld.pid'}"])  # fmt: skip
-        self._wait(sock.exists, "mariadbd", 60)
+        """slurmdbd over a private MariaDB (or the one ``MIG_BATCH_TEST_DATABASE`` names, as host:port, in a
+        database of this cluster's own); the cluster, an account and root's association are added before
+        slurmctld starts."""
+        db_host, storage = "127.0.0.1", "slurm_acct_db"
+        if DATABASE_ENV in os.environ:
+            db_host, _, port = os.environ[DATABASE_ENV].rpartition(":")
+            db_port, storage = int(port), f"slurm_acct_{dbd_port}"
+        else:
+            start_mariadb(self.root / "mariadb", db_port, self._spawn, self._wait)
         dbd_conf = self.conf.parent / "slurmdbd.conf"  # slurmdbd finds it beside SLURM_CONF
         dbd_conf.write_text(f"""AuthType=auth/munge
 AuthInfo=socket={self.munge_socket}
@@ -168,10 +165,10 @@ SlurmUser=root
 LogFile={self.root / "log"}/slurmdbd.log
 PidFile={self.root / "state"}/slurmdbd.pid
 StorageType=accounting_storage/mysql
-StorageHost=127.0.0.1
+StorageHost={db_host}
 StoragePort={db_port}
 StorageUser=root
-StorageLoc=slurm_acct_db
+StorageLoc={storage}
 """)
         dbd_conf.chmod(0o600)
         self._spawn("slurmdbd", [_sbin("slurmdbd"), "-D"])
@@ -264,6 +261,23 @@ PartitionName=gpu Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE Stat
                     raise ClusterError(f"{name} exited ({proc.returncode}) while waiting for {what}:\n{log}")
             time.sleep(0.2)
         raise ClusterError(f"timed out waiting for {what}; logs in {self.root / 'log'}")
+
+
+DATABASE_ENV = "MIG_BATCH_TEST_DATABASE"  # host:port of a MariaDB for slurmdbd (the release images: slurm_image)
+
+
+def start_mariadb(data: Path, port: int, spawn: Callable[[str, list[str]], None],
+                  wait: Callable[..., None]) -> None:  # fmt: skip
+    """A private MariaDB in ``data`` on 127.0.0.1:port, with no grant tables (nothing else reaches it)."""
+    sock = data / "mysqld.sock"
+    init = subprocess.run(["mariadb-install-db", f"--datadir={data}", "--user=root", "--skip-test-db"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    if init.returncode != 0:
+        raise ClusterError(f"mariadb-install-db failed ({init.returncode}): {init.stderr.strip()[-2000:]}")
+    spawn("mariadbd", [_sbin("mariadbd"), "--no-defaults", f"--datadir={data}", "--user=root", f"--socket={sock}",
+                       "--bind-address=127.0.0.1", f"--port={port}", "--skip-grant-tables",
+                       "--innodb-buffer-pool-size=16M", f"--pid-file={data / 'mysqld.pid'}"])  # fmt: skip
+    wait(sock.exists, "mariadbd", 60)
 
 
 CGROUP_PLUGIN_DISABLED_FROM = "23.02"  # the first release whose cgroup.conf takes CgroupPlugin=disabled

@@ -14,9 +14,11 @@ keyed by their recipe, so a changed recipe builds a new one. Requires root.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -30,6 +32,7 @@ from .chroot import (
     CHROOT_ENV,
     ChrootError,
     ChrootImage,
+    free_port,
     inside,
     mount,
     mount_dev,
@@ -37,6 +40,7 @@ from .chroot import (
     unmount_all,
     write_hosts,
 )
+from .slurm_cluster import DATABASE_ENV, start_mariadb
 
 RELEASES = {"24.11": "trixie", "26.05": "sid"}  # the Slurm release each Debian suite ships (docs/slurm.md)
 PACKAGES = ("slurm-wlm", "slurmdbd", "libslurm-dev", "munge", "mariadb-server", "gcc", "libc6-dev", "python3",
@@ -142,6 +146,8 @@ class ReleaseRun:
     checkout: Path
     wheel: Path
     timings: dict[str, float] = field(default_factory=dict)
+    database: subprocess.Popen | None = None  # the host's MariaDB, for slurmdbd in the image
+    database_address: str = ""
 
     @property
     def chroot(self) -> Path:
@@ -152,6 +158,7 @@ class ReleaseRun:
         how = self.image.ensure(log)
         self.timings[f"image_{how}"] = time.monotonic() - t0
         try:
+            self._start_database()
             self._mount()
             self._copy_source()
             self.run(f"{VENV}/bin/pip", "install", "-q", "--no-deps", "--no-index", "--force-reinstall",
@@ -182,7 +189,8 @@ class ReleaseRun:
     def pytest(self, *args: str, timeout: float = 1800) -> Results:
         """The suite's ``args`` (test files, -m ...) with the image's Python, mig_batch the installed wheel."""
         report = f"{SOURCE}/results.xml"
-        env = ["MIG_BATCH_EXPECT_INSTALLED=1", "PYTHONSAFEPATH=1", "PYTHONDONTWRITEBYTECODE=1"]
+        env = ["MIG_BATCH_EXPECT_INSTALLED=1", "PYTHONSAFEPATH=1", "PYTHONDONTWRITEBYTECODE=1",
+               f"{DATABASE_ENV}={self.database_address}"]  # fmt: skip
         t0 = time.monotonic()
         proc = self.run(f"{VENV}/bin/python", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
                         f"--junitxml={report}", *args, env=env, timeout=timeout, check=False)  # fmt: skip
@@ -204,6 +212,28 @@ class ReleaseRun:
     def stop(self) -> None:
         unmount_all(self.chroot)
         shutil.rmtree(self.root / "overlay", ignore_errors=True)
+        if self.database is not None and self.database.poll() is None:
+            self.database.terminate()
+            self.database.wait(30)
+
+    def _start_database(self) -> None:
+        """The host's MariaDB for the image's slurmdbd: the images' own MariaDB 11.8 is one slurmdbd 24.11.5
+        and 26.05.5 cannot use (docs/slurm.md, "Slurm versions"); Debian 12's 10.11 they can."""
+        port = free_port()
+        log = self.root / "mariadb.log"
+
+        def spawn(_: str, argv: list[str]) -> None:
+            self.database = subprocess.Popen(argv, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+
+        def wait(ready: Callable[[], bool], what: str, timeout: float) -> None:
+            deadline = time.monotonic() + timeout
+            while not ready():
+                if time.monotonic() > deadline or (self.database is not None and self.database.poll() is not None):
+                    raise ChrootError(f"{what} did not start; see {log}")
+                time.sleep(0.2)
+
+        start_mariadb(self.root / "mariadb", port, spawn, wait)
+        self.database_address = f"127.0.0.1:{port}"
 
     def __enter__(self) -> ReleaseRun:
         return self.start()
@@ -231,8 +261,8 @@ class ReleaseRun:
         shutil.copy(self.wheel, source)
 
 
-def reap_stale(cache: Path | None = None, base: Path = Path("/tmp")) -> list[Path]:
-    """Unmount the runs whose owning process is gone (a test run that was killed)."""
+def reap_stale() -> list[Path]:
+    """Unmount the runs whose owning process is gone (a test run that was killed), and stop their MariaDB."""
     reaped = []
     with open("/proc/mounts") as mounts:
         points = [Path(line.split()[1]) for line in mounts if line.startswith("overlay ")]
@@ -248,6 +278,8 @@ def reap_stale(cache: Path | None = None, base: Path = Path("/tmp")) -> list[Pat
         except (ValueError, PermissionError):
             continue
         unmount_all(point)
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int((point.parent / "mariadb" / "mysqld.pid").read_text()), signal.SIGTERM)
         reaped.append(point.parent)
     return reaped
 
