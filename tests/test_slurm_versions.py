@@ -24,6 +24,7 @@ def test_every_version_of_a_release_has_that_release(major, minor, patch):
 def test_a_tested_release_and_an_untested_one_are_named_as_such():
     assert version_in(SHOW_CONFIG.format("22.05.8")) == "22.05.8"
     assert "22.05" in TESTED_RELEASES and "a release mig_batch is tested on" in release_note("22.05.8")
-    note = release_note(version_in(SHOW_CONFIG.format("24.11.5")))
-    assert note.startswith("Slurm 24.11.5, not a release mig_batch is tested on") and "22.05" in note
+    assert all(r in TESTED_RELEASES for r in ("22.05", "24.11", "26.05"))  # the release matrix
+    note = release_note(version_in(SHOW_CONFIG.format("23.11.10")))
+    assert note.startswith("Slurm 23.11.10, not a release mig_batch is tested on") and "24.11" in note
     assert "not reported" in release_note(version_in("Configuration data as of ...\nSlurmUser = slurm\n"))

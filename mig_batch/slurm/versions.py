@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 
-# the releases the end-to-end suite runs on (docs/slurm.md, "Slurm versions"); a release is MAJOR.MINOR
-TESTED_RELEASES = ("22.05",)
+# the releases the end-to-end tests run on (docs/slurm.md, "Slurm versions"): 22.05 the whole suite, 24.11 and
+# 26.05 the end-to-end subset of tests/test_slurm_releases.py; a release is MAJOR.MINOR
+TESTED_RELEASES = ("22.05", "24.11", "26.05")
 _VERSION_LINE = re.compile(r"^SLURM_VERSION\s*=\s*(\S+)\s*$", re.MULTILINE)
 _RELEASE = re.compile(r"^(\d+)\.(\d+)(?:\.|$)")
 
