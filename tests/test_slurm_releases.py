@@ -24,32 +24,52 @@ CHECKOUT = Path(__file__).resolve().parents[1]
 E2E_SUBSET = ("tests/test_slurm_e2e.py", "tests/test_slurm_native.py", "tests/test_slurm_accounting.py",
               "tests/test_prompt_slots_e2e.py", "tests/test_flex_e2e.py", "tests/test_failures_e2e.py",
               "tests/test_fence_e2e.py")  # fmt: skip
+# what the images lack on purpose, and the fast tests skip: PyTorch, the HTCondor bindings (their own matrix:
+# docs/htcondor.md), hatchling (the packaging tests), a GPU, the papers' data under ../shared/data
+IMAGE_SKIPS = ("'torch'", "'classad2'", "'htcondor2'", "hatchling", "no NVIDIA driver here", "../shared/data")
 WHY_NOT = SlurmImage.available()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))]
 
 
-def run_subset(release: str, wheel: Path, root: Path) -> tuple[str, str, object]:
+def run_release(release: str, wheel: Path, root: Path, fast_first: bool) -> dict[str, object]:
+    """The e2e subset and the fast tests (the rest of the suite but its slow tests) with the image's Python; one
+    release runs its fast tests first, the other last, so that they share the CPU with the other's subset."""
     image = SlurmImage.for_release(release, CHECKOUT / "pyproject.toml")
+    fast = ("-m", "not slow", *(f"--ignore={m}" for m in E2E_SUBSET), "tests")
     with ReleaseRun(root, image, CHECKOUT, wheel) as run:
-        version = run.run("slurmd", "-V").stdout.split()[-1]
-        results = run.pytest(*E2E_SUBSET)
-    summary = f"Slurm {version} ({image.version()}): {results.summary()}; start {run.timings}"
-    (cache_dir() / f"results-{release}.txt").write_text(summary + "\n")
-    return version, summary, results
+        found = {"version": run.run("slurmd", "-V").stdout.split()[-1], "image": image.version()}
+        for name, args in (("fast", fast), ("e2e", E2E_SUBSET))[:: -1 if not fast_first else 1]:
+            found[name] = run.pytest(*args)
+    lines = [f"Slurm {found['version']} ({found['image']}), started in {run.timings['start']:.0f} s"]
+    lines += [f"{name}: {found[name].summary()}" for name in ("e2e", "fast")]  # type: ignore[attr-defined]
+    (cache_dir() / f"results-{release}.txt").write_text("\n".join(lines) + "\n")
+    return found
 
 
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory):
     wheel = build_wheel(CHECKOUT, tmp_path_factory.mktemp("wheel"))
     with ThreadPoolExecutor(len(RELEASES)) as pool:
-        runs = {r: pool.submit(run_subset, r, wheel, tmp_path_factory.mktemp(f"slurm-{r}")) for r in RELEASES}
+        runs = {r: pool.submit(run_release, r, wheel, tmp_path_factory.mktemp(f"slurm-{r}"), fast_first=i % 2 == 1)
+                for i, r in enumerate(sorted(RELEASES))}  # fmt: skip
         return {release: run.result() for release, run in runs.items()}
 
 
 @pytest.mark.parametrize("release", sorted(RELEASES))
 def test_the_e2e_subset_passes_unskipped_on(release, matrix):
-    version, summary, results = matrix[release]
-    assert release_of(version) == release, summary
+    found = matrix[release]
+    results, summary = found["e2e"], f"Slurm {found['version']}: {found['e2e'].summary()}"
+    assert release_of(found["version"]) == release, summary
     assert results.returncode == 0 and results.failed == 0, f"{summary}\n{results.output}"
     assert results.skipped == 0, f"{summary}\n" + "\n".join(results.skipped_why)
     assert results.passed >= 30, summary  # every module collected
+
+
+@pytest.mark.parametrize("release", sorted(RELEASES))
+def test_the_fast_tests_pass_on_the_images_python(release, matrix):
+    found = matrix[release]
+    results, summary = found["fast"], f"{found['image']}: {found['fast'].summary()}"
+    assert results.returncode == 0 and results.failed == 0, f"{summary}\n{results.output}"
+    unexpected = [why for why in results.skipped_why if not any(known in why for known in IMAGE_SKIPS)]
+    assert not unexpected, f"{summary}\n" + "\n".join(unexpected)
+    assert results.passed >= 1000, summary

@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 import xml.etree.ElementTree as ET
@@ -50,6 +51,9 @@ VENV = "/opt/mig-batch"  # the image's venv
 SOURCE = "/mig-batch-src"  # where a run finds the tests and the wheel, inside
 CA_BUNDLE = "/etc/mig-batch-pip-ca.crt"  # the host's CA bundle, for pip through this machine's egress
 RECIPE = 1  # bump to rebuild every image
+
+
+_DATABASE_START = threading.Lock()
 
 
 def cache_dir() -> Path:
@@ -138,8 +142,8 @@ class Results:
 @dataclass
 class ReleaseRun:
     """A run of commands in one release's image: ``root/chroot`` (an overlay of the image, its writable
-    layer in ``root/overlay``) with ``tests/`` and pyproject.toml of ``checkout`` and the wheel at
-    :data:`SOURCE`, and the wheel installed in the image's venv."""
+    layer in ``root/overlay``) with a copy of ``checkout`` and the wheel at :data:`SOURCE`, and the wheel
+    installed in the image's venv (the tests import mig_batch from there, not from the copy)."""
 
     root: Path
     image: SlurmImage
@@ -232,7 +236,8 @@ class ReleaseRun:
                     raise ChrootError(f"{what} did not start; see {log}")
                 time.sleep(0.2)
 
-        start_mariadb(self.root / "mariadb", port, spawn, wait)
+        with _DATABASE_START:  # two mariadb-install-db at once in one process collide over their temporary tables
+            start_mariadb(self.root / "mariadb", port, spawn, wait)
         self.database_address = f"127.0.0.1:{port}"
 
     def __enter__(self) -> ReleaseRun:
@@ -253,11 +258,10 @@ class ReleaseRun:
         write_hosts(self.chroot)
 
     def _copy_source(self) -> None:
+        """The checkout (the tests read its README, docs and sources), without what builds and runs leave."""
         source = inside(self.chroot, SOURCE)
-        source.mkdir()
-        shutil.copytree(self.checkout / "tests", source / "tests",
-                        ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))  # fmt: skip
-        shutil.copy(self.checkout / "pyproject.toml", source)
+        left = shutil.ignore_patterns(".git", ".venv", "dist", "build", "__pycache__", ".*_cache", "*.egg-info")
+        shutil.copytree(self.checkout, source, ignore=left, symlinks=True)
         shutil.copy(self.wheel, source)
 
 
