@@ -61,6 +61,7 @@ def test_held_jobs_say_why_and_pending_ones_have_no_start():
     assert to_batch_job(ad(MigBatchTag=None)).admin_tag == ""
     assert to_batch_job(ad()).time_limit_s == math.inf
     assert to_batch_job(ad(LastRejMatchReason="no match found")).reason == "no match found"  # held, but idle
+    assert to_batch_job(ad(LastRejMatchReason="no match found ")).reason == "no match found"  # 23.9's, stripped
 
 
 @pytest.mark.parametrize("bad", ["", "7.x", "abc", "7.0; true", "\u0663.0"])
@@ -146,7 +147,8 @@ def test_doctor_notes_say_whether_the_bindings_are_supported_and_tested(version,
 
 def test_doctor_notes_say_whether_the_daemons_are_tested():
     assert versions.daemons_note("25.14.1", "schedd") == "schedd 25.14.1, a release mig_batch is tested against"
-    assert "not a release mig_batch is tested against (tested: 25.14" in versions.daemons_note("23.9.6")
+    assert versions.daemons_note("23.9.6") == "daemons 23.9.6, a release mig_batch is tested against"
+    assert "24.0.5, not a release mig_batch is tested against (tested: 23.9, 25.14;" in versions.daemons_note("24.0.5")
     assert versions.version_in("$CondorVersion: 23.9.6 2024-07-04 BuildID: Debian-23.9.6+dfsg-2 $") == "23.9.6"
 
 

@@ -1,12 +1,14 @@
 """The HTCondor bindings range (docs/htcondor.md, "Bindings"), cheaply: the newest 24.0 LTS and 25.0 LTS
-bindings, each installed once into a cache (``pip install --target``, reused across runs), drive a real pool.
-For each, in processes that import those bindings first (PYTHONPATH): ``check_bindings`` takes them, migsub
-submits through them (24.0's Schedd.submit needs the way round in HTCondorBatch.submit), mig-batchd and the
-node agents (restarted on them) pin the job and make its instance, and the job runs on it. The test extra's
-own 25.x bindings run every other HTCondor test.
+bindings, each installed once into a cache (``pip install --target``, reused across runs), drive a real pool,
+of sid's minicondor (the test extra's release) and of Debian trixie's 23.9.6. For each, in processes that
+import those bindings first (PYTHONPATH): ``check_bindings`` takes them, migsub submits through them (24.0's
+Schedd.submit needs the way round in HTCondorBatch.submit), mig-batchd and the node agent (restarted on them)
+pin the job and make its instance, and the job runs on it; doctor names the versions. The test extra's own
+25.x bindings run every other HTCondor test.
 
 The cache: ``$MIG_BATCH_BINDINGS_CACHE`` or /var/cache/mig-batch/htcondor-bindings, one folder per release;
-filling it needs the package index once (about 30 MB a release)."""
+filling it needs the package index once (about 25 MB a release); the trixie image is built once beside sid's
+(``$MIG_BATCH_HTCONDOR_CACHE``, about 50 s)."""
 
 import json
 import os
@@ -18,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness.htcondor_pool import CONDOR_VERSION, LocalPool
+from harness.htcondor_pool import CONDOR_VERSION, SUITE, Image, LocalPool
 
 from mig_batch.gpu import nvml_emu
 from mig_batch.htcondor import versions
@@ -58,11 +60,16 @@ def bindings():
     return {version: bindings_dir(version) for version in RANGE}
 
 
-@pytest.fixture(scope="module")
-def bed(bindings, tmp_path_factory):
+@pytest.fixture(scope="module", params=list(dict.fromkeys([SUITE, "trixie"])))
+def bed(request, bindings, tmp_path_factory):
+    """A one-node testbed on the pool of each suite: sid's minicondor (the test extra's release), trixie's 23.9.6"""
     from harness.htcondor_testbed import HTCondorTestbed
 
-    bed = HTCondorTestbed(tmp_path_factory.mktemp("htcondor-range"), nodes={"nodea": ["A100-80GB"]})
+    image = Image(suite=request.param)
+    if why := LocalPool.available(image):
+        pytest.skip(why)
+    bed = HTCondorTestbed(tmp_path_factory.mktemp(f"htcondor-range-{request.param}"), nodes={"nodea": ["A100-80GB"]},
+                          image=image)  # fmt: skip
     try:
         bed.start()
         yield bed

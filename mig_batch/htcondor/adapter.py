@@ -111,7 +111,8 @@ def to_batch_job(ad: Mapping[str, Any], nodes_by_startd: dict[str, str] | None =
         time_limit_s=limit,
         exit_status=exit_status,
         outcome=_outcome(status, exit_status),
-        reason=str(ad.get({HELD: "HoldReason", IDLE: "LastRejMatchReason"}.get(status, ""), "") or ""),
+        # stripped: 23.9's negotiator writes "no match found " where 25.x writes "no match found"
+        reason=str(ad.get({HELD: "HoldReason", IDLE: "LastRejMatchReason"}.get(status, ""), "") or "").strip(),
         # every hold of the controller's says "mig-batch...": any other is the owner's (or an operator's)
         held_by_user=status == HELD and not str(ad.get("HoldReason", "") or "").startswith("mig-batch"),
     )

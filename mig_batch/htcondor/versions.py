@@ -13,8 +13,9 @@ BINDINGS_FROM, BINDINGS_BELOW = (24, 0), (26, 0)
 BINDINGS_RANGE = f"htcondor>={BINDINGS_FROM[0]}.{BINDINGS_FROM[1]},<{BINDINGS_BELOW[0]}"
 # the bindings releases (MAJOR.MINOR) the HTCondor test modules ran with against the test pool (docs/htcondor.md)
 TESTED_BINDINGS = ("24.0", "24.12", "25.0", "25.14")
-# the daemons' releases the test pool has run (tests/harness/htcondor_pool.py: sid's minicondor)
-TESTED_DAEMONS = ("25.14",)
+# the daemons' releases the test pool has run the HTCondor tests on (tests/harness/htcondor_pool.py: sid's minicondor;
+# trixie's 23.9.6 with MIG_BATCH_HTCONDOR_SUITE=trixie and in tests/test_htcondor_bindings_range.py)
+TESTED_DAEMONS = ("23.9", "25.14")
 
 _CONDOR_VERSION = re.compile(r"\$CondorVersion:\s*(\d+\.\d+\.\d+)")
 _RELEASE = re.compile(r"^(\d+)\.(\d+)(?:\.|$)")

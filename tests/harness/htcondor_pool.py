@@ -28,6 +28,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -50,7 +51,9 @@ from .chroot import (
     write_hosts,
 )
 
-SUITE = "sid"  # the Debian suite whose minicondor matches the bindings
+# the Debian suite whose minicondor the pool runs: sid's matches the bindings; MIG_BATCH_HTCONDOR_SUITE=trixie
+# runs the pool on trixie's 23.9.6 daemons (docs/htcondor.md, "Bindings")
+SUITE = os.environ.get("MIG_BATCH_HTCONDOR_SUITE", "sid")
 CONDOR_VERSION = "25.14.1"  # verified with htcondor==25.14.1 (P2: sid moves on; the image records its version)
 DOMAIN = "migpool.local"  # UID_DOMAIN and FILESYSTEM_DOMAIN on both sides (jobs take the submitter's)
 HOSTNAME = "migpool"  # NETWORK_HOSTNAME on both sides: stable daemon names, Schedd() finds its schedd
@@ -345,6 +348,21 @@ class LocalPool:
                 "",
             ]))  # fmt: skip
         self.run("condor_qusers", "-add", f"{self.controller}@{DOMAIN}")
+        if "CondorVersion: 23." in self.image.version():
+            self._seed_user_record(self.controller)
+
+    def _seed_user_record(self, identity: str) -> None:
+        """23.x's ``condor_qusers -add`` says it added the record and makes none (NumAds 0); the schedd makes one
+        when the identity first submits (as a unix account of the schedd's host): a held job, removed at once (a
+        site on 23.x does the same, once)."""
+        self.run("useradd", "-M", "-s", "/usr/sbin/nologin", identity)
+        seed = ("from mig_batch.htcondor.adapter import HTCondorBatch\n"
+                "batch = HTCondorBatch()\n"
+                "batch.cancel(batch.submit(['executable=/bin/true', 'hold=true']))\n")  # fmt: skip
+        proc = subprocess.run([sys.executable, "-c", seed], env=self.client_env(identity), capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+        if proc.returncode != 0:
+            raise PoolError(f"could not seed the schedd user record of {identity}: {proc.stderr.strip()[-2000:]}")
 
     def _pidfile_pid(self) -> int:
         try:

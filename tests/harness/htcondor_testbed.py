@@ -24,7 +24,7 @@ from pathlib import Path
 
 from mig_batch.htcondor.install import wrapper_text
 
-from .htcondor_pool import LocalPool
+from .htcondor_pool import Image, LocalPool
 
 CHROOT_PYTHON = "/usr/bin/python3"
 
@@ -40,6 +40,7 @@ class HTCondorTestbed:
     agents: dict[str, subprocess.Popen] = field(default_factory=dict)
     controller: subprocess.Popen | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    image: Image | None = None  # the pool's image (None: the default suite's, htcondor_pool.SUITE)
 
     # --- paths ---------------------------------------------------------------------------------
     @property
@@ -83,7 +84,8 @@ class HTCondorTestbed:
             nvml_emu.make_node(self.gpu_dir(node), node, gpus)
             shutil.copy(nvml_emu.CUDA_OPEN, self.gpu_dir(node) / "cuda-open")  # what a job's CUDA would open
         self.pool = LocalPool(pool_root, nodes=tuple(self.nodes), models=models, wrapper=str(wrapper),
-                              binds=[self.gpu_dir(node) for node in self.nodes])  # fmt: skip
+                              binds=[self.gpu_dir(node) for node in self.nodes],
+                              **({"image": self.image} if self.image else {}))  # fmt: skip
         self.pool.start()
         self.timings["pool"] = time.monotonic() - t0
         self.write_config()
