@@ -158,17 +158,41 @@ case " $* " in *" --array-unique "*) echo "squeue: unrecognized option '--array-
     (tmp_path / "squeue").chmod(0o755)
     cli = SlurmCli(bin_dir=str(tmp_path))
     assert cli.jobs() == [] and cli.job("7") is None
+    assert SlurmCli(bin_dir=str(tmp_path)).jobs() == []  # a second one in this process asks no more
     lines = calls.read_text().split("\n")[:-1]  # the format holds \x1e
-    assert [ARRAY in line for line in lines] == [True, False, False], lines
+    assert [ARRAY in line for line in lines] == [True, False, False, False], lines
+    assert all(f" {commands.EVERY_TASK} " in line for line in lines[1:])
 
 
 def test_a_squeue_that_fails_otherwise_is_an_error_and_keeps_the_option(tmp_path):
-    (tmp_path / "squeue").write_text("#!/bin/sh\necho 'squeue: error: Unable to contact slurmctld' >&2\nexit 1\n")
+    calls = tmp_path / "calls"
+    script = f"#!/bin/sh\necho \"$*\" >> {calls}\necho 'squeue: error: no slurmctld' >&2\nexit 1\n"
+    (tmp_path / "squeue").write_text(script)
     (tmp_path / "squeue").chmod(0o755)
     cli = SlurmCli(bin_dir=str(tmp_path))
-    with pytest.raises(SlurmError, match="Unable to contact"):
-        cli.jobs()
-    assert cli._array_unique
+    for _ in range(2):
+        with pytest.raises(SlurmError, match="no slurmctld"):
+            cli.jobs()
+    assert [ARRAY in line for line in calls.read_text().split("\n")[:-1]] == [True, True]
+
+
+def test_the_jobs_of_an_unchanged_poll_are_the_folded_ones_squeue_gave(tmp_path):
+    """The helper library's "nothing changed" returns the last poll's jobs: one per record, even where that
+    poll was squeue's, a line per pending task."""
+    held = "9|9|{t}|PENDING|0|0||1795407940|N/A|N/A|1-02:03:00|0:0|JobHeldUser\x1f1|gpu|N/A|(null)|(null)\x1e\n"
+    refuse = ("""case " $* " in *" --array-unique "*) """
+              """echo "squeue: unrecognized option '--array-unique'" >&2; exit 1;; esac""")
+    records = "".join(held.format(t=t) for t in (1, 2, 5))
+    (tmp_path / "squeue").write_text(f"#!/bin/sh\n{refuse}\nprintf '{records}'\n")
+    (tmp_path / "squeue").chmod(0o755)
+    api = FakeApi({("all", ""): TIMED_OUT})
+    cli = SlurmCli(bin_dir=str(tmp_path), api=api)
+    first = cli.jobs()  # the library does not answer: squeue, folded
+    api.errors.clear()
+    api.all_job_lines = lambda since=0: (None, since)  # back, and nothing changed
+    cli._api_paused_until = 0.0
+    assert [(j.job_id, j.array_tasks) for j in first] == [("9", (range(1, 3), range(5, 6)))]
+    assert cli.jobs() == first
 
 
 ARRAY = " " + commands.ARRAY_UNIQUE

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness.slurm_cluster import LocalCluster, release_here
+from harness.slurm_cluster import LocalCluster, release_here, release_key
 
 from mig_batch.batch.system import JobState, Pin
 from mig_batch.slurm.commands import (
@@ -85,7 +85,8 @@ def test_a_job_reads_the_same_through_libslurm_as_through_squeue(cluster, clis, 
     for job in (held, running, failed, done, array, f"{array}_1", later, noted, "999999"):
         assert api.job(job) == commands.job(job), job
     env = {**cluster.env(), "SLURM_TIME_FORMAT": "%s"}
-    every_record = [ARRAY_UNIQUE] if release_here() < "23.02" else [EVERY_TASK]  # 23.02 removed --array-unique
+    removed = release_key(release_here()) >= release_key("23.02")  # 23.02 removed --array-unique
+    every_record = [EVERY_TASK] if removed else [ARRAY_UNIQUE]
     for job in (held, running, failed, done, array, split, later, noted):  # every record of the id (an array's too)
         squeue = subprocess.run(["squeue", *SQUEUE_ARGS, *every_record, "-O", FORMAT, "-j", job], env=env,
                                 capture_output=True, text=True, check=True).stdout  # fmt: skip

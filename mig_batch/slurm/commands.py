@@ -53,6 +53,7 @@ SQUEUE_ARGS = ("--local", "-h", "-t", "all")
 # prints every task apart (a line each, pending ones under their record's id: fold_array_lines joins them).
 ARRAY_UNIQUE = "--array-unique"
 EVERY_TASK = "--array"
+_REFUSE_ARRAY_UNIQUE: set[str] = set()  # the squeue binaries of this process that refused ARRAY_UNIQUE
 # Settings of Slurm's commands read from the environment (SQUEUE_ARRAY, SQUEUE_USERS, SINFO_PARTITION, ...):
 # they would change or filter the records mig_batch reads.
 _COMMAND_SETTINGS = ("SQUEUE_", "SINFO_", "SCONTROL_")
@@ -307,17 +308,17 @@ def job_in(lines: str, job: str) -> BatchJob | None:
 def fold_array_lines(jobs: Iterable[BatchJob]) -> list[BatchJob]:
     """One job per record: ``squeue --array`` (Slurm 23.02 and later) prints each pending task of an array's
     record on a line of its own, all with the record's id; they are that record's tasks, as ranges."""
-    folded: dict[str, BatchJob] = {}
+    first: dict[str, BatchJob] = {}
+    tasks: dict[str, list[range]] = {}
     for job in jobs:
-        seen = folded.get(job.job_id)
-        if seen is None:
-            folded[job.job_id] = job
+        if job.job_id not in first:
+            first[job.job_id] = job
         elif job.array_tasks:
-            folded[job.job_id] = replace(seen, array_tasks=_ranges(seen.array_tasks + job.array_tasks))
-    return list(folded.values())
+            tasks.setdefault(job.job_id, list(first[job.job_id].array_tasks)).extend(job.array_tasks)
+    return [replace(job, array_tasks=_ranges(tasks[i])) if i in tasks else job for i, job in first.items()]
 
 
-def _ranges(tasks: tuple[range, ...]) -> tuple[range, ...]:
+def _ranges(tasks: list[range]) -> tuple[range, ...]:
     """Task ranges as few as can say them (overlapping or touching runs of tasks join); step ranges are kept."""
     merged: list[range] = []
     for run in sorted((r for r in tasks if r.step == 1), key=lambda r: r.start):
@@ -424,13 +425,13 @@ class SlurmCli:
         MessageTimeout)."""
         self.bin_dir, self.env, self.timeout, self.api = bin_dir, env, timeout, api
         self._parsed: dict[str, BatchJob] = {}  # the last poll's jobs by their line
+        self._jobs: list[BatchJob] = []  # the last poll's jobs, one per record
         self._jobs_stamp = 0  # slurmctld's stamp of the last poll through libslurm
         self._api_paused_until = 0.0
         self.slice_gres = slice_gres  # the GRES a pin sets to the job's MIG slices ("": none)
         self._session = ScontrolSession(self._exe("scontrol"), env, timeout) if session else None
         # a node's Prologs report at once in a burst: one scontrol process for all of them (~3 ms of CPU each)
         self._job_tags = GroupCommit(self._set_job_tags)
-        self._array_unique = True  # until this squeue refuses the option (Slurm 23.02 and later)
 
     def _live_api(self) -> SlurmApi | None:
         """The helper library, unless it could not reach slurmctld within the last ``API_PAUSE_S``: a call that
@@ -461,13 +462,14 @@ class SlurmCli:
 
     def _squeue(self, *args: str, time_format: str | None = None) -> str:
         """squeue over every record (:data:`SQUEUE_ARGS`), with ``--array-unique`` where this squeue has it."""
-        if self._array_unique:
+        squeue = self._exe("squeue")
+        if squeue not in _REFUSE_ARRAY_UNIQUE:
             try:
                 return self._run("squeue", *SQUEUE_ARGS, ARRAY_UNIQUE, *args, time_format=time_format)
             except SlurmError as exc:
                 if "unrecognized option" not in str(exc):  # squeue's getopt, naming the option
                     raise
-                self._array_unique = False
+                _REFUSE_ARRAY_UNIQUE.add(squeue)
                 log.info("squeue has no %s (Slurm 23.02 and later): reading with %s", ARRAY_UNIQUE, EVERY_TASK)
         return self._run("squeue", *SQUEUE_ARGS, EVERY_TASK, *args, time_format=time_format)
 
@@ -482,7 +484,7 @@ class SlurmCli:
                 self._pause_api(exc)
             else:
                 if lines is None:  # no job changed since the last poll
-                    return list(self._parsed.values())
+                    return list(self._jobs)
                 self._jobs_stamp = stamp
                 return self._parse_jobs(lines)
         out = self._squeue("-O", FORMAT, time_format="%s")
@@ -494,7 +496,8 @@ class SlurmCli:
         seen, self._parsed = self._parsed, {}
         for line in records(lines, JOB_HEAD):
             self._parsed[line] = seen.get(line) or parse_job_line(line)
-        return fold_array_lines(self._parsed.values())
+        self._jobs = fold_array_lines(self._parsed.values())
+        return list(self._jobs)
 
     def nodes(self) -> list[NodeStatus]:
         """Every node once, with all its partitions (sinfo -N lists a node once per partition)."""

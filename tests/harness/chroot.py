@@ -34,7 +34,7 @@ class ChrootError(MigBatchError, RuntimeError):
 
 def run(argv: Sequence[str], timeout: float = 60, check: bool = True, **kw: object) -> subprocess.CompletedProcess:
     try:
-        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, **kw)  # type: ignore[call-overload]
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, **kw)  # type: ignore[call-overload]  # kw: run()'s own
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ChrootError(f"{' '.join(argv)}: {exc}") from None
     if check and proc.returncode != 0:

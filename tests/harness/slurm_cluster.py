@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,7 +153,7 @@ class LocalCluster:
         db_host, storage = "127.0.0.1", "slurm_acct_db"
         if DATABASE_ENV in os.environ:
             db_host, _, port = os.environ[DATABASE_ENV].rpartition(":")
-            db_port, storage = int(port), f"slurm_acct_{dbd_port}"
+            db_port, storage = int(port), f"slurm_acct_{uuid.uuid4().hex}"  # a cluster's own, never an earlier one's
         else:
             start_mariadb(self.root / "mariadb", db_port, self._spawn, self._wait)
         dbd_conf = self.conf.parent / "slurmdbd.conf"  # slurmdbd finds it beside SLURM_CONF
@@ -224,7 +225,7 @@ PartitionName=gpu Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE Stat
 {self.extra_conf}
 """
         )
-        if release_here() >= CGROUP_PLUGIN_DISABLED_FROM:
+        if release_key(release_here()) >= release_key(CGROUP_PLUGIN_DISABLED_FROM):
             # without cgroups mounted (a chroot), slurmd of these releases refuses to start unless told
             (self.conf.parent / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
 
@@ -293,6 +294,11 @@ def release_here() -> str:
     if release is None:
         raise ClusterError(f"slurmd -V said {' '.join(said)!r}, not a Slurm version")
     return release
+
+
+def release_key(release: str) -> tuple[int, ...]:
+    """``22.05`` -> (22, 5): releases in order."""
+    return tuple(int(part) for part in release.split("."))
 
 
 def _sbin(name: str) -> str:

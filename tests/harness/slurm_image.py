@@ -15,6 +15,7 @@ keyed by their recipe, so a changed recipe builds a new one. Requires root.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -77,7 +78,7 @@ class SlurmImage(ChrootImage):
     pip: Sequence[str] = ()  # the venv's requirements (:func:`requirements`)
 
     @property
-    def name(self) -> str:  # type: ignore[override]
+    def name(self) -> str:  # type: ignore[override]  # a plain attribute in the base, keyed by the recipe here
         recipe = repr((RECIPE, self.suite, self.packages, sorted(self.pip))).encode()
         return f"image-{hashlib.sha256(recipe).hexdigest()[:10]}"
 
@@ -100,9 +101,15 @@ class SlurmImage(ChrootImage):
         log(f"{slurm}, {python}: venv {VENV} with {' '.join(self.pip)}")
         self.run_in(root, "python3", "-m", "venv", VENV)
         shutil.copy(host_ca_bundle(), inside(root, CA_BUNDLE))
-        self.run_in(root, f"{VENV}/bin/pip", "install", "-q", "--no-cache-dir", *self.pip, timeout=900,
-                    env=pip_env())  # fmt: skip
-        inside(root, CA_BUNDLE).unlink()
+        pip_conf = inside(root, "/etc/pip.conf")  # not the command line: an index URL or proxy may hold a secret
+        pip_conf.unlink(missing_ok=True)
+        pip_conf.touch(mode=0o600)
+        pip_conf.write_text(pip_config())
+        try:
+            self.run_in(root, f"{VENV}/bin/pip", "install", "-q", "--no-cache-dir", *self.pip, timeout=900)
+        finally:
+            pip_conf.unlink()
+            inside(root, CA_BUNDLE).unlink()
         return f"{slurm}; {python}"
 
 
@@ -115,12 +122,15 @@ def host_ca_bundle() -> str:
     raise ChrootError("no CA bundle for pip in the image (PIP_CERT, SSL_CERT_FILE, /etc/ssl/certs)")
 
 
-def pip_env() -> list[str]:
-    """pip's settings for the image: the host's index and proxies (not its local file mirrors)."""
-    passed = [f"{k}={v}" for k, v in os.environ.items()
-              if k in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_DEFAULT_TIMEOUT", "HTTP_PROXY", "HTTPS_PROXY",
-                       "NO_PROXY", "http_proxy", "https_proxy", "no_proxy") and "file:" not in v]  # fmt: skip
-    return [*passed, f"PIP_CERT={CA_BUNDLE}", "PIP_DISABLE_PIP_VERSION_CHECK=1"]
+def pip_config() -> str:
+    """pip's settings in the image: the host's CA bundle, index and proxy (not its local file mirrors)."""
+    settings = {"cert": CA_BUNDLE, "disable-pip-version-check": "true", "timeout": "180"}
+    for key, names in (("index-url", ("PIP_INDEX_URL",)), ("extra-index-url", ("PIP_EXTRA_INDEX_URL",)),
+                       ("proxy", ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"))):  # fmt: skip
+        value = next((os.environ[n] for n in names if os.environ.get(n)), "")
+        if value and "file:" not in value:
+            settings[key] = value
+    return "[global]\n" + "".join(f"{k} = {v}\n" for k, v in settings.items())
 
 
 @dataclass
@@ -134,6 +144,7 @@ class Results:
     returncode: int
     output: str
     skipped_why: list[str]
+    passed_in: dict[str, int]  # passed tests by module (test_slurm_e2e, ...)
 
     def summary(self) -> str:
         return f"{self.passed} passed, {self.failed} failed, {self.skipped} skipped in {self.seconds:.0f} s"
@@ -162,6 +173,8 @@ class ReleaseRun:
         how = self.image.ensure(log)
         self.timings[f"image_{how}"] = time.monotonic() - t0
         try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            (self.root / "owner.pid").write_text(f"{os.getpid()}\n")  # a run whose owner died is reaped
             self._start_database()
             self._mount()
             self._copy_source()
@@ -192,7 +205,7 @@ class ReleaseRun:
 
     def pytest(self, *args: str, timeout: float = 1800) -> Results:
         """The suite's ``args`` (test files, -m ...) with the image's Python, mig_batch the installed wheel."""
-        report = f"{SOURCE}/results.xml"
+        report = f"{SOURCE}/results-{time.monotonic_ns()}.xml"  # never an earlier run's
         env = ["MIG_BATCH_EXPECT_INSTALLED=1", "PYTHONSAFEPATH=1", "PYTHONDONTWRITEBYTECODE=1",
                f"{DATABASE_ENV}={self.database_address}"]  # fmt: skip
         t0 = time.monotonic()
@@ -201,6 +214,7 @@ class ReleaseRun:
         seconds = time.monotonic() - t0
         counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
         skipped_why: list[str] = []
+        passed_in: dict[str, int] = {}
         xml = inside(self.chroot, report)
         if xml.exists():
             tree = ET.parse(xml)
@@ -209,16 +223,26 @@ class ReleaseRun:
                     counts[key] += int(suite.get(key, 0))
             skipped_why = [f"{case.get('classname')}.{case.get('name')}: {skip.get('message')}"
                            for case in tree.iter("testcase") for skip in case.iter("skipped")]  # fmt: skip
+            for case in tree.iter("testcase"):
+                if not any(case.iter("failure")) and not any(case.iter("error")) and not any(case.iter("skipped")):
+                    module = str(case.get("classname", "")).rpartition("tests.")[2].split(".")[0]
+                    passed_in[module] = passed_in.get(module, 0) + 1
         failed = counts["failures"] + counts["errors"]
         return Results(counts["tests"] - failed - counts["skipped"], failed, counts["skipped"], seconds,
-                       proc.returncode, (proc.stdout + proc.stderr)[-20000:], skipped_why)  # fmt: skip
+                       proc.returncode, (proc.stdout + proc.stderr)[-20000:], skipped_why, passed_in)  # fmt: skip
 
     def stop(self) -> None:
-        unmount_all(self.chroot)
-        shutil.rmtree(self.root / "overlay", ignore_errors=True)
-        if self.database is not None and self.database.poll() is None:
-            self.database.terminate()
-            self.database.wait(30)
+        try:
+            unmount_all(self.chroot)
+            shutil.rmtree(self.root / "overlay", ignore_errors=True)
+        finally:
+            if self.database is not None and self.database.poll() is None:
+                self.database.terminate()
+                try:
+                    self.database.wait(30)
+                except subprocess.TimeoutExpired:
+                    self.database.kill()
+                    self.database.wait(10)
 
     def _start_database(self) -> None:
         """The host's MariaDB for the image's slurmdbd: the images' own MariaDB 11.8 is one slurmdbd 24.11.5
@@ -226,8 +250,10 @@ class ReleaseRun:
         port = free_port()
         log = self.root / "mariadb.log"
 
-        def spawn(_: str, argv: list[str]) -> None:
-            self.database = subprocess.Popen(argv, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+        def spawn(_: str, argv: list[str]) -> None:  # killed with the thread that starts it, if not stopped
+            with log.open("ab") as out:
+                self.database = subprocess.Popen(["setpriv", "--pdeathsig", "KILL", "--", *argv], stdout=out,
+                                                 stderr=subprocess.STDOUT)  # fmt: skip
 
         def wait(ready: Callable[[], bool], what: str, timeout: float) -> None:
             deadline = time.monotonic() + timeout
@@ -250,7 +276,6 @@ class ReleaseRun:
         upper, work = self.root / "overlay" / "upper", self.root / "overlay" / "work"
         for d in (upper, work, self.chroot):
             d.mkdir(parents=True, exist_ok=True)
-        (self.root / "owner.pid").write_text(f"{os.getpid()}\n")  # a run whose owner died is reaped
         mount("overlay", self.chroot, "-t", "overlay",
               "-o", f"lowerdir={self.image.path},upperdir={upper},workdir={work}")  # fmt: skip
         mount("sysfs", self.chroot / "sys", "-t", "sysfs")
@@ -285,6 +310,14 @@ def reap_stale() -> list[Path]:
         with contextlib.suppress(OSError, ValueError):
             os.kill(int((point.parent / "mariadb" / "mysqld.pid").read_text()), signal.SIGTERM)
         reaped.append(point.parent)
+    for partial in cache_dir().glob("*.partial"):  # a build whose session ended first (tests/conftest.py)
+        with open(cache_dir() / f"{partial.name.removesuffix('.partial')}.lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # still being built
+            unmount_all(partial)
+            reaped.append(partial)
     return reaped
 
 
