@@ -76,25 +76,35 @@ def nvml_emu_creator(nvml_emu_node):
 
 
 def pytest_collection_finish(session):
-    """The Slurm release images, built (or restored) in the background from the start of a session that will
-    run the release matrix: debootstrap and pip mostly wait on the network while the host's tests run."""
-    if not any(item.path.name == "test_slurm_releases.py" for item in session.items):
+    """The chroot images this session's tests will need, built (or restored) in the background from its start:
+    debootstrap, apt and pip mostly wait on the network while the first tests run. A test that needs one waits
+    for it on the image's lock (or builds it itself, and reports why it could not, where this build failed)."""
+    import os
+
+    if os.geteuid() != 0:
         return
-    import threading
     from pathlib import Path
 
-    from harness.slurm_image import RELEASES, SlurmImage
+    names = {item.path.name for item in session.items}
+    images = []
+    if "test_slurm_releases.py" in names:
+        from harness.slurm_image import RELEASES, SlurmImage
 
-    if SlurmImage.available() is not None:
-        return
-    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
-    for release in RELEASES:
-        image = SlurmImage.for_release(release, pyproject)
+        pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+        images += [SlurmImage.for_release(release, pyproject) for release in RELEASES]
+    if any(name.startswith("test_htcondor") for name in names):
+        from harness.htcondor_pool import SUITE, Image
+
+        suites = [SUITE, "trixie"] if "test_htcondor_bindings_range.py" in names else [SUITE]
+        images += [Image(suite=suite) for suite in dict.fromkeys(suites)]
+    import threading
+
+    for image in images:
         threading.Thread(target=_build_quietly, args=(image,), daemon=True).start()
 
 
 def _build_quietly(image):
     import contextlib
 
-    with contextlib.suppress(Exception):  # built again, and reported, by the matrix's own ensure()
+    with contextlib.suppress(Exception):  # built again, and reported, by the test that needs it
         image.ensure()

@@ -221,7 +221,8 @@ class ReleaseRun:
             for suite in tree.iter("testsuite"):
                 for key in counts:
                     counts[key] += int(suite.get(key, 0))
-            skipped_why = [f"{case.get('classname')}.{case.get('name')}: {skip.get('message')}"
+            # a module skipped at collection says why in the text, "collection skipped" in the message
+            skipped_why = [f"{case.get('classname')}.{case.get('name')}: {skip.get('message')} {skip.text or ''}"
                            for case in tree.iter("testcase") for skip in case.iter("skipped")]  # fmt: skip
             for case in tree.iter("testcase"):
                 if not any(case.iter("failure")) and not any(case.iter("error")) and not any(case.iter("skipped")):
