@@ -192,7 +192,9 @@ class ReleaseRun:
         starts or mounts outlives it, nor this process."""
         namespace = ["setpriv", "--pdeathsig", "KILL", "--", "unshare", "--pid", "--fork", "--kill-child",
                      f"--mount-proc={self.chroot}/proc"]  # fmt: skip
-        command = [*namespace, *CHROOT_ENV, *env, "chroot", str(self.chroot), "sh", "-c", f'cd {SOURCE} && exec "$@"',
+        # sh stays the namespace's PID 1 (no exec): it reaps the orphans reparented to it (every slurmstepd),
+        # which a Python PID 1 would leave as zombies by the thousand in a burst
+        command = [*namespace, *CHROOT_ENV, *env, "chroot", str(self.chroot), "sh", "-c", f'cd {SOURCE} && "$@"',
                    "sh", *argv]  # fmt: skip
         try:
             proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
