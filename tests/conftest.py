@@ -78,20 +78,21 @@ def nvml_emu_creator(nvml_emu_node):
 def pytest_collection_finish(session):
     """The chroot images this session's tests will need, built (or restored) in the background from its start:
     debootstrap, apt and pip mostly wait on the network while the first tests run. A test that needs one waits
-    for it on the image's lock (or builds it itself, and reports why it could not, where this build failed)."""
+    for it on the image's lock (or builds it itself, and reports why it could not, where this build failed).
+    The Slurm release matrix starts whole (tests/test_slurm_releases.py): its runs mostly wait on Slurm."""
     import os
 
-    if os.geteuid() != 0:
+    if os.geteuid() != 0 or session.config.option.collectonly:
         return
     from pathlib import Path
 
     names = {item.path.name for item in session.items}
     images = []
     if "test_slurm_releases.py" in names:
-        from harness.slurm_image import RELEASES, SlurmImage
+        from harness.slurm_image import Matrix, SlurmImage
 
-        pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
-        images += [SlurmImage.for_release(release, pyproject) for release in RELEASES]
+        if SlurmImage.available() is None:  # the release runs, with their images, beside the host's tests
+            Matrix.start(Path(__file__).resolve().parents[1])
     if any(name.startswith("test_htcondor") for name in names):
         from harness.htcondor_pool import SUITE, Image
 

@@ -22,13 +22,16 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import tomllib
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from .chroot import (
     CHROOT_ENV,
@@ -44,6 +47,7 @@ from .chroot import (
 )
 from .slurm_cluster import DATABASE_ENV, start_mariadb
 
+T = TypeVar("T")
 RELEASES = {"24.11": "trixie", "26.05": "sid"}  # the Slurm release each Debian suite ships (docs/slurm.md)
 PACKAGES = ("slurm-wlm", "slurmdbd", "libslurm-dev", "munge", "mariadb-server", "gcc", "libc6-dev", "python3",
             "python3-venv", "passwd", "procps")  # fmt: skip
@@ -293,6 +297,70 @@ class ReleaseRun:
         shutil.copy(self.wheel, source)
 
 
+# The release matrix (tests/test_slurm_releases.py). The e2e modules that touch Slurm's surface: the 30-mixed-jobs
+# audit, forged placement, arrays and dependencies, controller SIGKILL (test_slurm_e2e); libslurm through the
+# helper library; accounting; prompt slots; Flex-MIG; controller down, node killed, agent killed and a chain
+# requeued by an operator (test_failures_e2e: a chain without PyTorch, which the images lack); each job fenced
+# to its instance, two users.
+E2E_SUBSET = ("tests/test_slurm_e2e.py", "tests/test_slurm_native.py", "tests/test_slurm_accounting.py",
+              "tests/test_prompt_slots_e2e.py", "tests/test_flex_e2e.py", "tests/test_failures_e2e.py",
+              "tests/test_fence_e2e.py")  # fmt: skip
+FAST_TESTS = ("-m", "not slow", *(f"--ignore={m}" for m in E2E_SUBSET), "tests")  # the rest, but the slow ones
+FAST_ENV = "MIG_BATCH_RELEASE_FAST_TESTS"  # "0": the matrix runs without the fast tests (about 2 CPU-minutes each)
+
+
+class Matrix:
+    """The matrix's runs of one session: every release side by side in threads, started once, from the start
+    of the session (tests/conftest.py) so that they overlap the host's tests, or when a test first asks."""
+
+    started: Matrix | None = None
+
+    def __init__(self, checkout: Path, fast: bool):
+        self.checkout, self.fast = checkout, fast
+        self.root = Path(tempfile.mkdtemp(prefix="mig-batch-releases-"))
+        self._wheel = _in_background(build_wheel, checkout, self.root / "wheel")
+        self._done = {release: _in_background(self._run, release, i % 2 == 1)  # one runs its fast tests first
+                      for i, release in enumerate(sorted(RELEASES))}  # fmt: skip
+
+    @classmethod
+    def start(cls, checkout: Path) -> Matrix:
+        if cls.started is None:
+            cls.started = Matrix(checkout, os.environ.get(FAST_ENV) != "0")
+        return cls.started
+
+    def results(self, release: str) -> dict[str, object]:
+        return self._done[release].result()
+
+    def _run(self, release: str, fast_first: bool) -> dict[str, object]:
+        image = SlurmImage.for_release(release, self.checkout / "pyproject.toml")
+        with ReleaseRun(self.root / release, image, self.checkout, self._wheel.result()) as run:
+            found: dict[str, object] = {"version": run.run("slurmd", "-V").stdout.split()[-1],
+                                        "image": image.version()}  # fmt: skip
+            suites = [("e2e", E2E_SUBSET), *([("fast", FAST_TESTS)] if self.fast else [])]
+            for name, args in suites[:: -1 if fast_first else 1]:
+                found[name] = run.pytest(*args)
+        shutil.rmtree(self.root / release / "mariadb", ignore_errors=True)  # its data: about 100 MB
+        lines = [f"Slurm {found['version']} ({found['image']}), started in {run.timings['start']:.0f} s"]
+        lines += [f"{name}: {found[name].summary()}" for name, _ in suites]  # type: ignore[attr-defined]  # Results
+        (cache_dir() / f"results-{release}.txt").write_text("\n".join(lines) + "\n")
+        return found
+
+
+def _in_background(call: Callable[..., T], *args: object) -> Future[T]:
+    """``call(*args)`` in a daemon thread: a session that ends first does not wait for it (its processes die
+    with this one: ``setpriv --pdeathsig``; its mounts are reaped by :func:`reap_stale`)."""
+    done: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            done.set_result(call(*args))
+        except BaseException as exc:  # handed to whoever asks for the result
+            done.set_exception(exc)
+
+    threading.Thread(target=run, daemon=True).start()
+    return done
+
+
 def reap_stale() -> list[Path]:
     """Unmount the runs whose owning process is gone (a test run that was killed), and stop their MariaDB."""
     reaped = []
@@ -334,4 +402,5 @@ def build_wheel(checkout: Path, into: Path) -> Path:
     return next(into.glob("mig_batch-*.whl"))
 
 
-__all__ = ["RELEASES", "ReleaseRun", "Results", "SlurmImage", "build_wheel", "mounts_under", "reap_stale"]
+__all__ = ["E2E_SUBSET", "FAST_ENV", "RELEASES", "Matrix", "ReleaseRun", "Results", "SlurmImage", "build_wheel",
+           "mounts_under", "reap_stale"]
