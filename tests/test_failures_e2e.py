@@ -137,6 +137,8 @@ def test_a_journal_lost_while_jobs_run_keeps_their_instances(bed):
     their Epilogs destroy them."""
     jobs = submit(bed, 3, 25)
     wait_for(lambda: sum(s == "RUNNING" for s, _ in states(bed, set(jobs)).values()) == 3, 60, "jobs running")
+    # Slurm shows a job RUNNING while its Prolog still makes the instance (seen on 24.11 under load)
+    wait_for(lambda: sum(len(instances(bed, node)) for node in bed.nodes) == 3, 30, "the jobs' instances made")
     made = {node: instances(bed, node) for node in bed.nodes}
     assert sum(len(m) for m in made.values()) == 3
     journals = [bed.node_dir(node) / "lib" / "node" / "journal" / "entries.log" for node in bed.nodes]
