@@ -103,6 +103,9 @@ class SiteConfig:
     htcondor_config: str = ""  # HTCondor: the client config (CONDOR_CONFIG) of mig-batchd and the node agent
     htcondor_agent_file: str = "/run/mig-batch/htcondor-agent.ad"  # HTCondor: the file the startd cron publishes
     slice_gres: str = ""  # Slurm GRES that counts each job's MIG memory slices (e.g. mig_slices); "": off
+    # mig-batchd's OpenMetrics endpoint: "[host:]port" ("": off; no host: localhost); the node agent's textfile
+    metrics_listen: str = ""
+    metrics_textfile: str = ""  # on each GPU node: a node-exporter textfile collector file the agent writes
     atomize: AtomizeConfig = field(default_factory=AtomizeConfig)
     moldable: MoldableConfig = field(default_factory=MoldableConfig)
     flex: FlexConfig = field(default_factory=FlexConfig)
@@ -182,6 +185,8 @@ def load_config(explicit: str | os.PathLike | None = None) -> SiteConfig:
         htcondor_config=_text(raw, "htcondor_config", "", path),
         htcondor_agent_file=_text(raw, "htcondor_agent_file", SiteConfig.htcondor_agent_file, path),
         slice_gres=_slice_gres(raw, path),
+        metrics_listen=_metrics_listen(raw, path),
+        metrics_textfile=_text(raw, "metrics_textfile", "", path),
         atomize=_atomize(raw.get("atomize") or {}, path),
         moldable=_moldable(raw.get("moldable") or {}, path),
         flex=_section(raw.get("flex") or {}, path, "flex", FlexConfig),
@@ -191,6 +196,26 @@ def load_config(explicit: str | os.PathLike | None = None) -> SiteConfig:
 
 
 BATCH_SYSTEMS = ("slurm", "htcondor")
+
+
+def listen_address(text: str) -> tuple[str, int]:
+    """``[host:]port`` (``[v6]:port`` too) as (host, port); no host: localhost. ValueError naming the form."""
+    host, sep, port = text.strip().rpartition(":")
+    host = host.strip("[]") if sep else ""
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text[:64]!r} is not [host:]port with a port from 1 to 65535 (e.g. 9810, 0.0.0.0:9810)")
+    return host or "localhost", int(port)
+
+
+def _metrics_listen(raw: dict, path: Path) -> str:
+    text = _text(raw, "metrics_listen", "", path) if not isinstance(raw.get("metrics_listen"), int) \
+        else str(raw["metrics_listen"])  # fmt: skip
+    if text:
+        try:
+            listen_address(text)
+        except ValueError as exc:
+            raise ConfigError(f"{path}: metrics_listen: {exc}") from None
+    return text
 
 
 def _text(raw: dict, key: str, default: str, path: Path) -> str:
