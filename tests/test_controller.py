@@ -98,6 +98,43 @@ def test_a_requeue_report_holds_the_job_and_decides_it_again(site, batch):
     assert store.count_decisions(job) == 2 and store.decision(job).state == "released"
 
 
+@pytest.mark.parametrize("outcome, requeued", [("COMPLETED", True), ("FAILED", True), ("CANCELLED", False)])
+def test_a_job_that_ran_without_its_instance_and_ended_unseen_goes_back_to_the_queue(site, batch, outcome, requeued):
+    """Its prolog reported "requeue" (it ran with no GPU) and it ended before a pass saw it run (the controller
+    was down): requeued held and decided again, not counted as ended; one its owner cancelled stays ended."""
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    job = batch.add(RIGID)
+    c.step()
+    batch.start(job, NodeReport("requeue", reason="decided spot taken; nothing fits on n1"))
+    batch.finish(job, outcome=outcome)
+    c.step()
+    assert (("requeue_hold", job) in batch.calls) is requeued
+    assert store.decision(job).state == ("requeued" if requeued else "ended")
+    assert store.events(job=job, kind="node-problem")
+    if requeued:
+        assert batch.job(job).held and batch.job(job).admin_tag == RIGID  # nor placement nor report left
+        batch._set(job, not_before=time.time() - 1)
+        c.step()
+        assert store.count_decisions(job) == 2 and store.decision(job).state == "released"
+
+
+def test_a_job_that_ran_without_its_instance_and_was_forgotten_stays_ended_with_the_event(site, batch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    job = batch.add(RIGID)
+    c.step()
+    batch.start(job, NodeReport("requeue", reason="nothing fits"))
+    batch.finish(job)
+
+    def refused(job, reason=""):  # Slurm: the record purged meanwhile (MinJobAge), or a job not requeueable
+        raise BatchError(f"scontrol requeuehold {job}: Invalid job id specified")
+
+    batch.requeue_hold = refused
+    c.step()
+    assert store.decision(job).state == "ended" and store.events(job=job, kind="ran-without-instance")
+
+
 def test_a_replaced_instance_moves_in_the_view(site, batch):
     store = Store(site.state)
     c = Controller(site, store, batch)

@@ -103,6 +103,12 @@ def instances(bed, node):
     return nvml_emu.live_instances(bed.gpu_dir(node))
 
 
+def started_on_mig(bed, job):
+    """Whether the job's script started with its instance (its Prolog and TaskProlog are over)."""
+    out = bed.root / "out" / f"{job}.out"
+    return out.exists() and "|MIG-" in out.read_text()
+
+
 def assert_clean(bed, jobs):
     store = Store(bed.store_path)
     for job in jobs:
@@ -137,8 +143,9 @@ def test_a_journal_lost_while_jobs_run_keeps_their_instances(bed):
     their Epilogs destroy them."""
     jobs = submit(bed, 3, 25)
     wait_for(lambda: sum(s == "RUNNING" for s, _ in states(bed, set(jobs)).values()) == 3, 60, "jobs running")
-    # Slurm shows a job RUNNING while its Prolog still makes the instance (seen on 24.11 under load)
-    wait_for(lambda: sum(len(instances(bed, node)) for node in bed.nodes) == 3, 30, "the jobs' instances made")
+    # Slurm shows a job RUNNING while its Prolog still makes the instance and reports it (seen on 24.11 under
+    # load): an agent killed then leaves that Prolog to its slow path, which makes the instance again
+    wait_for(lambda: all(started_on_mig(bed, job) for job in jobs), 60, "the jobs' scripts on their instances")
     made = {node: instances(bed, node) for node in bed.nodes}
     assert sum(len(m) for m in made.values()) == 3
     journals = [bed.node_dir(node) / "lib" / "node" / "journal" / "entries.log" for node in bed.nodes]

@@ -152,6 +152,26 @@ class Follower:
             else:
                 self.batch.hold(d.job)
                 self._unplace(d)  # after: unplaced while it may start, it would start with no instance
+        self._decide_again(d, reason)
+
+    def _requeue_ended(self, d: Decision, job: BatchJob, reason: str) -> bool:
+        """A job whose prolog could not make its instance ran without one (CUDA saw no GPU) and ended before a
+        pass saw it run (the controller was down, or the job was short): back to the queue, held, to run on an
+        instance; not a chain's subjob (its runner went on) nor a job its owner cancelled. Whether it went
+        back (the batch system may have forgotten it, or refuse: it stays ended, with the event)."""
+        if d.tag.atomize is not None or job.cancelled:
+            return False
+        try:
+            self.batch.requeue_hold(d.job, reason)
+        except BatchError as exc:
+            self.store.event(d.job, "ran-without-instance", node=d.node, error=str(exc))
+            log.warning("job %s ran without its instance and could not be requeued: %s", d.job, exc)
+            return False
+        self._unplace(d)  # held now (Slurm refuses to update a finished job's tag)
+        self._decide_again(d, f"ran without its instance: {reason}")
+        return True
+
+    def _decide_again(self, d: Decision, reason: str) -> None:
         self.ledger.free(d.job)
         self.reported.discard(d.job)
         if self.store.instance(d.job) is not None:
@@ -178,6 +198,8 @@ class Follower:
                 report = None
             if report is not None and report.kind == "requeue":
                 self._prolog_problem(d, report)
+                if self._requeue_ended(d, job, report.reason):
+                    return
         self.ledger.free(d.job)
         self.reported.discard(d.job)
         if self.store.instance(d.job) is not None:  # the Epilog destroyed it (the node reconciles a leak)
