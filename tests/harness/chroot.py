@@ -125,6 +125,26 @@ def pids_rooted_at(root: Path) -> list[int]:
     return found
 
 
+def orphaned_chroots() -> list[Path]:
+    """The run folders of overlay chroots (``<run>/chroot``) whose ``<run>/owner.pid`` names a process that is
+    gone: a test run killed before it could stop what it started. A run of a live process is never named."""
+    with open("/proc/mounts") as mounts:
+        points = [Path(line.split()[1]) for line in mounts if line.startswith("overlay ")]
+    orphans = []
+    for point in points:
+        owner = point.parent / "owner.pid"
+        if point.name != "chroot" or not owner.exists():
+            continue  # not a run of ours
+        try:
+            os.kill(int(owner.read_text()), 0)
+            continue  # its owner still runs
+        except ProcessLookupError:
+            orphans.append(point.parent)
+        except (ValueError, PermissionError):
+            continue
+    return orphans
+
+
 @dataclass
 class ChrootImage:
     """A Debian suite with ``packages`` installed (debootstrap, then apt in the chroot), built once under

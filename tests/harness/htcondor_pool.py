@@ -45,11 +45,13 @@ from .chroot import (
     inside,
     mount,
     mount_dev,
+    orphaned_chroots,
     pids_rooted_at,
     run,
     unmount_all,
     write_hosts,
 )
+from .slurm_image import SOURCE
 
 # the Debian suite whose minicondor the pool runs: sid's matches the bindings; MIG_BATCH_HTCONDOR_SUITE=trixie
 # runs the pool on trixie's 23.9.6 daemons (docs/htcondor.md, "Bindings")
@@ -193,20 +195,9 @@ class LocalPool:
         """Stop the pools whose owning process is gone (a test run that was killed): their daemons still
         run and their mounts stay until someone stops them. Pools of live processes are left alone."""
         reaped = []
-        with open("/proc/mounts") as mounts:
-            points = [line.split()[1] for line in mounts if line.startswith("overlay ")]
-        for point in points:
-            root = Path(point).parent
-            owner = root / "owner.pid"
-            if Path(point).name != "chroot" or not owner.exists():
-                continue  # not one of ours
-            try:
-                os.kill(int(owner.read_text()), 0)
-                continue  # its owner still runs
-            except ProcessLookupError:
-                pass
-            except (ValueError, PermissionError):
-                continue
+        for root in orphaned_chroots():
+            if (root / "chroot" / SOURCE.lstrip("/")).is_dir():
+                continue  # a Slurm release run (slurm_image.reap_stale reaps those)
             LocalPool(root).stop()
             reaped.append(root)
         return reaped

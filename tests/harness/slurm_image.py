@@ -42,6 +42,7 @@ from .chroot import (
     mount,
     mount_dev,
     mounts_under,
+    orphaned_chroots,
     unmount_all,
     write_hosts,
 )
@@ -85,6 +86,31 @@ class SlurmImage(ChrootImage):
     def name(self) -> str:  # type: ignore[override]  # a plain attribute in the base, keyed by the recipe here
         recipe = repr((RECIPE, self.suite, self.packages, sorted(self.pip))).encode()
         return f"image-{hashlib.sha256(recipe).hexdigest()[:10]}"
+
+    def ensure(self, log: Callable[[str], None] = lambda _: None) -> str:
+        how = super().ensure(log)
+        if how != "reused":
+            self.prune_superseded(log)
+        return how
+
+    def prune_superseded(self, log: Callable[[str], None] = lambda _: None) -> list[Path]:
+        """Remove this suite's images of other recipes (2-3 GB each): those no session builds or runs now."""
+        with open("/proc/mounts") as mounts:
+            in_use = mounts.read()
+        pruned = []
+        for old in self.cache.glob(f"image-*-{self.suite}"):
+            if old == self.path or not old.is_dir() or f"lowerdir={old}" in in_use:
+                continue
+            with open(old.with_name(old.name + ".lock"), "w") as lock:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # being built
+                log(f"removing the superseded image {old}")
+                shutil.rmtree(old, ignore_errors=True)
+                old.with_name(old.name + ".lock").unlink(missing_ok=True)
+                pruned.append(old)
+        return pruned
 
     @staticmethod
     def for_release(release: str, pyproject: Path) -> SlurmImage:
@@ -364,19 +390,10 @@ def _in_background(call: Callable[..., T], *args: object) -> Future[T]:
 def reap_stale() -> list[Path]:
     """Unmount the runs whose owning process is gone (a test run that was killed), and stop their MariaDB."""
     reaped = []
-    with open("/proc/mounts") as mounts:
-        points = [Path(line.split()[1]) for line in mounts if line.startswith("overlay ")]
-    for point in points:
-        owner = point.parent / "owner.pid"
-        if point.name != "chroot" or not owner.exists() or not (point / SOURCE.lstrip("/")).is_dir():
-            continue  # not a release run
-        try:
-            os.kill(int(owner.read_text()), 0)
-            continue
-        except ProcessLookupError:
-            pass
-        except (ValueError, PermissionError):
-            continue
+    for run in orphaned_chroots():
+        point = run / "chroot"
+        if not (point / SOURCE.lstrip("/")).is_dir():
+            continue  # not a release run (an HTCondor pool's)
         unmount_all(point)
         with contextlib.suppress(OSError, ValueError):
             os.kill(int((point.parent / "mariadb" / "mysqld.pid").read_text()), signal.SIGTERM)
