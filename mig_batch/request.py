@@ -313,3 +313,112 @@ def parse_moldable(text: str, memory: str | None = None) -> MoldableRequest:
     if not times:
         raise RequestError("a moldable request needs sizes with predicted times, like 1g=300,2g=160,3g=110")
     return MoldableRequest(times=times, memory_mib=parse_memory(memory) if memory else None)
+
+
+# ---------------------------------------------------------------------------------------------
+# round-up: the chosen profile holds much more than asked
+
+# The rule, in one table job_submit.lua's generator can read beside the profile table: a request by size
+# (memory and/or compute, not a profile by name) "rounds up" when its chosen profile holds more than
+# ``factor`` times a dimension asked, and the profile just below it (in the size order of the choice)
+# falls short only in dimensions so rounded up. migsub and translate then warn; --strict refuses.
+ROUND_UP_RULE: dict[str, float] = {"factor": 1.5}
+
+
+@dataclass(frozen=True)
+class RoundUp:
+    """A request that rounds up on one model: what was asked, what it got, and the profile that just missed."""
+
+    model: str
+    asked: str  # "20.00 GiB GPU memory"
+    chosen: str  # "3g.40gb (38.80 GiB, 3/7 compute)"
+    over: str  # "1.9x the memory"
+    near: str  # "2g.20gb holds 19.40 GiB, 0.60 GiB short"
+
+    def message(self) -> str:
+        return f"{self.model}: {self.asked} asked, {self.chosen} chosen ({self.over}); {self.near}"
+
+
+def _asked_slices(compute: ComputeShare, model: GpuModel) -> float:
+    return float(compute.slices) if compute.slices is not None else (compute.fraction or 0.0) * model.compute_slices
+
+
+def round_up(request: MigRequest, model: GpuModel, chosen: Profile) -> RoundUp | None:
+    """Whether ``chosen`` (the translation of ``request`` on ``model``) holds much more than asked, by
+    :data:`ROUND_UP_RULE`; None for a profile asked by name, or when nothing smaller comes near."""
+    if request.profiles or (request.memory_mib is None and request.compute is None):
+        return None
+    factor = ROUND_UP_RULE["factor"]
+    over: dict[str, float] = {}
+    if request.memory_mib is not None and chosen.memory_mib > factor * request.memory_mib:
+        over["memory"] = chosen.memory_mib / request.memory_mib
+    if request.compute is not None and chosen.compute_slices > factor * _asked_slices(request.compute, model):
+        over["compute"] = chosen.compute_slices / _asked_slices(request.compute, model)
+    if not over:
+        return None
+    smaller = [p for p in model.profiles
+               if p.is_media_extension == request.media and size_order(p) < size_order(chosen)]  # fmt: skip
+    if not smaller:
+        return None  # the model's smallest: nothing holds less
+    near = max(smaller, key=size_order)
+    short: dict[str, str] = {}
+    if request.memory_mib is not None and near.memory_mib < request.memory_mib:
+        short["memory"] = f"holds {format_mib(near.memory_mib)}, {format_mib(request.memory_mib - near.memory_mib)}"
+    if request.compute is not None and not request.compute.satisfied_by(near, model):
+        has = f"has {near.compute_slices}/{model.compute_slices} compute"
+        if request.compute.slices is not None:
+            missing = request.compute.slices - near.compute_slices
+            short["compute"] = f"{has}, {missing} compute slice{'s' if missing > 1 else ''}"
+        else:
+            missing_share = (request.compute.fraction or 0.0) - near.compute_slices / model.compute_slices
+            short["compute"] = f"{has}, {missing_share:.1%} of the GPU"
+    if not short or not set(short) <= set(over):
+        return None  # the size was forced by a dimension asked tightly: no smaller profile is near
+    asked = []
+    if request.memory_mib is not None:
+        asked.append(f"{format_mib(request.memory_mib)} GPU memory")
+    if request.compute is not None:
+        asked.append(f"compute {request.compute}")
+    return RoundUp(
+        model=model.name,
+        asked=" and ".join(asked),
+        chosen=_describe_profile(chosen, model),
+        over=" and ".join(f"{ratio:.1f}x the {kind}" for kind, ratio in over.items()),
+        near=f"{near.name} " + " and ".join(short.values()) + " short",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# static-MIG request forms: Slurm's own MIG support names the profile as the GPU type
+
+# option -> the form read there; a form is a MIG request only when <profile> is one of the site's
+# profiles (the profile table job_submit.lua also carries); anything else (gpu:1, gpu:a100:2) is left
+# with its meaning: whole GPUs as the site has them today.
+STATIC_MIG_FORMS: dict[str, str] = {
+    "--gres": "gpu:<profile>[:n]",
+    "--gpus": "<profile>[:n]",
+    "--gpus-per-node": "<profile>[:n]",
+}
+_STATIC_RE = re.compile(r"^(?:gres[:/])?gpu:([^:]+)(?::(\d+))?$", re.IGNORECASE)
+_TYPED_RE = re.compile(r"^(?:gpu:)?([^:]+)(?::(\d+))?$", re.IGNORECASE)
+
+
+def static_mig_request(option: str, value: str, site_profiles: Iterable[str]) -> MigRequest | None:
+    """The MIG request of ``--gres=gpu:3g.40gb:1``, ``--gpus=1g.10gb:2`` or ``--gpus-per-node=1g.10gb:2`` (one
+    item of the option's comma-separated list), or None where it is not one: no GPU type (``gpu:1``, ``2``),
+    or a type that is not one of ``site_profiles`` (``gpu:a100:1``). Several instances are on one node, one
+    per task, as with ``mig:1g.10gb:4``."""
+    if option not in STATIC_MIG_FORMS:
+        raise RequestError(f"{option} has no static-MIG form; they are: "
+                           + ", ".join(f"{o}={f}" for o, f in STATIC_MIG_FORMS.items()))  # fmt: skip
+    match = (_STATIC_RE if option == "--gres" else _TYPED_RE).match(value.strip())
+    if not match:
+        return None
+    name, count = match.group(1).lower(), match.group(2)
+    if name not in {p.lower() for p in site_profiles}:
+        return None
+    if count is not None and int(count) < 1:
+        raise RequestError(f"{option}={value} asks for {count} instances of {name}; give at least 1 "
+                           f"({option}={STATIC_MIG_FORMS[option].replace('<profile>', name).replace('[:n]', ':2')} "
+                           "asks for two on one node)")  # fmt: skip
+    return MigRequest(profiles=(name,), count=int(count or 1))

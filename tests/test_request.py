@@ -173,3 +173,101 @@ def test_a_moldable_size_no_model_of_the_site_runs_is_refused_by_name():
 def test_parse_gres_count_asks_for_instances():
     assert parse_gres("mig:1g.10gb:4") == MigRequest(profiles=("1g.10gb",), count=4)
     assert parse_gres("mig:5G:2").count == 2 and parse_gres("mig:5G").count == 1
+
+
+# --- round-up: the chosen profile holds much more than asked -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("model", "memory", "compute", "chosen", "warning"),
+    [
+        # the cases: just over a profile's size, the next one holds about twice
+        ("A100-80GB", "20G", None, "3g.40gb", "3g.40gb (38.80 GiB, 3/7 compute) chosen (1.9x the memory); "
+                                              "2g.20gb holds 19.40 GiB, 614 MiB short"),
+        ("H200-141GB", "18G", None, "1g.35gb", "(1.8x the memory); 1g.18gb holds 16.00 GiB, 2.00 GiB short"),
+        ("A100-40GB", "20G", None, "7g.40gb", "(2.0x the memory); 4g.20gb holds 19.62 GiB, 384 MiB short"),
+        ("A100-40GB", None, "0.15", "2g.10gb", "(1.9x the compute); 1g.10gb has 1/7 compute, 0.7% of the GPU short"),
+        ("A100-40GB", "11G", "1g", "3g.20gb", "(1.8x the memory and 3.0x the compute); 2g.10gb holds 9.62 GiB"),
+        ("A30-24GB", None, "3g", "4g.24gb", None),  # 1.33x: within the rule
+        ("A100-80GB", "30G", None, "3g.40gb", None),  # 1.29x
+        ("A100-40GB", "1G", None, "1g.5gb", None),  # the smallest profile: nothing holds less
+        ("A100-40GB", None, "1g", "1g.5gb", None),
+        ("A100-40GB", "5G", "3g", "3g.20gb", None),  # 3.9x the memory, but 3g forced the size: 2g.10gb lacks compute
+    ],
+)
+def test_round_up_names_the_profile_that_just_missed(model, memory, compute, chosen, warning):
+    from mig_batch.request import round_up
+
+    gpu = get_model(model)
+    request = MigRequest(memory_mib=parse_memory(memory) if memory else None,
+                         compute=parse_compute(compute) if compute else None)  # fmt: skip
+    profile = translate(request, gpu)
+    assert profile.name == chosen
+    found = round_up(request, gpu, profile)
+    if warning is None:
+        assert found is None
+    else:
+        assert found is not None and warning in found.message() and found.message().startswith(f"{model}: ")
+
+
+def test_round_up_is_not_told_for_a_profile_asked_by_name():
+    from mig_batch.request import round_up
+
+    request = MigRequest(profiles=("3g.40gb",), memory_mib=parse_memory("1G"))
+    assert round_up(request, A100_80, translate(request, A100_80)) is None
+
+
+def test_round_up_rule_is_one_table():
+    from mig_batch.request import ROUND_UP_RULE, round_up
+
+    request = MigRequest(memory_mib=parse_memory("26G"))  # 3g.40gb holds 38.8 GiB: 1.49x
+    assert round_up(request, A100_80, translate(request, A100_80)) is None
+    ROUND_UP_RULE["factor"], old = 1.4, ROUND_UP_RULE["factor"]
+    try:
+        assert round_up(request, A100_80, translate(request, A100_80)) is not None
+    finally:
+        ROUND_UP_RULE["factor"] = old
+
+
+# --- static-MIG forms -------------------------------------------------------------------------------------------
+
+SITE = [p.name for p in A100_80.profiles]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "profile", "count"),
+    [
+        ("--gres", "gpu:3g.40gb:1", "3g.40gb", 1),
+        ("--gres", "gpu:3g.40gb", "3g.40gb", 1),
+        ("--gres", "gres/gpu:1g.10gb:4", "1g.10gb", 4),  # as Slurm's TRES strings write it
+        ("--gres", "GPU:3G.40GB:2", "3g.40gb", 2),
+        ("--gpus", "1g.10gb:2", "1g.10gb", 2),
+        ("--gpus", "gpu:1g.10gb:2", "1g.10gb", 2),
+        ("--gpus-per-node", "2g.20gb:3", "2g.20gb", 3),
+        # not MIG requests: left with their meaning (whole GPUs as the site has them)
+        ("--gres", "gpu:1", None, None),
+        ("--gres", "gpu", None, None),
+        ("--gres", "gpu:a100:2", None, None),
+        ("--gres", "gpu:3g.20gb:1", None, None),  # an A100-40GB profile: not this site's
+        ("--gpus", "2", None, None),
+        ("--gpus-per-node", "a100:1", None, None),
+        ("--gres", "nvme:1", None, None),
+    ],
+)
+def test_static_mig_forms(option, value, profile, count):
+    from mig_batch.request import static_mig_request
+
+    found = static_mig_request(option, value, SITE)
+    if profile is None:
+        assert found is None
+    else:
+        assert found == MigRequest(profiles=(profile,), count=count)
+
+
+def test_static_mig_form_refusals():
+    from mig_batch.request import static_mig_request
+
+    with pytest.raises(RequestError, match="give at least 1 .--gpus=1g.10gb:2 asks for two"):
+        static_mig_request("--gpus", "1g.10gb:0", SITE)
+    with pytest.raises(RequestError, match="--gpus-per-task has no static-MIG form"):
+        static_mig_request("--gpus-per-task", "1g.10gb:1", SITE)
