@@ -33,7 +33,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "where it cannot run (for a DEST shared by nodes that differ); python: shims run the "
                         "standard-library client (~10 ms a start); auto (default): direct when a C compiler is found "
                         "and DEST is on this host's own disk, c on a network file system, else python")
+    _add_site_file_options(i, "slurm")
     i.set_defaults(handler=cmd_install)
+    u = kinds.add_parser("uninstall", help="remove what `slurm install` wrote into DEST and put back the site's files")
+    u.add_argument("dest", type=Path, help="the directory installed into (it holds .mig-batch-manifest.json)")
+    u.add_argument("--dry-run", action="store_true", help="say what would be removed and put back; change nothing")
+    u.add_argument("--force", action="store_true",
+                   help="also remove files changed since the install (each kept as NAME.mig-batch-changed~)")
+    u.set_defaults(handler=cmd_uninstall, installer="slurm")
     htc = sub.add_parser("htcondor",
                          help="HTCondor integration: write the schedd and execute-node policy, the job wrapper")
     htc_kinds = htc.add_subparsers(dest="htcondor_command", metavar="SUBCOMMAND", required=True)
@@ -50,7 +57,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "default: %(default)s)")  # fmt: skip
     h.add_argument("--wrapper-dir", default="/usr/local/libexec/mig-batch",
                    help="where the nodes keep the job wrapper (default: %(default)s)")
+    _add_site_file_options(h, "htcondor")
     h.set_defaults(handler=cmd_htcondor_install)
+    hu = htc_kinds.add_parser("uninstall",
+                              help="remove what `htcondor install` wrote into DEST and put back the site's files")
+    hu.add_argument("dest", type=Path, help="the directory installed into (it holds .mig-batch-manifest.json)")
+    hu.add_argument("--dry-run", action="store_true", help="say what would be removed and put back; change nothing")
+    hu.add_argument("--force", action="store_true",
+                    help="also remove files changed since the install (each kept as NAME.mig-batch-changed~)")
+    hu.set_defaults(handler=cmd_uninstall, installer="htcondor")
     s = sub.add_parser("status", help="every GPU's MIG slices and the jobs on them")
     s.add_argument("--config", help="site config")
     s.add_argument("--json", action="store_true")
@@ -60,6 +75,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--last", type=int, default=20, help="how many offers (newest first)")
     o.add_argument("--json", action="store_true")
     o.set_defaults(handler=cmd_offers)
+
+
+def _add_site_file_options(parser: argparse.ArgumentParser, system: str) -> None:
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print a unified diff of every file against what DEST holds; write nothing")
+    parser.add_argument("--force", action="store_true",
+                        help="replace files of the site's own that differ (each kept beside as NAME.mig-batch-old~; "
+                             f"`mig-batch {system} uninstall DEST` puts them back)")  # fmt: skip
+
+
+def _print_report(report, dry_run: bool) -> None:
+    for diff in report.diffs:
+        sys.stdout.write(diff)
+    for line in report.lines:
+        console.print(line, highlight=False)
+    if dry_run:
+        console.print("dry run: nothing was written", highlight=False)
+
+
+def cmd_uninstall(args: argparse.Namespace) -> int:
+    if args.installer == "slurm":
+        from mig_batch.slurm.install import uninstall
+    else:
+        from mig_batch.htcondor.install import uninstall
+    if not args.dest.is_dir():
+        raise ValueError(f"{args.dest} is not a directory; give the directory `mig-batch {args.installer} install` "
+                         "wrote into")  # fmt: skip
+    _print_report(uninstall(args.dest.absolute(), force=args.force, dry_run=args.dry_run), args.dry_run)
+    return 0
 
 
 def _models(config: SiteConfig | None, every: bool):
@@ -106,20 +150,24 @@ def check_hook_python(python: str) -> None:
 
 
 def cmd_install(args: argparse.Namespace) -> int:
+    from mig_batch.batch.site_files import Report
     from mig_batch.slurm.install import install
 
     check_hook_python(args.python)
     config = load_config(args.config)
     dest = Path(args.dest).absolute()  # the paths written into the hooks and printed are absolute
+    if dest.exists() and not dest.is_dir():
+        raise ValueError(f"{dest} is not a directory; give the directory slurm.conf is in (e.g. /etc/slurm)")
     created = not dest.exists()
-    written, which = install(dest, args.python, str(Path(args.config).resolve()), str(config.job_dir),
-                             str(config.agent_socket), _models(config, False), config.nodes, config.slice_gres,
-                             config.flex.leaf_requests, args.hook_client, config.slurm_bin,
-                             str(config.slots_file) if config.prompt_slots else "")  # fmt: skip
-    for path in written:
-        console.print(f"wrote {path}", highlight=False)
+    report = Report()
+    _, which = install(dest, args.python, str(Path(args.config).resolve()), str(config.job_dir),
+                       str(config.agent_socket), _models(config, False), config.nodes, config.slice_gres,
+                       config.flex.leaf_requests, args.hook_client, config.slurm_bin,
+                       str(config.slots_file) if config.prompt_slots else "", force=args.force,
+                       dry_run=args.dry_run, report=report)  # fmt: skip
+    _print_report(report, args.dry_run)
     console.print(which, highlight=False)
-    if created:  # a typo (/etc/slrum) would otherwise install where slurm.conf never looks
+    if created and not args.dry_run:  # a typo (/etc/slrum) would otherwise install where slurm.conf never looks
         console.print(f"note: {dest} did not exist and was created: slurm.conf's Prolog, Epilog, TaskProlog "
                       "and job_submit.lua must be there for Slurm to run them", highlight=False)  # fmt: skip
     return 0
@@ -142,16 +190,22 @@ def cmd_htcondor_install(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     if not config.nodes:
         raise ConfigError(f"{config.path}: no nodes: (node: [GPU models]); the schedd's check needs the site's models")
+    from mig_batch.batch.site_files import Report
+
     agents = [args.agent_identity] if args.agent_identity else []
-    written = install(args.dest, _models(config, False), args.controller, agents, args.python,
-                      str(config.agent_socket), config.htcondor_agent_file, args.wrapper_dir)  # fmt: skip
-    for path in written:
-        console.print(f"wrote {path}", highlight=False)
+    report = Report()
+    install(args.dest.absolute(), _models(config, False), args.controller, agents, args.python,
+            str(config.agent_socket), config.htcondor_agent_file, args.wrapper_dir, force=args.force,
+            dry_run=args.dry_run, report=report)  # fmt: skip
+    _print_report(report, args.dry_run)
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    import time
+
     from mig_batch.batch.tags import rank_key
+    from mig_batch.controller.health import FRESH, health_path, node_state, read_health
     from mig_batch.state import ACTIVE, MIG_OFF, Store
 
     config = load_config(args.config)
@@ -168,8 +222,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         instances = {r.job: r for r in store.instances()}
         mig_off = {node: set(e.get("gpus", [])) for node, e in store.newest_node_events(MIG_OFF).items()}
     models = {name: get_model(name) for name in {m for ms in config.nodes.values() for m in ms}}
+    health, now = read_health(health_path(config.state)), time.time()
     gpus = []
     for node in sorted(config.nodes):
+        seen, read_at = node_state(health, node, now)  # only a node mig-batchd read lately shows free slices
         for index, model_name in enumerate(config.nodes[node]):
             model = models[model_name]
             jobs = []
@@ -178,8 +234,14 @@ def cmd_status(args: argparse.Namespace) -> int:
                 jobs.append({"job": d.job, "profile": d.profile, "start": d.start,
                              "size": model.profile(d.profile).memory_slices, "state": d.state,
                              "uuid": inst.uuid if inst else None})  # fmt: skip
+            used = sum(j["size"] for j in jobs)
             gpus.append({"node": node, "gpu": index, "model": model.name, "slices": model.memory_slices,
-                         "mig_mode": "off" if index in mig_off.get(node, ()) else "on", "jobs": jobs})  # fmt: skip
+                         "mig_mode": "off" if index in mig_off.get(node, ()) else "on", "jobs": jobs,
+                         "node_state": seen, "node_read_at": read_at,
+                         "free_slices": max(model.memory_slices - used, 0) if seen == FRESH else None,
+                         "last_good_pass": (health or {}).get("last_good_pass"),
+                         "failing_since": (health or {}).get("failing_since"),
+                         "error": (health or {}).get("error") or None})  # fmt: skip
     emit(gpus, args.json, _render_status)
     return 0
 
@@ -223,11 +285,27 @@ def _reply_text(r: dict) -> str:
 
 
 def _render_status(gpus: list[dict]) -> None:
-    table = Table(title="MIG slices per GPU (memory slices; letters are jobs)")
-    for col in ("node", "GPU", "model", "slices", "jobs"):
+    import time
+
+    from mig_batch.controller.health import FRESH, age_text
+
+    now = time.time()
+    first = gpus[0] if gpus else {}
+    if first.get("last_good_pass") is None:
+        console.print("mig-batchd: no good pass recorded (it has not run here, or not since this release); "
+                      "free slices are unknown", highlight=False, markup=False)  # fmt: skip
+    else:
+        console.print(f"mig-batchd: last good pass {age_text(now - first['last_good_pass'])} ago", highlight=False)
+    if first.get("failing_since") is not None:
+        console.print(f"mig-batchd: passes failing for {age_text(now - first['failing_since'])}: {first['error']}",
+                      highlight=False, markup=False, soft_wrap=True)  # fmt: skip
+    table = Table(title="MIG slices per GPU (memory slices; letters are jobs; ? unknown: node not read lately)")
+    for col in ("node", "GPU", "model", "slices", "read", "jobs"):
         table.add_column(col)
     for g in gpus:
-        cells = ["·"] * g["slices"]
+        state, read_at = g.get("node_state", FRESH), g.get("node_read_at")
+        read = state if read_at is None else f"{state} ({age_text(now - read_at)} ago)"
+        cells = ["·" if state == FRESH else "?"] * g["slices"]
         legend = []
         for n, job in enumerate(g["jobs"]):
             mark = chr(ord("a") + n % 26)
@@ -237,5 +315,5 @@ def _render_status(gpus: list[dict]) -> None:
         if g["mig_mode"] == "off":
             cells = ["x"] * g["slices"]
             legend.insert(0, f"MIG mode off: no MIG job is placed here (enable: nvidia-smi -i {g['gpu']} -mig 1)")
-        table.add_row(g["node"], str(g["gpu"]), g["model"], "".join(cells), ", ".join(legend))
+        table.add_row(g["node"], str(g["gpu"]), g["model"], "".join(cells), read, ", ".join(legend))
     console.print(table)

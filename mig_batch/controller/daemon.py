@@ -40,8 +40,11 @@ from mig_batch.controller.chain_jobs import ChainJobs
 from mig_batch.controller.chains import ChainDriver
 from mig_batch.controller.fences import Fences, PinRefusals
 from mig_batch.controller.follow import Follower
+from mig_batch.controller.health import Health
 from mig_batch.controller.ledger import ViewLedger
+from mig_batch.controller.metrics import ControllerMetrics
 from mig_batch.controller.moldable import MoldablePlacer
+from mig_batch.controller.outcomes import PassOutcomes
 from mig_batch.controller.place import Placer
 from mig_batch.controller.slots import PromptSlots
 from mig_batch.controller.snapshot import PassSnapshot
@@ -78,7 +81,7 @@ class Queue:
 
 class Controller:
     def __init__(self, config: SiteConfig, store: Store, batch: BatchSystem,
-                 clock: Callable[[], float] = time.time):  # fmt: skip
+                 clock: Callable[[], float] = time.time, metrics: ControllerMetrics | None = None):  # fmt: skip
         if not config.nodes:
             raise ValueError(f"{config.path}: no nodes in the inventory; the controller has nothing to place on")
         self.config, self.store, self.batch, self.clock = config, store, batch, clock
@@ -101,6 +104,9 @@ class Controller:
         self.pinning = Pinning(store, batch, self.ledger, self.chains, self.refusals)
         self._pruned = -math.inf  # when the store was last pruned to the end
         self._jobs: Mapping[str, BatchJob] = {}  # the last pass's listing (pruning keeps their records)
+        self.snapshot: PassSnapshot | None = None  # the last pass's (what the metrics count)
+        self.health = Health(config.poll_interval_s)
+        self.outcomes = PassOutcomes(store, self.health, clock, metrics)
         for d in store.decisions():
             self.ledger.occupy(d)
         self.slots = PromptSlots(config, store, self.ledger, self.fences, self.policy, self.translations,
@@ -138,7 +144,8 @@ class Controller:
         self._jobs = jobs
         self.refusals.forget_gone(jobs)
         self.waits.keep_only(jobs)
-        return PassSnapshot(listed_at, self.clock(), jobs, nodes, frozenset(self.config.nodes))
+        self.snapshot = PassSnapshot(listed_at, self.clock(), jobs, nodes, frozenset(self.config.nodes))
+        return self.snapshot
 
     def _place_rigid(self, snapshot: PassSnapshot, stats: PassStats) -> tuple[list[Decision], Queue]:
         """The rigid jobs placed in queue order; the chains and moldable jobs sorted out for the planners."""
@@ -248,7 +255,9 @@ class Controller:
         if any(gone.values()):
             log.info("forgot what ended over %g days ago: %s", days, ", ".join(f"{n} {t}" for t, n in gone.items()))
 
-    def run(self, stop_after: float | None = None) -> None:
+    def run(self, stop_after: float | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+        """Passes until ``stop_after`` seconds (None: for ever); a failing pass backs off to a cap, with one log
+        line and one event when the passes fail and when they succeed again (``PassOutcomes``)."""
         deadline = None if stop_after is None else time.monotonic() + stop_after
         while deadline is None or time.monotonic() < deadline:
             try:
@@ -256,12 +265,14 @@ class Controller:
                 if stats.placed or stats.ended:
                     log.info("pass %.1f ms: placed %d, ended %d, waiting %d", stats.seconds * 1e3, stats.placed,
                              stats.ended, stats.waiting)  # fmt: skip
+                self.outcomes.good(stats.seconds, stats.placed, stats.ended, self.snapshot, self.view,
+                                   self.waits._why)  # fmt: skip
                 self.prune(time.time())  # with the jobs this pass listed; the store stamps ends with the machine's time
             except BatchError as exc:
-                log.warning("pass failed: %s", exc)
-            except Exception:  # a bug in one pass must not stop placement for everyone: log it, go on
-                log.exception("pass failed")
-            time.sleep(self.config.poll_interval_s)
+                self.outcomes.failed(str(exc), batch=True)
+            except Exception as exc:  # a bug in one pass must not stop placement for everyone: log it, go on
+                self.outcomes.failed(f"{type(exc).__name__}: {exc}", batch=False)
+            sleep(self.outcomes.delay())
 
 
 _WAITS = object()  # a rigid job that fits nowhere now
