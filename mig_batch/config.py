@@ -10,7 +10,7 @@ from pathlib import Path
 
 from mig_batch.errors import MigBatchError
 from mig_batch.mig.models import UnknownModelError, get_model
-from mig_batch.yaml_text import YAMLError, parse_yaml
+from mig_batch.yaml_text import NotTextError, YAMLError, load_yaml_file, shown, shown_name
 
 TYPE_CHECKING = False  # typing costs ~2 ms at every start (migsub reads this config); annotations are strings
 if TYPE_CHECKING:
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 DEFAULT_PATH = Path("/etc/mig-batch/mig-batch.yaml")
 BACKENDS = ("nvml",)  # tests run it on the emulated libnvidia-ml (mig_batch.gpu.nvml_emu)
+MAX_CONFIG_BYTES = 4 << 20  # a 10,000-node site's nodes: table is about 1 MiB
 
 
 def live_policies() -> list[str]:
@@ -120,44 +121,46 @@ def config_path(explicit: str | os.PathLike | None = None) -> Path:
 def load_config(explicit: str | os.PathLike | None = None) -> SiteConfig:
     path = config_path(explicit)
     try:
-        raw: Any = parse_yaml(path.read_text()) or {}
+        raw: Any = load_yaml_file(path, "the mig_batch config", MAX_CONFIG_BYTES)
     except PermissionError as exc:
         raise ConfigError(f"cannot read the mig_batch config {path}: {exc.strerror} (users' migsub and the "
                           f"subjob runner read it too: make it readable by all, e.g. mode 0644)") from None  # fmt: skip
     except OSError as exc:
         raise ConfigError(f"cannot read the mig_batch config {path}: {exc.strerror}") from None
-    except YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    except (YAMLError, NotTextError) as exc:  # each names the file, the line and what is accepted
+        raise ConfigError(str(exc)) from None
+    if raw is None:
+        raw = {}
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping of settings")
+        raise ConfigError(f"{path}: expected a mapping of settings (setting: value lines), got {shown(raw)}")
     known = set(SiteConfig.__dataclass_fields__) - {"path"}
-    unknown = sorted(set(raw) - known)
+    unknown = sorted(shown_name(key) for key in set(raw) - known)
     if unknown:
         raise ConfigError(f"{path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     from mig_batch.placement.multi import MULTI_POLICIES
 
-    policy = str(raw.get("policy", "mfi"))
+    policy = raw.get("policy", "mfi")  # checked before any str(): a value a user wrote may be long
     if policy not in live_policies():
-        raise ConfigError(f"{path}: policy {policy!r} is not one of {', '.join(live_policies())}")
-    multi_policy = str(raw.get("multi_policy", "mfi"))
+        raise ConfigError(f"{path}: policy {shown(policy)} is not one of {', '.join(live_policies())}")
+    multi_policy = raw.get("multi_policy", "mfi")
     if multi_policy not in MULTI_POLICIES:
-        raise ConfigError(f"{path}: multi_policy {multi_policy!r} is not one of {', '.join(MULTI_POLICIES)}")
-    backend = str(raw.get("gpu_backend", "nvml"))
+        raise ConfigError(f"{path}: multi_policy {shown(multi_policy)} is not one of {', '.join(MULTI_POLICIES)}")
+    backend = raw.get("gpu_backend", "nvml")
     if backend not in BACKENDS:
-        raise ConfigError(f"{path}: gpu_backend {backend!r} is not one of {', '.join(BACKENDS)}")
+        raise ConfigError(f"{path}: gpu_backend {shown(backend)} is not one of {', '.join(BACKENDS)}")
     nodes: dict[str, tuple[str, ...]] = {}
     listed = raw.get("nodes") or {}
     if not isinstance(listed, dict):
         raise ConfigError(f"{path}: nodes must map each GPU node's name to its GPU models in index order, e.g. "
-                          f"nodes: {{gpu01: [A100-80GB, A100-80GB]}} (got {listed!r})")  # fmt: skip
+                          f"nodes: {{gpu01: [A100-80GB, A100-80GB]}} (got {shown(listed)})")  # fmt: skip
     for node, models in listed.items():
         if not isinstance(models, list) or not models or not all(isinstance(m, str) for m in models):
-            raise ConfigError(f"{path}: nodes.{node} must be a list of GPU models, e.g. [A100-80GB, A100-80GB] "
-                              f"(got {models!r})")  # fmt: skip
+            raise ConfigError(f"{path}: nodes.{shown_name(node)} must be a list of GPU models, e.g. [A100-80GB, "
+                              f"A100-80GB] (got {shown(models)})")  # fmt: skip
         try:
             nodes[str(node)] = tuple(get_model(str(m)).name for m in models)
         except UnknownModelError as exc:
-            raise ConfigError(f"{path}: nodes.{node}: {exc}") from None
+            raise ConfigError(f"{path}: nodes.{shown_name(node)}: {exc}") from None
     interval = _seconds(raw, "poll_interval_s", 1.0, path)
     if raw.get("prompt_slots") and raw.get("slice_gres"):  # a slot's job is not pinned: nothing would set its GRES
         raise ConfigError(f"{path}: prompt_slots needs slice_gres off (job_submit.lua does not count the slices of "
@@ -230,21 +233,22 @@ def _path(raw: dict, key: str, default: Path, path: Path) -> Path:
         return default
     value = raw[key]
     if not isinstance(value, str) or not value:
-        raise ConfigError(f"{path}: {key} must be a path (got {value!r}); leave it out for {default}")
+        raise ConfigError(f"{path}: {key} must be a path (got {shown(value)}); leave it out for {default}")
     return Path(value)
 
 
 def _batch_system(raw: dict, path: Path) -> str:
     value = _text(raw, "batch_system", "", path)
     if value and value not in BATCH_SYSTEMS:
-        raise ConfigError(f"{path}: batch_system {value!r} is not one of {', '.join(BATCH_SYSTEMS)} (or leave it out)")
+        raise ConfigError(f"{path}: batch_system {shown(value)} is not one of {', '.join(BATCH_SYSTEMS)} (or leave "
+                          "it out)")  # fmt: skip
     return value
 
 
 def _slice_gres(raw: dict, path: Path) -> str:
     value = _text(raw, "slice_gres", "", path)
     if value and not re.fullmatch(r"[a-z][a-z0-9_]*", value):
-        raise ConfigError(f"{path}: slice_gres {value!r} must be a GRES name (lower-case letters, digits, _; "
+        raise ConfigError(f"{path}: slice_gres {shown(value)} must be a GRES name (lower-case letters, digits, _; "
                           f"e.g. mig_slices) or empty to turn slice accounting off")  # fmt: skip
     return value
 
@@ -252,9 +256,9 @@ def _slice_gres(raw: dict, path: Path) -> str:
 def _seconds(raw: dict, key: str, default: float, path: Path) -> float:
     value = raw.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{path}: {key} must be a number of seconds (got {value!r})")
+        raise ConfigError(f"{path}: {key} must be a number of seconds (got {shown(value)})")
     if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{path}: {key} must be positive and finite (got {value!r})")
+        raise ConfigError(f"{path}: {key} must be positive and finite (got {shown(value)})")
     return float(value)
 
 
@@ -264,7 +268,7 @@ def _retention_days(raw: dict, path: Path) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or not (value == 0 or value >= 1):  # fmt: skip
         raise ConfigError(f"{path}: retention_days must be a number of days, at least 1, or 0 to keep every "
-                          f"ended job's decision and events (got {value!r})")  # fmt: skip
+                          f"ended job's decision and events (got {shown(value)})")  # fmt: skip
     return float(value)
 
 
@@ -275,16 +279,16 @@ def _prompt_slots(raw: dict, path: Path) -> int:
     value = raw.get("prompt_slots", SiteConfig.prompt_slots)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_PROMPT_SLOTS:
         raise ConfigError(f"{path}: prompt_slots must be a whole number of slots per request from 0 (off) to "
-                          f"{MAX_PROMPT_SLOTS} (got {value!r})")  # fmt: skip
+                          f"{MAX_PROMPT_SLOTS} (got {shown(value)})")  # fmt: skip
     return value
 
 
 def _section(raw: Any, path: Path, name: str, cls: type) -> Any:
     """A settings section as ``cls``: known keys only, each converted to its default's type."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: {name} must be a mapping of settings")
+        raise ConfigError(f"{path}: {name} must be a mapping of settings (got {shown(raw)})")
     known = set(cls.__dataclass_fields__)
-    unknown = sorted(set(raw) - known)
+    unknown = sorted(shown_name(key) for key in set(raw) - known)
     if unknown:
         raise ConfigError(f"{path}: unknown {name} setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     values: dict[str, Any] = {}
@@ -304,7 +308,7 @@ def _typed(value: Any, kind: type, where: str) -> Any:
         value = float(value)
     if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind) or \
             (kind is float and not math.isfinite(value)):  # fmt: skip
-        raise ConfigError(f"{where} must be {_KINDS.get(kind, kind.__name__)} (got {value!r})")
+        raise ConfigError(f"{where} must be {_KINDS.get(kind, kind.__name__)} (got {shown(value)})")
     return value
 
 
@@ -324,7 +328,7 @@ def _atomize(raw: Any, path: Path) -> AtomizeConfig:
     if config.defrag_max_steered < 0:
         raise ConfigError(f"{path}: atomize.defrag_max_steered must be 0 or more (got {config.defrag_max_steered})")
     if config.grant_policy not in GRANT_POLICIES:
-        raise ConfigError(f"{path}: atomize.grant_policy {config.grant_policy!r} is not one of "
+        raise ConfigError(f"{path}: atomize.grant_policy {shown(config.grant_policy)} is not one of "
                           f"{', '.join(GRANT_POLICIES)}")  # fmt: skip
     if not 0 < config.eps < 1:
         raise ConfigError(f"{path}: atomize.eps must lie strictly between 0 and 1 (got {config.eps})")
@@ -339,8 +343,8 @@ def _atomize(raw: Any, path: Path) -> AtomizeConfig:
 def _fence(raw: Any, path: Path) -> FenceConfig:
     config = _section(raw, path, "fence", FenceConfig)
     if config.mode not in FENCE_MODES:
-        raise ConfigError(f"{path}: fence.mode {config.mode!r} is not one of {', '.join(FENCE_MODES)}")
+        raise ConfigError(f"{path}: fence.mode {shown(config.mode)} is not one of {', '.join(FENCE_MODES)}")
     for name in ("capabilities", "devices", "proc_devices"):
         if not getattr(config, name).startswith("/"):
-            raise ConfigError(f"{path}: fence.{name} must be an absolute path (got {getattr(config, name)!r})")
+            raise ConfigError(f"{path}: fence.{name} must be an absolute path (got {shown(getattr(config, name))})")
     return config

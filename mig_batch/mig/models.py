@@ -14,7 +14,7 @@ from pathlib import Path
 
 from mig_batch.errors import MigBatchError
 from mig_batch.resources import resource_path
-from mig_batch.yaml_text import YAMLError, parse_yaml
+from mig_batch.yaml_text import NotTextError, YAMLError, load_yaml_file, shown
 
 TYPE_CHECKING = False  # typing costs ~2 ms at every start; annotations here are strings
 if TYPE_CHECKING:
@@ -34,6 +34,9 @@ NVML_PROFILE_ENUMS = (
 )
 
 
+MAX_MODEL_BYTES = 1 << 20  # the shipped model files are about 5 KiB
+
+
 class ModelError(MigBatchError, ValueError):
     """A GPU model file is malformed; the message names file, profile and field."""
 
@@ -44,7 +47,7 @@ class UnknownModelError(MigBatchError, KeyError):
         super().__init__(name)
 
     def __str__(self) -> str:
-        return f"unknown GPU model {self.name!r}; known models: {', '.join(self.known)}"
+        return f"unknown GPU model {shown(self.name)}; known models: {', '.join(self.known)}"
 
     def __reduce__(self) -> tuple:  # travels back from a worker process (pickle re-calls __init__)
         return type(self), (self.name, self.known)
@@ -100,7 +103,7 @@ class GpuModel:
             return self._by_name[name]
         except KeyError:
             raise KeyError(
-                f"GPU model {self.name} has no MIG profile {name!r}; "
+                f"GPU model {self.name} has no MIG profile {shown(name)}; "
                 f"its profiles are: {', '.join(p.name for p in self.profiles)}"
             ) from None
 
@@ -133,13 +136,21 @@ def builtin_gpu_dir() -> Path:
 def config_dirs() -> list[Path]:
     """Directories searched for GPU model files; later ones override earlier ones by model name.
 
-    Built-in models, then ``/etc/mig-batch/gpus``, then each directory in ``$MIG_BATCH_GPU_DIRS``
-    (colon separated).
+    Built-in models, then ``/etc/mig-batch/gpus`` (when there), then each directory in
+    ``$MIG_BATCH_GPU_DIRS`` (colon separated): one it names that is not a directory is an error, since its
+    models would be missing without a word.
     """
     dirs = [builtin_gpu_dir(), Path("/etc/mig-batch/gpus")]
-    extra = os.environ.get("MIG_BATCH_GPU_DIRS", "")
-    dirs += [Path(d) for d in extra.split(":") if d]
-    return [d for d in dirs if d.is_dir()]
+    dirs = [d for d in dirs if d.is_dir()]
+    for named in os.environ.get("MIG_BATCH_GPU_DIRS", "").split(":"):
+        if not named:
+            continue
+        if not Path(named).is_dir():
+            why = "is a file" if Path(named).exists() else "does not exist"
+            raise ModelError(f"MIG_BATCH_GPU_DIRS names {shown(named)}, which {why}; give folders of GPU model files "
+                             "(*.yaml), separated by ':', or leave it unset")  # fmt: skip
+        dirs.append(Path(named))
+    return dirs
 
 
 def _require(data: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -148,7 +159,7 @@ def _require(data: dict[str, Any], key: str, kind: type | tuple[type, ...], wher
     value = data[key]
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise ModelError(f"{where}: field {key!r} must be {names}, got {value!r}")
+        raise ModelError(f"{where}: field {key!r} must be {names}, got {shown(value)}")
     return value
 
 
@@ -168,14 +179,15 @@ def _known_fields(raw: dict, known: tuple[str, ...], where: str) -> None:
 
 def _parse_profile(raw: Any, model_where: str, slices: tuple[int, int]) -> Profile:
     if not isinstance(raw, dict):
-        raise ModelError(f"{model_where}: each entry of 'profiles' must be a mapping, got {raw!r}")
+        raise ModelError(f"{model_where}: each entry of 'profiles' must be a mapping, got {shown(raw)}")
     name = _require(raw, "name", str, f"{model_where}, a profile")
     where = f"{model_where}, profile {name}"
     _known_fields(raw, PROFILE_FIELDS, where)
     memory_total, compute_total = slices
     enum = _require(raw, "nvml_profile", str, where)
     if enum not in NVML_PROFILE_ENUMS:
-        raise ModelError(f"{where}: field 'nvml_profile' must be one of {', '.join(NVML_PROFILE_ENUMS)}; got {enum!r}")
+        raise ModelError(f"{where}: field 'nvml_profile' must be one of {', '.join(NVML_PROFILE_ENUMS)}; got "
+                         f"{shown(enum)}")  # fmt: skip
     compute = _require(raw, "compute_slices", int, where)
     memory = _require(raw, "memory_slices", int, where)
     if not 1 <= compute <= compute_total:
@@ -184,7 +196,7 @@ def _parse_profile(raw: Any, model_where: str, slices: tuple[int, int]) -> Profi
         raise ModelError(f"{where}: field 'memory_slices' must be 1..{memory_total}, got {memory}")
     starts = _require(raw, "starts", list, where)
     if not starts or any(not isinstance(s, int) or isinstance(s, bool) for s in starts):
-        raise ModelError(f"{where}: field 'starts' must be a non-empty list of integers, got {starts!r}")
+        raise ModelError(f"{where}: field 'starts' must be a non-empty list of integers, got {shown(starts)}")
     for s in starts:
         if s < 0 or s + memory > memory_total:
             raise ModelError(f"{where}: start {s} puts {memory} memory slices outside 0..{memory_total - 1}")
@@ -196,10 +208,10 @@ def _parse_profile(raw: Any, model_where: str, slices: tuple[int, int]) -> Profi
         raise ModelError(f"{where}: 'memory_mib' and 'max_instances' must be positive")
     media_of = raw.get("media_extension_of")
     if media_of is not None and not isinstance(media_of, str):
-        raise ModelError(f"{where}: field 'media_extension_of' must be a profile name, got {media_of!r}")
+        raise ModelError(f"{where}: field 'media_extension_of' must be a profile name, got {shown(media_of)}")
     sms = raw.get("sms")
     if sms is not None and (not isinstance(sms, int) or isinstance(sms, bool) or sms <= 0):
-        raise ModelError(f"{where}: field 'sms' must be a positive integer, got {sms!r}")
+        raise ModelError(f"{where}: field 'sms' must be a positive integer, got {shown(sms)}")
     return Profile(
         name=name,
         nvml_profile=enum,
@@ -223,7 +235,7 @@ def parse_model(data: Any, path: str = "<memory>") -> GpuModel:
     _known_fields(data, MODEL_FIELDS, where)
     verified = data.get("placements_verified", False)
     if not isinstance(verified, bool):
-        raise ModelError(f"{where}: field 'placements_verified' must be true or false, got {verified!r}")
+        raise ModelError(f"{where}: field 'placements_verified' must be true or false, got {shown(verified)}")
     memory_total = _require(data, "memory_slices", int, where)
     compute_total = _require(data, "compute_slices", int, where)
     if not 1 <= memory_total <= 16 or not 1 <= compute_total <= 16:
@@ -261,9 +273,12 @@ def parse_model(data: Any, path: str = "<memory>") -> GpuModel:
 def read_model_document(path: Path) -> Any:
     """The YAML document of one model file, not yet validated."""
     try:
-        return parse_yaml(path.read_text())
-    except YAMLError as exc:
-        raise ModelError(f"{path}: not valid YAML: {exc}") from None
+        return load_yaml_file(path, "a GPU model file", MAX_MODEL_BYTES)
+    except (YAMLError, NotTextError) as exc:  # each names the file, the line and what is accepted
+        raise ModelError(str(exc)) from None
+    except OSError as exc:
+        raise ModelError(f"cannot read the GPU model file {path}: {exc.strerror or exc}; a model file must be "
+                         "readable by every user of mig-batch") from None  # fmt: skip
 
 
 def load_model_file(path: Path) -> GpuModel:
@@ -276,7 +291,11 @@ def _load_all(dirs: tuple[Path, ...]) -> dict[str, GpuModel]:
 
     paths = [path for directory in dirs for path in sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")])]
     models: dict[str, GpuModel] = {}
-    for path, document in zip(paths, load_documents(paths, read_model_document), strict=True):
+    try:
+        documents = load_documents(paths, read_model_document)
+    except OSError as exc:  # a file gone, or a dangling link, between the listing and its stamp
+        raise ModelError(f"cannot read the GPU model file {exc.filename}: {exc.strerror or exc}") from None
+    for path, document in zip(paths, documents, strict=True):
         model = parse_model(document, str(path))
         models[model.name] = model
     return models

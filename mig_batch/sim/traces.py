@@ -11,7 +11,9 @@ Reading the CSVs is the only I/O here; the mapping is pure.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +21,11 @@ from pathlib import Path
 from mig_batch.errors import MigBatchError
 from mig_batch.mig.models import GpuModel
 from mig_batch.sim.workloads import Arrival
+from mig_batch.yaml_text import NotTextError, read_text, shown
 
 POD_COLUMNS = ("name", "num_gpu", "gpu_milli", "creation_time", "deletion_time")
 NODE_COLUMNS = ("sn", "gpu")
+MAX_TRACE_BYTES = 64 << 20  # the Alibaba 2023 files are under 1 MiB each
 
 
 class TraceError(MigBatchError, ValueError):
@@ -49,22 +53,36 @@ class TraceNode:
 
 
 def _rows(path: Path, required: Sequence[str]) -> list[dict[str, str]]:
+    """The rows of a trace CSV file (read as every file we are given is: :func:`read_text`), each with every
+    ``required`` column."""
     try:
-        with path.open(newline="") as fh:
-            reader = csv.DictReader(fh)
-            missing = [c for c in required if c not in (reader.fieldnames or [])]
-            if missing:
-                raise TraceError(f"{path}: missing column(s) {', '.join(missing)}; need {', '.join(required)}")
-            return list(reader)
+        text = read_text(path, "a trace file (CSV)", MAX_TRACE_BYTES)
     except OSError as exc:
         raise TraceError(f"cannot read trace file {path}: {exc.strerror}") from exc
+    except NotTextError as exc:
+        raise TraceError(str(exc)) from None
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    try:
+        missing = [c for c in required if c not in (reader.fieldnames or [])]
+        if missing:
+            raise TraceError(f"{path}: missing column(s) {', '.join(missing)}; need {', '.join(required)} in its "
+                             f"first line")  # fmt: skip
+        rows = list(reader)
+    except csv.Error as exc:  # a field over csv's limit (128 KiB), a quote never closed...
+        raise TraceError(f"{path}:{reader.line_num}: not CSV as a trace is: {exc}") from None
+    for line, row in enumerate(rows, 2):
+        short = [c for c in required if row.get(c) is None]
+        if short:
+            raise TraceError(f"{path}:{line}: no value for column(s) {', '.join(short)}; each line has one per "
+                             f"column of the first")  # fmt: skip
+    return rows
 
 
 def _int(path: Path, line: int, column: str, text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise TraceError(f"{path}:{line}: column {column} must be an integer, got {text!r}") from None
+    if len(text) <= 30:  # no trace counts past 30 digits (and int() refuses over 4,300 with its own words)
+        with contextlib.suppress(ValueError):
+            return int(text)
+    raise TraceError(f"{path}:{line}: column {column} must be an integer, got {shown(text)}")
 
 
 def read_pods(path: Path) -> list[TracePod]:
