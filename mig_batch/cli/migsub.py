@@ -1,9 +1,12 @@
 """``migsub``: submit a batch script with a MIG request.
 
 Options come from the command line and from ``#MIG`` directive lines at the top of the script
-(``#MIG --gpu-mem 18G``); the command line wins. ``#SBATCH`` lines stay in the script for sbatch to
-read; migsub only checks that they do not ask for GPUs a second way. Like sbatch, directives are read
-until the first line that is neither blank nor a comment.
+(``#MIG --gpu-mem 18G``); the command line wins field by field, and a request kind given on the command
+line (a profile, a size, a moldable list) replaces the directives' other kinds (:data:`REPLACES`,
+docs/request-translation.md "migsub: directives and options"). Every option migsub does not know goes to
+the batch system unchanged (``-p gpu``, ``--account=x``; after ``--`` even one migsub knows). ``#SBATCH``
+lines stay in the script for sbatch to read; migsub only checks that they do not ask for GPUs a second
+way. Like sbatch, directives are read until the first line that is neither blank nor a comment.
 """
 
 from __future__ import annotations
@@ -16,15 +19,16 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mig_batch.cli.output import console, fail
+from mig_batch.cli.output import console, err_console, fail
 from mig_batch.entry import DEBUG_HELP, CommandParser, run_guarded
 from mig_batch.errors import MigBatchError
-from mig_batch.mig.models import GpuModel, UnknownModelError, all_models, get_model
+from mig_batch.mig.models import GpuModel, Profile, UnknownModelError, all_models, get_model
 from mig_batch.request import (
+    STATIC_MIG_FORMS,
     MigRequest,
     MoldableRequest,
     RequestError,
@@ -49,7 +53,9 @@ class DirectiveError(MigBatchError, ValueError):
 
 
 def _option_parser() -> argparse.ArgumentParser:
-    p = CommandParser(prog="migsub", description="Submit a batch job that needs a MIG instance.")
+    p = CommandParser(prog="migsub", description="Submit a batch job that needs a MIG instance. Options migsub does "
+                      "not know (-p gpu, --account=x, ...) go to sbatch unchanged; after --, every option does.",
+                      allow_abbrev=False)  # fmt: skip
     p.add_argument("--mig", metavar="PROFILE", help="explicit MIG profile, e.g. 3g.40gb")
     p.add_argument("--gpu-mem", metavar="SIZE", help="GPU memory the job needs, e.g. 18G")
     p.add_argument("--gpu-compute", metavar="SHARE", help="compute share: 0.3, 30%% or 2g")
@@ -65,6 +71,8 @@ def _option_parser() -> argparse.ArgumentParser:
     p.add_argument("--deadline", metavar="DURATION", help="--atomize: finish within this long (deadline policy)")
     p.add_argument("--backend", choices=("slurm", "htcondor"),
                    help="the batch system (default: the site config's batch_system, else the one found)")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse a request whose profile holds over 1.5x the memory or compute asked (else a warning)")
     p.add_argument("--dry-run", action="store_true", help="show the translation and the submit command only")
     p.add_argument("--json", action="store_true", help="print the dry run as JSON")
     return p
@@ -80,6 +88,8 @@ class JobSpec:
     script_args: list[str]
     options: dict[str, str] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)  # option -> where it was set
+    passthrough: list[str] = field(default_factory=list)  # the batch system's options from the command line
+    other_gres: str = ""  # the GRES of a --gres list other than the GPU request (nvme:1), kept beside it
 
 
 def read_directives(script: Path) -> tuple[dict[str, str], dict[str, str], list[str]]:
@@ -112,15 +122,179 @@ def read_directives(script: Path) -> tuple[dict[str, str], dict[str, str], list[
                 raise DirectiveError(
                     f"{where}: unknown option {' '.join(unknown)}; #MIG accepts --mig, --gpu-mem, "
                     f"--gpu-compute, --gpu, --instances, --moldable, --atomize, --checkpoint-dir, --subjob-min, "
-                    f"--subjob-max, --deadline"
+                    f"--subjob-max, --deadline, --strict (the batch system's options go in #SBATCH lines)"
                 )
             if namespace.atomize:
                 options["atomize"], sources["atomize"] = "1", where
+            if namespace.strict:
+                options["strict"], sources["strict"] = "1", where
             for key in DIRECTIVE_OPTIONS:
                 value = getattr(namespace, key)
                 if value is not None:
                     options[key], sources[key] = value, where
     return options, sources, sbatch_lines
+
+
+# sbatch's options that take no value, or only one written --opt=value (getopt's optional arguments): any
+# other option migsub does not know takes the next word as its value, unless written --opt=value or -pVALUE.
+SBATCH_FLAGS = frozenset({
+    "--contiguous", "--exclusive", "--get-user-env", "--hold", "--ignore-pbs", "--immediate", "--no-kill",
+    "--no-requeue", "--overcommit", "--oversubscribe", "--parsable", "--quiet", "--reboot", "--requeue",
+    "--spread-job", "--test-only", "--usage", "--use-min-nodes", "--verbose", "--version", "--wait", "--nice",
+    "--propagate", "--help", "--json", "--yaml",
+})  # fmt: skip
+SBATCH_SHORT_FLAGS = frozenset("HIkOQsvVW")
+
+
+@dataclass
+class SplitArgv:
+    own: list[str]  # migsub's options, then the script and its arguments: what argparse reads
+    passthrough: list[str]  # the batch system's options, in the order given
+    took: tuple[str, str] | None = None  # the last (option, word) where an option took the next word as its value
+    script: bool = False  # whether a script was found
+
+
+def split_argv(argv: Sequence[str], parser: argparse.ArgumentParser) -> SplitArgv:
+    """Sort the words before the script into migsub's options and the batch system's, as sbatch reads them:
+    ``migsub [options] script [args...]``. After ``--`` every option is the batch system's, even one whose
+    name migsub also has (sbatch's ``--deadline``, ``--json``)."""
+    known = parser._option_string_actions
+    out = SplitArgv([], [])
+    ours = True
+    words = list(argv)
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "--" and ours:
+            ours = False
+        elif word == "-" or not word.startswith("-"):  # the script: it and everything after it are migsub's
+            out.own += words[i:]
+            out.script = True
+            break
+        elif ours and word.partition("=")[0] in known:
+            action = known[word.partition("=")[0]]
+            out.own.append(word)
+            if action.nargs != 0 and "=" not in word and i + 1 < len(words):
+                out.own.append(words[i + 1])
+                i += 1
+        else:
+            out.passthrough.append(word)
+            long = word.startswith("--")
+            takes = (word not in SBATCH_FLAGS and "=" not in word) if long else \
+                (len(word) == 2 and word[1] not in SBATCH_SHORT_FLAGS)  # fmt: skip
+            if takes and i + 1 < len(words):
+                out.passthrough.append(words[i + 1])
+                out.took = (word, words[i + 1])
+                i += 1
+        i += 1
+    return out
+
+
+def option_words(words: Sequence[str]) -> list[tuple[str, str, int]]:
+    """(option, value, how many words) for each option in the batch system's words: ``--gres=x``,
+    ``--gres x``, ``-G x``, ``-Gx``, or a flag with an empty value."""
+    out, i = [], 0
+    while i < len(words):
+        word = words[i]
+        name, eq, value = word.partition("=")
+        if eq or (word.startswith("--") and word in SBATCH_FLAGS):
+            out.append((name, value, 1))
+        elif not word.startswith("--") and len(word) > 2:  # -pgpu
+            out.append((word[:2], word[2:], 1))
+        elif (word.startswith("--") or word[1:] not in SBATCH_SHORT_FLAGS) and i + 1 < len(words):
+            out.append((word, words[i + 1], 2))
+            i += 1
+        else:
+            out.append((word, "", 1))
+        i += 1
+    return out
+
+
+# The request kind an option on the command line gives replaces these fields of the #MIG directives
+# (the table in docs/request-translation.md); any other field is replaced only by itself.
+REPLACES: dict[str, tuple[str, ...]] = {
+    "mig": ("gpu_mem", "gpu_compute", "moldable"),
+    "gpu_mem": ("mig",),  # a #MIG --moldable stays: --gpu-mem is then its memory floor
+    "gpu_compute": ("mig", "moldable"),
+    "moldable": ("mig", "gpu_compute"),
+}
+
+
+def override(options: dict[str, str], sources: dict[str, str], given: dict[str, str],
+             given_sources: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:  # fmt: skip
+    """The #MIG directives' ``options`` with the command line's ``given`` over them, field by field; a
+    request kind given replaces the directives' other kinds (:data:`REPLACES`)."""
+    merged, where = dict(options), dict(sources)
+    for key in given:
+        for dropped in REPLACES.get(key, ()):
+            if dropped not in given:
+                merged.pop(dropped, None)
+                where.pop(dropped, None)
+    return merged | given, where | given_sources
+
+
+_GPU_OPTIONS = {"--gres": "--gres", "--gpus": "--gpus", "-G": "--gpus", "--gpus-per-node": "--gpus-per-node",
+                "--gpus-per-task": "", "--gpus-per-socket": ""}  # fmt: skip
+
+
+def request_fields(request: MigRequest) -> dict[str, str]:
+    """A request read from a --gres/--gpus form as migsub's own fields."""
+    out: dict[str, str] = {}
+    if request.profiles:
+        out["mig"] = request.profiles[0]
+    if request.memory_mib is not None:
+        out["gpu_mem"] = f"{request.memory_mib}M"
+    if request.compute is not None:
+        c = request.compute
+        out["gpu_compute"] = f"{c.slices}g" if c.slices is not None else f"{c.fraction:g}"
+    if request.count != 1:
+        out["instances"] = str(request.count)
+    return out
+
+
+def gpu_requests(passthrough: list[str], profiles: Mapping[str, Profile]
+                 ) -> tuple[dict[str, str], dict[str, str], list[str], str]:  # fmt: skip
+    """The MIG request the batch system's options carry in a static-MIG form (``--gres=gpu:3g.40gb:1``,
+    ``--gpus=1g.10gb:2``, ``--gpus-per-node=...``, where the profile is one of the site's) or as
+    ``--gres=mig:...``: (migsub's fields, where each came from, the options left to pass on, the other GRES
+    of a --gres list). Any other GPU request is refused: migsub submits MIG jobs."""
+    from mig_batch.request import parse_gres, static_mig_request
+
+    fields: dict[str, str] = {}
+    where: dict[str, str] = {}
+    rest: list[str] = []
+    other_gres: list[str] = []
+    position = 0
+    for name, value, count in option_words(passthrough):
+        words = passthrough[position : position + count]
+        position += count
+        if name not in _GPU_OPTIONS:
+            rest += words
+            continue
+        shown = " ".join(words)
+        form = _GPU_OPTIONS[name]
+        for item in value.split(",") if form == "--gres" else [value]:
+            request = None
+            if form == "--gres" and item.lower().removeprefix("gres:").removeprefix("gres/").startswith("mig:"):
+                request = parse_gres(item)
+            elif form == "--gres" and not item.lower().removeprefix("gres:").removeprefix("gres/").startswith("gpu"):
+                other_gres.append(item)
+                continue
+            elif form:
+                request = static_mig_request(form, item, profiles)
+            if request is None:
+                forms = ", ".join(f"{o}={f}" for o, f in STATIC_MIG_FORMS.items())
+                raise DirectiveError(f"{shown} asks for whole GPUs, not a MIG instance; migsub submits MIG jobs: "
+                                     f"give --mig PROFILE, --gpu-mem SIZE or --gpu-compute SHARE, or a static-MIG "
+                                     f"form ({forms}) with one of this site's profiles "
+                                     f"({', '.join(p.name for p in sorted(profiles.values(), key=size_order))})"
+                                     "; for a whole GPU use sbatch")  # fmt: skip
+            if fields:
+                raise DirectiveError(f"{shown}: the MIG request is given twice on the command line "
+                                     f"({where[next(iter(fields))]} too); give it once")  # fmt: skip
+            fields = request_fields(request)
+            where = dict.fromkeys(fields, shown)
+    return fields, where, rest, ",".join(other_gres)
 
 
 def build_request(options: dict[str, str], sources: dict[str, str]) -> MigRequest | MoldableRequest:
@@ -212,14 +386,19 @@ def leaf_options(request: MigRequest, options: dict[str, str], sources: dict[str
 _TASK_OPTIONS = {"--ntasks-per-node": "per_node", "--ntasks": "tasks", "-n": "tasks", "--nodes": "nodes", "-N": "nodes"}
 
 
-def task_counts(sbatch_lines: list[str]) -> dict[str, tuple[str, str]]:
-    """What the script's #SBATCH lines say about tasks and nodes: kind -> (value, line)."""
+def task_counts(sbatch_lines: list[str], command_line: Sequence[str] = ()) -> dict[str, tuple[str, str]]:
+    """What the script's #SBATCH lines, then the command line's options for sbatch (which win, as in sbatch)
+    say about tasks and nodes: kind -> (value, line)."""
     out: dict[str, tuple[str, str]] = {}
+    lines: list[tuple[str, list[str]]] = []
     for line in sbatch_lines:
         try:
-            words = shlex.split(line[len("#SBATCH") :])
+            lines.append((line, shlex.split(line[len("#SBATCH") :])))
         except ValueError:
             continue
+    if command_line:
+        lines.append((f"command line {shlex.join(command_line)}", list(command_line)))
+    for line, words in lines:
         for i, word in enumerate(words):
             name, eq, value = word.partition("=")
             if name in _TASK_OPTIONS:
@@ -231,12 +410,13 @@ def task_counts(sbatch_lines: list[str]) -> dict[str, tuple[str, str]]:
     return out
 
 
-def check_instances(count: int, sbatch_lines: list[str], request: MigRequest, models: list) -> list[str]:
+def check_instances(count: int, sbatch_lines: list[str], request: MigRequest, models: list,
+                    command_line: Sequence[str] = ()) -> list[str]:  # fmt: skip
     """The sbatch options a job over ``count`` instances adds (one task per instance, on one node); refused
-    when the script's task count contradicts it or no node of the site holds that many."""
+    when the script's (or the command line's) task count contradicts it or no node of the site holds that many."""
     if count == 1:
         return []
-    counts = task_counts(sbatch_lines)
+    counts = task_counts(sbatch_lines, command_line)
     nodes = counts.get("nodes", ("1", ""))
     if nodes[0] not in ("1", "1-1"):
         raise DirectiveError(f"'{nodes[1]}': a job over {count} instances runs on one node")
@@ -365,7 +545,9 @@ def chain_script(spec: JobSpec, chain: Chain, sbatch_lines: list[str]) -> str:
 
 
 def sbatch_command(spec: JobSpec, chain: Chain | None = None, tasks: Sequence[str] = ()) -> list[str]:
-    cmd = ["sbatch", "--parsable", f"--gres={gres_of(spec.options)}", *tasks]
+    """The sbatch command: migsub's own options, then the command line's options for sbatch unchanged."""
+    gres = gres_of(spec.options) + (f",{spec.other_gres}" if spec.other_gres else "")
+    cmd = ["sbatch", "--parsable", f"--gres={gres}", *tasks]
     comment = []
     if "gpu_compute" in spec.options:
         comment.append(f"compute={spec.options['gpu_compute']}")
@@ -379,6 +561,7 @@ def sbatch_command(spec: JobSpec, chain: Chain | None = None, tasks: Sequence[st
         cmd.append("--comment=mig-batch:" + ";".join(comment))
     if "gpu" in spec.options:
         cmd.append(f"--constraint={get_model(spec.options['gpu']).name}")
+    cmd += spec.passthrough
     if chain is not None:  # the script comes on stdin: the runner around the user's script
         return [*cmd, f"--signal=B:USR1@{SLURM_SIGNAL_MARGIN_S}"]
     return [*cmd, str(spec.script), *spec.script_args]
@@ -453,6 +636,32 @@ def schedd_reachable() -> bool:
     return True
 
 
+def round_ups(request: MigRequest, results: Mapping[str, object], models: Sequence[GpuModel]) -> dict[str, str]:
+    """Per model where the chosen profile holds much more than asked, the warning (request.ROUND_UP_RULE)."""
+    from mig_batch.request import round_up
+
+    out = {}
+    for model in models:
+        chosen = results.get(model.name)
+        if isinstance(chosen, Profile):
+            found = round_up(request, model, chosen)
+            if found is not None:
+                out[model.name] = found.message()
+    return out
+
+
+
+
+def check_passthrough(passthrough: list[str], options: dict[str, str]) -> None:
+    """Refuse options for sbatch that would undo what migsub writes (its --comment, its --constraint)."""
+    for name, value, _ in option_words(passthrough):
+        if name in ("--constraint", "-C") and "gpu" in options:
+            raise DirectiveError(f"{name} {value}: migsub writes --constraint=<model> for --gpu; give one of them")
+        if name == "--comment" and any(k in options for k in ("gpu_compute", "moldable", "atomize")):
+            raise DirectiveError(f"--comment {value}: migsub writes the job's comment (its MIG request) for "
+                                 "--gpu-compute, --moldable and --atomize; leave --comment out")  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     return run_guarded(_run, argv, "migsub")
 
@@ -462,18 +671,35 @@ def _run(argv: list[str]) -> int:
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     parser.add_argument("script", type=Path, help="the batch script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
-    args = parser.parse_args(argv)
+    split = split_argv(argv, parser)
+    if split.took is not None and not split.script and Path(split.took[1]).is_file():
+        option, word = split.took
+        attached = f"{option}=VALUE" if option.startswith("--") else f"{option}VALUE"
+        return fail(f"no batch script: {word} was read as the value of {option}, which migsub passes to sbatch; "
+                    f"write {attached} for an option with a value, or give the script after it")  # fmt: skip
+    args = parser.parse_args(split.own)
     try:
         options, sources, sbatch_lines = read_directives(args.script)
-        for key in DIRECTIVE_OPTIONS:
-            if getattr(args, key) is not None:
-                options[key], sources[key] = getattr(args, key), f"--{key.replace('_', '-')}"
         for line in sbatch_lines:
             if "--gres" in line or "--gpus" in line:
-                raise DirectiveError(f"{args.script}: '{line}' asks for GPUs too; let migsub request the MIG instance")
+                raise DirectiveError(f"{args.script}: '{line}' asks for GPUs too; let migsub request the MIG instance "
+                                     "(#MIG --mig PROFILE --instances N, or --gres=gpu:PROFILE:N on migsub's command "
+                                     "line)")  # fmt: skip
+        profiles = {p.name: p for m in site_models() for p in m.profiles}
+        given, given_sources, passthrough, other_gres = gpu_requests(split.passthrough, profiles)
+        for key in DIRECTIVE_OPTIONS:
+            if getattr(args, key) is not None:
+                name = f"--{key.replace('_', '-')}"
+                if key in given:
+                    raise DirectiveError(f"{name} and {given_sources[key]} both give the request; give it once")
+                given[key], given_sources[key] = getattr(args, key), name
+        options, sources = override(options, sources, given, given_sources)
+        if args.strict:
+            options["strict"], sources["strict"] = "1", "--strict"
         request = build_request(options, sources)
         models = [get_model(options["gpu"])] if "gpu" in options else site_models()
         leaf_plans: dict[str, dict[str, object]] = {}
+        rounded: dict[str, str] = {}
         if isinstance(request, MoldableRequest):
             per_model = moldable_per_model(request, models)  # a mixed site: the models that can run a size
         else:
@@ -494,6 +720,13 @@ def _run(argv: list[str]) -> int:
                     models = [get_model(options["gpu"])]
                 per_model = {leaves.chosen.model: leaves.chosen.leaf.name}
                 leaf_plans = {p.model: {"leaf": p.leaf.name, "count": p.count} for p in leaves.plans}
+            if not leaf_plans and isinstance(request, MigRequest):
+                rounded = round_ups(request, results, models)
+                if rounded and "strict" in options:
+                    raise RequestError(f"{sources['strict']}: the request rounds up: " + "; ".join(rounded.values())
+                                       + "; ask for what the smaller profile holds, or drop --strict")  # fmt: skip
+                for text in rounded.values():
+                    err_console.print(f"warning: {text}", highlight=False, markup=False, soft_wrap=True)
             if not any(per_model.values()):
                 unknown_profile(request, models, sources)
                 if len(models) == 1:
@@ -509,8 +742,9 @@ def _run(argv: list[str]) -> int:
         tasks = []
         if isinstance(request, MigRequest):
             instances_of(options, sources)  # --instances with --atomize
-            tasks = check_instances(request.count, sbatch_lines, request, models)
-        spec = JobSpec(args.script, args.script_args, options, sources)
+            tasks = check_instances(request.count, sbatch_lines, request, models, passthrough)
+        check_passthrough(passthrough, options)
+        spec = JobSpec(args.script, args.script_args, options, sources, passthrough, other_gres)
         backend = choose_backend(args.backend) if not args.dry_run or args.backend else "slurm"
         if backend == "htcondor":
             if chain is not None:
@@ -518,6 +752,9 @@ def _run(argv: list[str]) -> int:
             if isinstance(request, MigRequest) and request.count > 1:
                 raise DirectiveError(f"{sources.get('instances', '--instances')}: a job over several instances "
                                      "runs on Slurm only for now; on HTCondor a job gets one instance")
+            if passthrough or other_gres:
+                raise DirectiveError(f"{shlex.join(passthrough) or '--gres=' + other_gres}: options for sbatch; on "
+                                     "HTCondor give submit commands as '#CONDOR key = value' lines in the script")
             description = condor_description(spec, sbatch_lines)
             if any(line.startswith("#SBATCH") for line in sbatch_lines):
                 console.print(f"note: {args.script}'s #SBATCH lines are Slurm's; HTCondor reads #CONDOR lines",
@@ -530,8 +767,9 @@ def _run(argv: list[str]) -> int:
 
     if args.dry_run:
         if args.json:
-            json.dump({"options": options, "profiles": per_model, "leaves": leaf_plans, "sbatch": command,
-                       "script": stdin}, sys.stdout, indent=2)  # fmt: skip
+            json.dump({"options": options, "sources": sources, "profiles": per_model, "leaves": leaf_plans,
+                       "round_up": rounded, "passthrough": passthrough, "sbatch": command, "script": stdin},
+                      sys.stdout, indent=2)  # fmt: skip
             sys.stdout.write("\n")
         else:
             for name, chosen in per_model.items():
