@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import argparse
 
-from mig_batch.cli.output import Table, console, emit
+from mig_batch.cli.output import Table, console, emit, err_console
 from mig_batch.mig.models import GpuModel, Profile, all_models, get_model
 from mig_batch.request import (
+    STATIC_MIG_FORMS,
     MigRequest,
     RequestError,
     format_mib,
+    none_fits,
     parse_compute,
     parse_gres,
     parse_memory,
+    round_up,
+    static_mig_request,
     translate_any,
 )
 
@@ -45,6 +49,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--media", action="store_true", help="need media extensions (+me profiles)")
     p.add_argument("--gres", help="Slurm-style request instead: mig:20G, mig:3g, gpu:3g.40gb:1")
+    p.add_argument("--gpus", metavar="PROFILE[:N]", help="static-MIG form, as sbatch --gpus=1g.10gb:2")
+    p.add_argument("--gpus-per-node", metavar="PROFILE[:N]", help="static-MIG form, as sbatch --gpus-per-node")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 2 when a chosen profile holds over 1.5x the memory or compute asked")  # fmt: skip
     p.add_argument("--instances", metavar="auto",
                    help="auto: the fewest leaves (Flex-MIG's rule) that cover --mem and --compute, per model")
     p = add("configs", cmd_configs, "count reachable and maximal MIG configurations and list the maximal ones")
@@ -148,10 +156,24 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 
 def _request_from_args(args: argparse.Namespace) -> MigRequest:
-    if args.gres:
-        if args.mem or args.compute or args.profile:
-            raise RequestError("--gres cannot be combined with --mem, --compute or --profile")
-        return parse_gres(args.gres)
+    forms = [key for key in ("gres", "gpus", "gpus_per_node") if getattr(args, key)]
+    if forms:
+        option, value = f"--{forms[0].replace('_', '-')}", getattr(args, forms[0])
+        if args.mem or args.compute or args.profile or len(forms) > 1:
+            raise RequestError(f"{option} cannot be combined with --mem, --compute, --profile or another of "
+                               "--gres, --gpus, --gpus-per-node")  # fmt: skip
+        if option == "--gres" and value.strip().lower().removeprefix("gres:").removeprefix("gres/").startswith("mig"):
+            return parse_gres(value)
+        known = {p.name for m in all_models().values() for p in m.profiles}
+        request = static_mig_request(option, value, known)
+        if request is None:
+            raise RequestError(
+                f"{option} {value} is not a MIG request: it asks for whole GPUs, as the site has them today (Slurm "
+                f"gives them; mig_batch leaves such a job alone). A MIG request names a profile: "
+                + ", ".join(f"{o}={f}" for o, f in STATIC_MIG_FORMS.items())
+                + ", or asks a size: --gres mig:20G, --gres mig:3g"
+            )
+        return request
     if not (args.mem or args.compute or args.profile or args.media):
         raise RequestError("say what the job needs: --mem, --compute, --profile, --media or --gres")
     return MigRequest(
@@ -170,8 +192,12 @@ def cmd_translate(args: argparse.Namespace) -> int:
                                f"{args.instances!r}; for N instances of a size give --gres mig:1g.10gb:N")  # fmt: skip
         return _translate_leaves(request, args)
     models = [get_model(args.gpu)] if args.gpu else sorted(all_models().values(), key=lambda m: m.name)
+    by_name = {m.name: m for m in models}
     rows = []
-    for name, result in translate_any(request, models).items():
+    results = translate_any(request, models)
+    if not args.gpu and not any(isinstance(r, Profile) for r in results.values()):
+        raise none_fits(request, models)  # an empty table and exit 0 would read as success
+    for name, result in results.items():
         if isinstance(result, RequestError):
             if args.gpu:
                 raise result
@@ -185,8 +211,13 @@ def cmd_translate(args: argparse.Namespace) -> int:
                     "compute_slices": result.compute_slices,
                     "memory_slices": result.memory_slices,
                     "error": None,
+                    "round_up": (found.message() if (found := round_up(request, by_name[name], result)) else None),
                 }
             )
+    rounded = [r["round_up"] for r in rows if r.get("round_up")]
+    if rounded and args.strict:
+        raise RequestError("--strict: the request rounds up: " + "; ".join(rounded)
+                           + "; ask for what the smaller profile holds, or drop --strict")  # fmt: skip
     data = {"request": request.describe(), "count": request.count, "results": rows}
 
     def render(d: dict[str, Any]) -> None:
@@ -203,6 +234,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
         console.print(table)
 
     emit(data, args.json, render)
+    for text in rounded:  # beside the table or the JSON, on stderr
+        err_console.print(f"warning: {text}", highlight=False, markup=False, soft_wrap=True)
     return 0
 
 
