@@ -13,18 +13,21 @@ not with the rounded number in the profile's name.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from mig_batch.errors import MigBatchError
 from mig_batch.mig.models import GpuModel, Profile
+from mig_batch.yaml_text import shown
 
 MIB = 1 << 20
 _BINARY = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _DECIMAL = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 _MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT])(I?B)?\s*$", re.IGNORECASE)
 MEMORY_FORMS = "a number with a unit: 18G, 18GiB, 18GB, 18000M"
+MAX_REQUEST_TEXT = 64  # characters of one request value: no size, share, count or time needs more
 
 
 class RequestError(MigBatchError, ValueError):
@@ -33,15 +36,18 @@ class RequestError(MigBatchError, ValueError):
 
 def parse_memory(text: str) -> int:
     """GPU memory in MiB (rounded up)."""
-    match = _MEMORY_RE.match(str(text))
+    match = _MEMORY_RE.match(str(text)) if len(str(text)) <= MAX_REQUEST_TEXT else None
     if not match:
         hint = " (a unit is required)" if re.fullmatch(r"\s*\d+(\.\d+)?\s*", str(text)) else ""
-        raise RequestError(f"cannot read GPU memory {text!r}{hint}; accepted: {MEMORY_FORMS}")
+        raise RequestError(f"cannot read GPU memory {shown(text)}{hint}; accepted: {MEMORY_FORMS}")
     number, letter, suffix = float(match.group(1)), match.group(2).upper(), (match.group(3) or "").upper()
     scale = _DECIMAL[letter] if suffix == "B" else _BINARY[letter]
     value = number * scale
     if value <= 0:
-        raise RequestError(f"GPU memory must be positive, got {text!r}; accepted: {MEMORY_FORMS}")
+        raise RequestError(f"GPU memory must be positive, got {shown(text)}; accepted: {MEMORY_FORMS}")
+    if not value < 1 << 50:  # also infinity: a number of hundreds of digits
+        raise RequestError(f"GPU memory {shown(text)} is over 1 PiB, more than any GPU has; accepted: {MEMORY_FORMS} "
+                           "(`mig-batch gpus` lists the models)")  # fmt: skip
     return -(-int(value) // MIB)
 
 
@@ -69,7 +75,7 @@ class ComputeShare:
 def parse_compute(text: str | float) -> ComputeShare:
     """``0.3`` or ``30%`` (share of the GPU's compute) or ``2g`` (compute slices); a bare ``2`` is refused."""
     raw = str(text).strip().lower()
-    if m := re.fullmatch(r"(\d+)\s*g", raw):
+    if m := re.fullmatch(r"(\d{1,9})\s*g", raw):  # no int() of thousands of digits: float() below refuses them
         slices = int(m.group(1))
         if slices < 1:
             raise RequestError(f"compute slices must be at least 1, got {text!r}")
@@ -80,7 +86,7 @@ def parse_compute(text: str | float) -> ComputeShare:
         fraction = -1.0
     if not 0 < fraction <= 1:
         raise RequestError(
-            f"cannot read compute share {text!r}; accepted: a fraction of the GPU in (0, 1] such as 0.3, "
+            f"cannot read compute share {shown(text)}; accepted: a fraction of the GPU in (0, 1] such as 0.3, "
             f"a percentage such as 30%, or compute slices such as 2g"
         )
     return ComputeShare(fraction=fraction)
@@ -154,6 +160,20 @@ def translate(request: MigRequest, model: GpuModel) -> Profile:
     )
 
 
+def none_fits(request: MigRequest, models: Iterable[GpuModel]) -> RequestError:
+    """Why no model of ``models`` meets ``request`` (when :func:`translate_any` found a profile on none): the
+    largest profile there is, or, for profile names no model has, how profiles are named."""
+    models = list(models)
+    if request.profiles and not any(m.has_profile(n) for m in models for n in request.profiles):
+        return RequestError(f"no GPU model here has a MIG profile {' or '.join(request.profiles)}; profiles are "
+                            "named like 3g.40gb (`mig-batch profiles MODEL` lists a model's)")  # fmt: skip
+    if not models:
+        return RequestError("no GPU model is known; `mig-batch gpus` lists them")
+    model = max(models, key=lambda m: (m.largest_profile.memory_mib, m.largest_profile.compute_slices))
+    return RequestError(f"no MIG profile of {', '.join(m.name for m in models)} satisfies {request.describe()}; the "
+                        f"largest is {_describe_profile(model.largest_profile, model)} on {model.name}")  # fmt: skip
+
+
 def translate_any(request: MigRequest, models: Iterable[GpuModel]) -> dict[str, Profile | RequestError]:
     """Per model, the chosen profile or the reason none fits."""
     out: dict[str, Profile | RequestError] = {}
@@ -179,9 +199,9 @@ def parse_gres(spec: str) -> MigRequest:
 
     ``mig:3g`` (lower-case g, as in profile names) asks for 3 compute slices; ``mig:3G`` for 3 GiB.
     """
-    match = _GRES_RE.match(spec.strip())
+    match = _GRES_RE.match(spec.strip()) if len(spec) <= MAX_REQUEST_TEXT else None
     if not match or match.group(2) is None:
-        raise RequestError(f"cannot read MIG request {spec!r}; accepted forms: {GRES_FORMS}")
+        raise RequestError(f"cannot read MIG request {shown(spec)}; accepted forms: {GRES_FORMS}")
     kind, what, count = match.group(1).lower(), match.group(2), int(match.group(3) or 1)
     if count < 1:  # job_submit.lua refuses the same
         raise RequestError(f"MIG request {spec!r} asks for {count} instances; give at least 1 (mig:1g.10gb:4 asks "
@@ -211,7 +231,10 @@ def parse_gres(spec: str) -> MigRequest:
 def parse_duration(text: str | float) -> float:
     """Seconds from ``90``, ``90s``, ``2.5m``, ``1h``, ``1h30m`` or ``HH:MM:SS`` / ``MM:SS``."""
     raw = str(text).strip().lower()
-    if re.fullmatch(r"\d+(\.\d+)?", raw):
+    value = math.nan  # refused below unless a form matches
+    if len(raw) > MAX_REQUEST_TEXT:
+        pass  # refused: no int() of thousands of digits
+    elif re.fullmatch(r"\d+(\.\d+)?", raw):
         value = float(raw)
     elif re.fullmatch(r"\d+(:\d{1,2}){1,2}", raw):
         value = 0.0
@@ -219,8 +242,8 @@ def parse_duration(text: str | float) -> float:
             value = value * 60 + int(part)
     elif re.fullmatch(r"(\d+(\.\d+)?[hms])+", raw):
         value = sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)([hms])", raw))
-    else:
-        raise RequestError(f"cannot read duration {text!r}; accepted: 90, 90s, 2.5m, 1h30m, 01:30:00")
+    if not value < 1e10:  # no form, over three centuries, or infinity
+        raise RequestError(f"cannot read duration {shown(text)}; accepted: 90, 90s, 2.5m, 1h30m, 01:30:00")
     if value <= 0:
         raise RequestError(f"a predicted run time must be positive, got {text!r}")
     return value
