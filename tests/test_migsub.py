@@ -198,6 +198,8 @@ def test_dry_run_shows_the_final_command(tmp_path, capsys):
         (["--gpu-compute", "2g", "--comment=mine"], "leave --comment out"),
         (["--mig", "1g.10gb", "--ntasks=3", "--instances", "2"], "'command line --ntasks=3' contradicts --instances 2"),
         (["--mig", "1g.10gb", "--backend", "htcondor", "-p", "gpu"], "-p gpu: options for sbatch; on HTCondor"),
+        (["--mig", "1g.10gb", "--deadline", "1h"], "--deadline: --deadline needs --atomize (sbatch's own --deadline "
+                                                    "goes after --: migsub ... -- --deadline=TIME job.sh)"),
         (["--mig", "1g.10gb", "-p"], "no batch script: {job} was read as the value of -p, which migsub passes to "
                                      "sbatch; write -pVALUE"),
     ],

@@ -501,7 +501,9 @@ def chain_of(options: dict[str, str], sources: dict[str, str]) -> Chain | None:
     if "atomize" not in options:
         stray = [k for k in ATOMIZE_OPTIONS if k in options]
         if stray:
-            raise DirectiveError(f"{sources[stray[0]]}: --{stray[0].replace('_', '-')} needs --atomize")
+            hint = " (sbatch's own --deadline goes after --: migsub ... -- --deadline=TIME job.sh)" \
+                if stray[0] == "deadline" else ""  # fmt: skip
+            raise DirectiveError(f"{sources[stray[0]]}: --{stray[0].replace('_', '-')} needs --atomize{hint}")
         return None
     if "moldable" in options:
         raise DirectiveError(f"{sources['atomize']}: --atomize and --moldable exclude each other")
