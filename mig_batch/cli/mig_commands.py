@@ -193,7 +193,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         return _translate_leaves(request, args)
     models = [get_model(args.gpu)] if args.gpu else sorted(all_models().values(), key=lambda m: m.name)
     by_name = {m.name: m for m in models}
-    rows = []
+    rows: list[dict[str, Any]] = []
     results = translate_any(request, models)
     if not args.gpu and not any(isinstance(r, Profile) for r in results.values()):
         raise none_fits(request, models)  # an empty table and exit 0 would read as success
