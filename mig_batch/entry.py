@@ -21,6 +21,61 @@ INTERNAL = "internal error"  # the bad-input test looks for this: a user-caused 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
+# pyproject.toml's extras and the modules each brings: a GPU node installs mig_batch alone (the agents, the
+# hooks, doctor, migsub: PyYAML and nvidia-ml-py); the controller host adds `controller`; the simulators,
+# planners, benchmarks and plots need `sim` (which holds `controller`)
+EXTRA_MODULES = {"controller": ("numpy", "rich"), "sim": ("numpy", "rich", "matplotlib", "ortools")}
+
+
+class MissingExtraError(MigBatchError):
+    """A command needs an optional dependency (an extra) that is not installed."""
+
+
+def extra_message(command: str, extra: str, missing: Sequence[str]) -> str:
+    return (f"`{command}` needs the {extra} extra ({', '.join(missing)} not installed): "
+            f"pip install 'mig-batch[{extra}]'")  # fmt: skip
+
+
+def require_extra(extra: str, command: str) -> None:
+    """Refuse ``command`` (exit 2, naming the extra and how to install it) when ``extra`` is not installed.
+    Looks the modules up without importing them."""
+    from importlib.util import find_spec
+
+    missing = [name for name in EXTRA_MODULES[extra] if name not in sys.modules and find_spec(name) is None]
+    if missing:
+        raise MissingExtraError(extra_message(command, extra, missing))
+
+
+def needs_extra(extra: str, command: str) -> Callable[[Callable[[Any], int]], Callable[[Any], int]]:
+    """A command handler's decorator: :func:`require_extra` before the handler runs (and imports)."""
+
+    import functools  # loaded already: argparse's re imports it
+
+    def wrap(handler: Callable[[Any], int]) -> Callable[[Any], int]:
+        @functools.wraps(handler)
+        def run(args: Any) -> int:
+            require_extra(extra, command)
+            return handler(args)
+
+        return run
+
+    return wrap
+
+
+def missing_extra(exc: BaseException, prog: str, args: Sequence[str]) -> str | None:
+    """A command that got past :func:`require_extra` (or has none) but imported a module of an extra that is
+    not installed: which extra to install, never an ImportError."""
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return None
+    top = exc.name.split(".")[0]
+    extras = [extra for extra, modules in EXTRA_MODULES.items() if top in modules]
+    if not extras:
+        return None
+    words = [a for a in args if not a.startswith("-")][:2] if prog == "mig-batch" else []
+    words = words[:1] if words[:1] == ["plan"] else words  # plan's second word is its queue file
+    extra = "sim" if words[:1] and words[0] in ("simulate", "plan", "bench") else extras[0]
+    return extra_message(" ".join([prog, *words]), extra, [top])
+
 
 def log_level(text: str) -> str:
     """argparse type for ``--log-level``: one of the logging module's level names, any case."""
@@ -115,5 +170,5 @@ def run_guarded(body: Callable[[list[str]], int], argv: Sequence[str] | None, pr
             import traceback  # only on an error: its import is not free
 
             traceback.print_exc()
-        print(f"{prog}: error: {describe(exc)}", file=sys.stderr)
+        print(f"{prog}: error: {missing_extra(exc, prog, args) or describe(exc)}", file=sys.stderr)
         return 2

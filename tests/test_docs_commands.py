@@ -54,7 +54,7 @@ def test_the_extraction_finds_commands_and_can_fail():
     assert documented_commands(text) == {("status",), ("slurm", "install")}
     parser = build_parser()
     assert unknown(("slurm", "install"), parser) is None and unknown(("plan", "queue"), parser) is None
-    assert unknown(("slurm", "uninstall"), parser) == "slurm uninstall"
+    assert unknown(("slurm", "frobnicate"), parser) == "slurm frobnicate"
     assert unknown(("eventz",), parser) == "eventz"
 
 

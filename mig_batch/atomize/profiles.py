@@ -25,9 +25,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from mig_batch.errors import MigBatchError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import numpy as np  # imported where used: the site config reads GRANT_POLICIES through this module on
+    # every node, where numpy (the controller extra) is not installed
 
 ENVELOPE_MODES = ("functional", "pointwise")
 
@@ -99,6 +102,8 @@ class MemoryProfile:
     def envelope(self, eps: float, step: float = 1.0, mode: str = "functional",
                  smooth: float = 0.0) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
         """(grid, U(t)) over the longest trajectory, sampled every ``step`` seconds."""
+        import numpy as np
+
         _check_eps(eps)
         if mode not in ENVELOPE_MODES:
             raise ProfileError(f"envelope mode {mode!r} is not one of {', '.join(ENVELOPE_MODES)}")
@@ -119,6 +124,8 @@ class MemoryProfile:
 
 def resample(trajectory: Trajectory, grid: np.ndarray) -> np.ndarray:
     """The trajectory's peak within each grid cell [g_i, g_{i+1}); held after its last sample."""
+    import numpy as np
+
     times, mib = np.asarray(trajectory.times), np.asarray(trajectory.mib, dtype=float)
     # the value in force at each grid point (previous sample), then the max of the samples in between
     idx = np.searchsorted(times, grid, side="right") - 1
@@ -131,6 +138,8 @@ def resample(trajectory: Trajectory, grid: np.ndarray) -> np.ndarray:
 def rolling_max(values: np.ndarray, half_width: int) -> np.ndarray:
     if half_width <= 0:
         return values
+    import numpy as np
+
     padded = np.pad(values, half_width, mode="edge")
     windows = np.lib.stride_tricks.sliding_window_view(padded, 2 * half_width + 1)
     return windows.max(axis=1)

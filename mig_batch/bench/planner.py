@@ -41,7 +41,9 @@ def bench_planners(
     workloads: dict[str, Callable[[int], list[Task]]],
     datasets: int,
     batch: int,
+    progress: Callable[[], None] = lambda: None,
 ) -> list[PlannerRow]:
+    """``progress()`` is called after each dataset of each workload (``len(workloads) * datasets`` calls)."""
     rows = []
     for workload, make in workloads.items():
         per: dict[str, list[float]] = {p: [] for p in planners}
@@ -60,6 +62,7 @@ def bench_planners(
             for name in planners:
                 if dataset_values[name]:
                     per[name].append(statistics.fmean(dataset_values[name]))
+            progress()
         for name in planners:
             rows.append(
                 PlannerRow(
@@ -111,8 +114,10 @@ def bench_gaps(
     datasets: int,
     batch: int,
     time_limit_s: float = 60.0,
+    progress: Callable[[], None] = lambda: None,
 ) -> tuple[list[GapRow], list[ExactStats]]:
-    """True gap to the optimum: the first ``batch`` tasks of each dataset, solved exactly."""
+    """True gap to the optimum: the first ``batch`` tasks of each dataset, solved exactly; ``progress()`` after
+    each dataset of each workload."""
     rows: list[GapRow] = []
     stats: list[ExactStats] = []
     for workload, make in workloads.items():
@@ -122,12 +127,14 @@ def bench_gaps(
         for d in range(datasets):
             tasks = make(d)[:batch]
             if len(tasks) < batch:
+                progress()
                 continue
             count += 1
             plans = {name: make_plan(name, scheme, tasks) for name in planners}
             incumbent = min(plans.values(), key=lambda p: p.makespan)
             result = solve_exact(scheme, tasks, time_limit_s=time_limit_s, incumbent=incumbent)
             solve_s.append(result.wall_s)
+            progress()
             if not result.optimal:
                 continue
             proven += 1

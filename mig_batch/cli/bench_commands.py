@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 
 from mig_batch.cli.output import Table, console
+from mig_batch.entry import needs_extra
 from mig_batch.planner.planners import PLANNERS
 from mig_batch.planner.problem import gpu_scheme
-from mig_batch.planner.workloads import WORKLOAD_TYPES, read_rodinia
+from mig_batch.planner.workloads import WORKLOAD_TYPES
+from mig_batch.sim.data import RODINIA_DIR, RODINIA_FILES, RODINIA_SOURCE, MissingDataError
+
+# bench planner: the short default run (seconds) and --full (MIG-DRL §5.2's setting: minutes)
+PLANNER_QUICK = {"datasets": 1, "tasks": 14, "batch": 14, "gap_batch": 6, "gap_time_limit": 10.0}
+PLANNER_FULL = {"datasets": 5, "tasks": 100, "batch": 14, "gap_batch": 8, "gap_time_limit": 60.0}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,24 +31,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--load", type=float, default=0.7, help="share of memory slices preloaded")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_bench_placement)
-    q = kinds.add_parser("planner", help="every planner on every workload: mean p_opt and planning time")
-    q.add_argument("--datasets", type=int, default=5, help="datasets per workload (fixed seeds 0..K-1)")
-    q.add_argument("--batch", type=int, default=14, help="tasks per offline batch (N)")
+    q = kinds.add_parser("planner", help="every planner on every workload: mean p_opt and planning time; true gap "
+                         "to the CP-SAT optimum (a short run by default, --full for the MIG-DRL setting)")  # fmt: skip
+    q.add_argument("--full", action="store_true",
+                   help="the full run (minutes): " + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in
+                                                               PLANNER_FULL.items()))  # fmt: skip
+    q.add_argument("--datasets", type=int, help="datasets per workload (fixed seeds 0..K-1; default 1, --full 5)")
+    q.add_argument("--tasks", type=int, help="tasks per synthetic dataset (default 14, --full 100)")
+    q.add_argument("--batch", type=int, help="tasks per offline batch (N; default 14)")
     q.add_argument("--planners", default=",".join(PLANNERS), help="comma-separated planners")
-    q.add_argument("--workloads", default=",".join([*WORKLOAD_TYPES, "rodinia-a100"]), help="comma-separated")
-    q.add_argument(
-        "--rodinia-dir",
-        type=Path,
-        default=Path("../shared/data/mig-tasks/rodinia_A100"),
-        help="folder with the <size>g_A100.csv Rodinia times (for the rodinia-a100 workload)",
-    )
-    q.add_argument(
-        "--gap-batch",
-        type=int,
-        default=8,
-        help="also solve the first N tasks of each dataset exactly (CP-SAT) for the true gap; 0: skip",
-    )
-    q.add_argument("--gap-time-limit", type=float, default=60.0, help="seconds per exact solve")
+    q.add_argument("--workloads", help="comma-separated (default: the synthetic ones, "
+                   f"{','.join(WORKLOAD_TYPES)}; --full adds rodinia-a100, which needs --rodinia-dir)")  # fmt: skip
+    q.add_argument("--rodinia-dir", type=Path, default=Path(os.environ.get("MIG_BATCH_RODINIA_DIR", RODINIA_DIR)),
+                   help=f"rodinia-a100: the folder with the Rodinia task times {RODINIA_FILES} (not shipped: "
+                   f"{RODINIA_SOURCE}; default $MIG_BATCH_RODINIA_DIR or {RODINIA_DIR})")  # fmt: skip
+    q.add_argument("--gap-batch", type=int,
+                   help="also solve the first N tasks of each dataset exactly (CP-SAT) for the true gap; 0: skip "
+                        "(default 6, --full 8)")  # fmt: skip
+    q.add_argument("--gap-time-limit", type=float, help="seconds per exact solve (default 10, --full 60)")
     q.add_argument("--json", action="store_true")
     q.set_defaults(handler=cmd_bench_planner)
     m = kinds.add_parser("moldable", help="one controller pass over waiting moldable jobs against cluster size")
@@ -122,6 +129,7 @@ def cmd_bench_placement(args: argparse.Namespace) -> int:
     return 0
 
 
+@needs_extra("controller", "mig-batch bench moldable")
 def cmd_bench_moldable(args: argparse.Namespace) -> int:
     from mig_batch.bench.moldable import bench_moldable
 
@@ -143,6 +151,7 @@ def cmd_bench_moldable(args: argparse.Namespace) -> int:
     return 0
 
 
+@needs_extra("controller", "mig-batch bench pass")
 def cmd_bench_pass(args: argparse.Namespace) -> int:
     from mig_batch.bench.controller_pass import bench_controller_pass
 
@@ -180,35 +189,52 @@ def _print_gaps(gaps: list, stats: list, batch: int) -> None:
     console.print(solved)
 
 
+@needs_extra("sim", "mig-batch bench planner")
 def cmd_bench_planner(args: argparse.Namespace) -> int:
     # OR-Tools (the exact solver) loads only for this command
     from mig_batch.bench.planner import bench_gaps, bench_planners, subset_workload, synthetic_workloads
 
-    if args.datasets < 1 or args.batch < 1:
-        raise ValueError("--datasets and --batch must be at least 1")
+    preset = PLANNER_FULL if args.full else PLANNER_QUICK
+    for name, value in preset.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.datasets < 1 or args.batch < 1 or args.tasks < 1:
+        raise ValueError("--datasets, --tasks and --batch must be at least 1")
     planners = [p.strip() for p in args.planners.split(",") if p.strip()]
     unknown = [p for p in planners if p not in PLANNERS]
     if unknown:
         raise ValueError(f"unknown planner(s) {', '.join(unknown)}; known: {', '.join(PLANNERS)}")
-    names = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    workloads = synthetic_workloads([w for w in names if w in WORKLOAD_TYPES])
+    default_workloads = [*WORKLOAD_TYPES, *(["rodinia-a100"] if args.full else [])]
+    names = [w.strip() for w in (args.workloads or ",".join(default_workloads)).split(",") if w.strip()]
+    workloads = synthetic_workloads([w for w in names if w in WORKLOAD_TYPES], args.tasks)
     if "rodinia-a100" in names:
-        workloads["rodinia-a100"] = subset_workload(read_rodinia(args.rodinia_dir, "A100"), args.batch)
+        workloads["rodinia-a100"] = subset_workload(rodinia_tasks(args.rodinia_dir), args.batch)
     unknown = [w for w in names if w not in workloads]
     if unknown:
         raise ValueError(f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(WORKLOAD_TYPES)}, rodinia-a100")
     if args.gap_batch < 0 or args.gap_time_limit <= 0:
         raise ValueError("--gap-batch must be 0 (skip) or more, --gap-time-limit positive")
     scheme = gpu_scheme("A100-40GB")
-    rows = bench_planners(scheme, planners, workloads, args.datasets, args.batch)
-    gaps, stats = [], []
-    if args.gap_batch:
-        gaps, stats = bench_gaps(scheme, planners, workloads, args.datasets, args.gap_batch, args.gap_time_limit)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    steps = len(workloads) * args.datasets
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console.rich, transient=True, disable=args.json) as progress:  # fmt: skip
+        task = progress.add_task("planners", total=steps)
+        rows = bench_planners(scheme, planners, workloads, args.datasets, args.batch,
+                              progress=lambda: progress.advance(task))  # fmt: skip
+        gaps, stats = [], []
+        if args.gap_batch:
+            exact = progress.add_task(f"exact solves ({args.gap_batch} tasks)", total=steps)
+            gaps, stats = bench_gaps(scheme, planners, workloads, args.datasets, args.gap_batch, args.gap_time_limit,
+                                     progress=lambda: progress.advance(exact))  # fmt: skip
     if args.json:
         print(json.dumps({"p_opt": [asdict(r) for r in rows], "gap": [asdict(r) for r in gaps],
                           "exact": [asdict(s) for s in stats]}, indent=1))  # fmt: skip
         return 0
-    table = Table(title=f"planners on A100-40GB, batches of {args.batch}, {args.datasets} datasets per workload")
+    short = "" if args.full else " (a short run; --full: the MIG-DRL setting)"
+    table = Table(title=f"planners on A100-40GB, batches of {args.batch}, {args.datasets} dataset(s) of {args.tasks} "
+                        f"tasks per synthetic workload{short}")
     for col in ("workload", "planner", "batches", "mean p_opt %", "mean plan ms", "max plan ms"):
         table.add_column(col, justify="left" if col in ("workload", "planner") else "right")
     for r in rows:
@@ -220,6 +246,23 @@ def cmd_bench_planner(args: argparse.Namespace) -> int:
     if gaps:
         _print_gaps(gaps, stats, args.gap_batch)
     return 0
+
+
+def rodinia_tasks(folder: Path) -> list:
+    """The Rodinia A100 task times in ``folder``; exit 2 naming the files, their source and the option where
+    they are missing."""
+    from mig_batch.planner.workloads import read_rodinia
+
+    if not sorted(folder.glob("*g_A100.csv")) if folder.is_dir() else True:
+        raise MissingDataError(
+            f"the rodinia-a100 workload needs the Rodinia task times {RODINIA_FILES} in {folder}, which holds "
+            f"none; they were {RODINIA_SOURCE}; point --rodinia-dir (or $MIG_BATCH_RODINIA_DIR) at a copy of "
+            "that folder, or leave rodinia-a100 out of --workloads")  # fmt: skip
+    try:
+        return read_rodinia(folder, "A100")
+    except (KeyError, ValueError, UnicodeDecodeError) as exc:
+        raise MissingDataError(f"{folder}: the Rodinia task times do not read as expected ({exc}); expected "
+                               f"{RODINIA_FILES} with columns prueba, t1..t10") from exc  # fmt: skip
 
 
 def cmd_bench_startup(args: argparse.Namespace) -> int:
@@ -240,6 +283,7 @@ def cmd_bench_startup(args: argparse.Namespace) -> int:
     return 0
 
 
+@needs_extra("controller", "mig-batch bench controller")
 def cmd_bench_controller(args: argparse.Namespace) -> int:
     from mig_batch.bench.controller import (
         DEFAULT_PROMPT_SLOTS,

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from mig_batch.cli.output import Table, console, make_out_dir
+from mig_batch.entry import needs_extra
 from mig_batch.errors import MigBatchError
+from mig_batch.sim.data import PHILLY_SAMPLE  # shipped (CC-BY-4.0): mig_batch/sim/data/README.md
 
-DEFAULT_DATA_DIR = "../shared/data"
 PHILLY_FILE = Path("philly") / "philly_runtime.csv"
 SHOWN_PAIRS = ("fm/dm", "fm/sm", "mbdyn/dm", "hybrid/fm", "hybrid/dm", "hybrid/sm")
 
@@ -44,8 +45,9 @@ def register_flex(kinds: argparse._SubParsersAction) -> None:
                    help="Dynamic-MIG: seconds a drained job loses to stop, repartition and restart (default 60)")
     f.add_argument("--fig7-sizes", choices=("cap", "drop"), default="cap",
                    help="Fig. 7 group (sizes <= 4): sizes 6 and 8 capped to 4 (default) or dropped")
-    f.add_argument("--data-dir", type=Path, default=Path(os.environ.get("MIG_BATCH_DATA_DIR", DEFAULT_DATA_DIR)),
-                   help=f"folder holding {PHILLY_FILE} (default $MIG_BATCH_DATA_DIR or {DEFAULT_DATA_DIR})")
+    f.add_argument("--data-dir", type=Path, default=None,
+                   help=f"a folder holding {PHILLY_FILE}, another copy of the job run-time sample (default "
+                   "$MIG_BATCH_DATA_DIR, else the Philly sample shipped with mig_batch, CC-BY-4.0)")  # fmt: skip
     f.add_argument("--json", action="store_true", help="print the overall ratios as JSON")
     f.set_defaults(handler=cmd_simulate_flex)
     m = kinds.add_parser("multi", help="jobs over several instances on a shared cluster: our MFI placement vs "
@@ -59,6 +61,7 @@ def register_flex(kinds: argparse._SubParsersAction) -> None:
     m.set_defaults(handler=cmd_simulate_multi)
 
 
+@needs_extra("sim", "mig-batch simulate multi")
 def cmd_simulate_multi(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
@@ -101,9 +104,18 @@ def parse_slowdown(text: str) -> tuple[float, dict[int, float]]:
     return default, by_size
 
 
+def runtime_sample(data_dir: Path | None) -> Path:
+    """The run-time sample ``simulate flex`` reads: ``--data-dir``'s, $MIG_BATCH_DATA_DIR's, else the shipped one."""
+    if data_dir is None and os.environ.get("MIG_BATCH_DATA_DIR"):
+        data_dir = Path(os.environ["MIG_BATCH_DATA_DIR"])
+    return PHILLY_SAMPLE if data_dir is None else data_dir / PHILLY_FILE
+
+
 def read_runtimes(path: Path) -> list[float]:
+    import gzip
+
     try:
-        with path.open(newline="") as fh:
+        with (gzip.open(path, "rt", newline="") if path.suffix == ".gz" else path.open(newline="")) as fh:
             reader = csv.DictReader(fh)
             if "runtime" not in (reader.fieldnames or []):
                 raise RuntimeSampleError(f"{path}: no 'runtime' column; expected Philly's philly_runtime.csv")
@@ -114,11 +126,15 @@ def read_runtimes(path: Path) -> list[float]:
                 except ValueError:
                     raise RuntimeSampleError(f"{path}:{line}: runtime {row['runtime']!r} is not a number") from None
     except OSError as exc:
-        raise RuntimeSampleError(f"cannot read the Philly run-time sample {path}: {exc.strerror}; give --data-dir "
-                                 f"a folder holding {PHILLY_FILE}") from exc  # fmt: skip
+        raise RuntimeSampleError(f"cannot read the Philly run-time sample {path}: {exc.strerror or exc}; give "
+                                 f"--data-dir (or $MIG_BATCH_DATA_DIR) a folder holding {PHILLY_FILE}, or leave "
+                                 "both unset for the sample shipped with mig_batch") from exc  # fmt: skip
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise RuntimeSampleError(f"{path}: not a CSV text file ({exc}); expected Philly's philly_runtime.csv") from exc
     return values
 
 
+@needs_extra("sim", "mig-batch simulate flex")
 def cmd_simulate_flex(args: argparse.Namespace) -> int:
     from mig_batch.sim.flex import FlexParams
     from mig_batch.sim.flex_experiment import FlexSetup, csv_rows, run_flex_experiment
@@ -136,10 +152,11 @@ def cmd_simulate_flex(args: argparse.Namespace) -> int:
     setup = FlexSetup(traces_per_category=traces, seed=args.seed, params=params, fig7_over_max=args.fig7_sizes,
                       durations=durations)  # fmt: skip
     make_out_dir(args.out)
-    runtimes = read_runtimes(args.data_dir / PHILLY_FILE)
+    sample = runtime_sample(args.data_dir)
+    runtimes = read_runtimes(sample)
     with console.status("simulating FM, DM, SM, mbdyn and hybrid ..."):
         result = run_flex_experiment(runtimes, setup)
-    result["setup"]["runtime_sample"] = {"file": str(args.data_dir / PHILLY_FILE), "jobs": len(runtimes)}
+    result["setup"]["runtime_sample"] = {"file": str(sample), "jobs": len(runtimes)}
     (args.out / "flex.json").write_text(json.dumps(result, indent=1))
     rows = csv_rows(result)
     with (args.out / "flex.csv").open("w", newline="") as fh:

@@ -17,9 +17,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 
-from rich.text import Text
-
-from mig_batch.cli.output import Table, console, emit
+from mig_batch.cli.output import Literal, Table, console, emit
 from mig_batch.config import SiteConfig, config_path, load_config
 from mig_batch.slurm.versions import release_note, version_in
 
@@ -108,7 +106,7 @@ def _render_events(events: list[dict]) -> None:
     for e in events:
         when = datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S")
         cells = (when, e["job"] or "-", e["kind"], str(e.get("node") or "-"), event_detail(e))
-        table.add_row(*(Text(c) for c in cells))  # Text: a reason's brackets are not markup
+        table.add_row(*(Literal(c) for c in cells))  # a reason's brackets are not markup
     console.print(table)
 
 
@@ -393,8 +391,20 @@ def check_job_submit(show_config: str) -> Check:
         return Check("job_submit.lua", False, f"JobSubmitPlugins is {plugins}, without lua", fix)
     if not lua.is_file():
         return Check("job_submit.lua", False, f"{lua} does not exist", fix)
-    if LUA_MARK not in lua.read_text(errors="replace"):
-        return Check("job_submit.lua", False, f"{lua} is not mig_batch's job_submit.lua", fix)
+    from mig_batch.slurm.install import SUBMIT_MODULE, submit_logic_of
+
+    logic = submit_logic_of(lua)
+    if logic is None:
+        return Check("job_submit.lua", False, f"{lua} neither is mig_batch's nor loads {lua.parent / SUBMIT_MODULE}",
+                     fix + f" (a site's own job_submit.lua: add its two lines, docs/slurm.md, Install)")  # fmt: skip
+    if logic != lua:
+        try:
+            ours = LUA_MARK in logic.read_text(errors="replace")
+        except OSError as exc:
+            return Check("job_submit.lua", False, f"{lua} loads {logic}, which cannot be read: {exc.strerror}", fix)
+        if not ours:
+            return Check("job_submit.lua", False, f"{lua} loads {logic}, which is not mig_batch's submit logic", fix)
+        return Check("job_submit.lua", True, f"{lua} loads mig_batch's {logic}, JobSubmitPlugins has lua")
     return Check("job_submit.lua", True, f"{lua} is mig_batch's, JobSubmitPlugins has lua")
 
 
@@ -404,8 +414,11 @@ _LUA_SLOTS_FILE = re.compile(r'^local SLOTS_FILE = (nil|"(.*)")$', re.M)
 def check_prompt_slots(show_config: str, config: SiteConfig) -> Check:
     """job_submit.lua reads the slots file mig-batchd writes (prompt_slots above 0), or none (0); the file and
     its directory open to slurmctld's user."""
+    from mig_batch.slurm.install import submit_logic_of
+
     lua = Path(config_values(show_config).get("SLURM_CONF", "/etc/slurm/slurm.conf")).parent / "job_submit.lua"
     fix = f"run `mig-batch slurm install {lua.parent} --config ...` again, then `scontrol reconfigure`"
+    lua = submit_logic_of(lua) or lua  # where the rules are: the module job_submit.lua loads, or itself
     try:
         found = _LUA_SLOTS_FILE.search(lua.read_text(errors="replace"))
     except OSError:

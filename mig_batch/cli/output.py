@@ -9,6 +9,9 @@ rich costs ~40 ms to import, more than the light commands' whole work, so it is 
 draws something: a table or styled text on a terminal, or text whose plain form this module cannot
 work out for certain (then rich decides, and the output is rich's own). Commands build tables with
 :class:`Table` below, rich's API in small; rich renders it when wide.
+
+rich is optional (the `controller` and `sim` extras bring it): where it is not installed (a GPU node with
+mig_batch alone), every console writes plain text, markup dropped, tables in the compact layout.
 """
 
 from __future__ import annotations
@@ -67,11 +70,42 @@ def plain_markup(text: str, markup: bool = True) -> str | None:
     return "".join(pieces)
 
 
+_RICH: list[bool] = []  # whether rich is installed, once looked up
+
+
+def rich_installed() -> bool:
+    """Whether rich can be imported (looked up without importing it)."""
+    if not _RICH:
+        from importlib.util import find_spec
+
+        _RICH.append("rich" in sys.modules or find_spec("rich") is not None)
+    return _RICH[0]
+
+
+def without_markup(text: str, markup: bool = True) -> str:
+    """``text`` without its markup tags, where rich is not installed to say for certain."""
+    if not markup:
+        return text
+    return _TAG.sub("", text).replace("\\[", "[")
+
+
+class Literal(str):
+    """A cell or text shown exactly as it is: brackets in it are not rich markup (a reason, a path)."""
+
+    @property
+    def plain(self) -> str:
+        return str(self)
+
+
 def cell_text(cell: Any) -> str:
     """What rich would show in a cell, as plain text on one line."""
-    if isinstance(cell, str):
+    if isinstance(cell, Literal):
+        text = str(cell)
+    elif isinstance(cell, str):
         text = plain_markup(cell)
-        if text is None:
+        if text is None and not rich_installed():
+            text = without_markup(cell)
+        elif text is None:
             from rich.errors import MarkupError
             from rich.text import Text
 
@@ -113,12 +147,13 @@ class Table:
     def to_rich(self) -> Any:
         """The same table as a rich Table, long cells folded onto more lines instead of cut."""
         from rich.table import Table as RichTable
+        from rich.text import Text
 
         table = RichTable(title=self.title, **self.options)
         for header, options in zip(self.headers, self.column_options, strict=True):
             table.add_column(header, **options)
         for row, options in zip(self.rows, self.row_options, strict=True):
-            table.add_row(*row, **options)
+            table.add_row(*(Text(c) if isinstance(c, Literal) else c for c in row), **options)
         for column in table.columns:
             column.overflow = "fold"
         return table
@@ -154,6 +189,39 @@ def record_lines(table: Table) -> list[str]:
 _PLAIN_PRINT_OPTIONS = frozenset({"highlight", "soft_wrap", "markup"})  # no colour anyway off a terminal
 
 
+class PlainConsole:
+    """What stands in for rich's Console where rich is not installed: plain text, markup dropped, no colour,
+    no spinner; never a terminal, so tables take the compact layout."""
+
+    is_terminal = False
+
+    def __init__(self, options: dict[str, Any]):
+        self._options = options
+
+    @property
+    def file(self) -> Any:  # looked up at each write, as rich does: tests and callers swap sys.stdout
+        chosen = self._options.get("file")
+        return chosen if chosen is not None else sys.stderr if self._options.get("stderr") else sys.stdout
+
+    @property
+    def width(self) -> int:
+        from mig_batch.entry import terminal_columns
+
+        return int(self._options.get("width") or terminal_columns())
+
+    def print(self, *objects: Any, sep: str = " ", end: str = "\n", markup: bool | None = None, **_: Any) -> None:
+        markup = self._options.get("markup", True) if markup is None else markup
+        texts = [str(obj) if isinstance(obj, Literal) else without_markup(obj, markup) if isinstance(obj, str)
+                 else obj.plain if hasattr(obj, "plain") else str(obj) for obj in objects]  # fmt: skip
+        self.file.write(sep.join(texts) + end)
+        self.file.flush()
+
+    def status(self, *_: Any, **__: Any) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
 class TableConsole:
     """A console whose tables stay readable at any width and in log files (see the module's text).
 
@@ -166,6 +234,8 @@ class TableConsole:
     @property
     def rich(self) -> Any:
         """The rich Console behind this one (imports rich)."""
+        if self._rich is None and not rich_installed():
+            self._rich = PlainConsole(self._options)
         if self._rich is None:
             from rich.console import Console
 
@@ -188,6 +258,8 @@ class TableConsole:
         """True when rich too would find no terminal: a file or pipe, nothing forcing colour."""
         if self._rich is not None:
             return not self._rich.is_terminal
+        if not rich_installed():
+            return True
         if "force_terminal" in self._options or "force_jupyter" in self._options or "IPython" in sys.modules:
             return False
         if "TTY_COMPATIBLE" in os.environ or "FORCE_COLOR" in os.environ:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from mig_batch.cli.output import Table, console
+from mig_batch.entry import needs_extra
 from mig_batch.planner.bounds import lower_bound, p_opt
 from mig_batch.planner.multi import check_multi
 from mig_batch.planner.plan import check_plan
@@ -32,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=cmd_plan)
 
 
+@needs_extra("sim", "mig-batch plan")
 def cmd_plan(args: argparse.Namespace) -> int:
     file_gpu, tasks = read_queue(args.queue)
     scheme = gpu_scheme(args.gpu or file_gpu or "A100-40GB")

@@ -10,10 +10,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
 from mig_batch.cli.output import Table, console, make_out_dir
+from mig_batch.entry import needs_extra
 from mig_batch.mig.models import get_model
+from mig_batch.sim.data import TRACE_DIR, missing_trace
 from mig_batch.sim.experiments import (
     PAPER_POLICIES,
     SNAPSHOT_DEMAND,
@@ -27,7 +27,7 @@ from mig_batch.sim.traces import read_pods
 from mig_batch.sim.verdict import ranked
 from mig_batch.sim.workloads import MFI_DISTRIBUTIONS
 
-DEFAULT_TRACE_DIR = "../shared/data/alibaba-gpu-2023"
+DEFAULT_TRACE_DIR = TRACE_DIR
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -60,8 +60,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--trace-dir",
         type=Path,
         default=Path(os.environ.get("MIG_BATCH_TRACE_DIR", DEFAULT_TRACE_DIR)),
-        help="grmu: folder with openb_pod_list_default.csv and openb_node_list_gpu_node.csv "
-        "(default $MIG_BATCH_TRACE_DIR or ../shared/data/alibaba-gpu-2023)",
+        help="grmu, robust: folder with openb_pod_list_default.csv and openb_node_list_gpu_node.csv, the Alibaba "
+        f"GPU cluster trace 2023 (not shipped; default $MIG_BATCH_TRACE_DIR or {TRACE_DIR})",
     )
     p.add_argument("--seed", type=int, default=1, help="seed of the first run; run r uses seed + r")
     p.add_argument(
@@ -114,7 +114,9 @@ def _positive(text: str, option: str) -> int:
     return value
 
 
-def _progress(disable: bool) -> Progress:
+def _progress(disable: bool) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     return Progress(
         TextColumn("simulating"),
         BarColumn(),
@@ -133,6 +135,7 @@ def _check_common(args: argparse.Namespace, default_model: str) -> None:
     make_out_dir(args.out)
 
 
+@needs_extra("sim", "mig-batch simulate placement")
 def cmd_simulate_placement(args: argparse.Namespace) -> int:
     if args.experiment == "grmu":
         return _simulate_trace(args)
@@ -241,12 +244,9 @@ def _simulate_trace(args: argparse.Namespace) -> int:
         gpu_counts=sizes,
         policies=_csv(args.policies or ",".join(TRACE_POLICIES)),
     )
-    for name in (setup.pod_file, setup.node_file):
-        if not (setup.trace_dir / name).is_file():
-            raise ValueError(
-                f"the grmu experiment needs {name} in {setup.trace_dir}; point --trace-dir (or "
-                "$MIG_BATCH_TRACE_DIR) at the Alibaba cluster-trace-gpu-v2023 csv folder"
-            )
+    missing = [name for name in (setup.pod_file, setup.node_file) if not (setup.trace_dir / name).is_file()]
+    if missing:
+        raise missing_trace("`mig-batch simulate placement --experiment grmu`", " and ".join(missing), setup.trace_dir)
     with _progress(args.json) as progress:
         task = progress.add_task("runs", total=len(sizes) * len(setup.policies))
         result = run_trace_experiment(
@@ -303,10 +303,8 @@ def _simulate_robust(args: argparse.Namespace) -> int:
     from mig_batch.sim.robust import RobustSetup, quick_setup, run_robust
 
     if not (args.trace_dir / POD_FILE).is_file():
-        raise ValueError(
-            f"the robust experiment needs {POD_FILE} (and the other pod lists) in {args.trace_dir}; point "
-            "--trace-dir (or $MIG_BATCH_TRACE_DIR) at the Alibaba cluster-trace-gpu-v2023 csv folder"
-        )
+        raise missing_trace("`mig-batch simulate placement --experiment robust`",
+                            f"{POD_FILE} and the other openb_pod_list_*.csv", args.trace_dir)  # fmt: skip
     policies = _csv(args.policies or ",".join(TRACE_POLICIES))
     setup = quick_setup(args.trace_dir, policies) if args.quick else RobustSetup(args.trace_dir, policies=policies)
     if args.gpus:
@@ -376,6 +374,7 @@ ATOMIZE_COLUMNS = (
 )  # fmt: skip
 
 
+@needs_extra("sim", "mig-batch simulate atomize")
 def cmd_simulate_atomize(args: argparse.Namespace) -> int:
     from mig_batch.atomize.protocol import GRANT_POLICIES
     from mig_batch.sim.atomize import DEFAULT_SCHEDULERS, AtomizeSetup, run_atomize
@@ -392,6 +391,8 @@ def cmd_simulate_atomize(args: argparse.Namespace) -> int:
                          trace_jobs=args.trace_jobs, load=args.load)  # fmt: skip
     pods = None
     if args.workload == "alibaba":
+        if not (args.trace_dir / POD_FILE).is_file():
+            raise missing_trace("`mig-batch simulate atomize --workload alibaba`", POD_FILE, args.trace_dir)
         pods = read_pods(args.trace_dir / POD_FILE)  # TraceError names the file and what is wrong
     with console.status("simulating FIFO+backfill, moldable and SJA ..."):
         schedulers = {"off": DEFAULT_SCHEDULERS, "both": (*DEFAULT_SCHEDULERS, "sja-defrag"),

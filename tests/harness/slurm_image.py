@@ -67,10 +67,14 @@ def cache_dir() -> Path:
 
 
 def requirements(pyproject: Path) -> list[str]:
-    """What the image's venv holds: mig_batch's dependencies and the test tools, as pyproject names them."""
+    """What the image's venv holds: mig_batch's dependencies with its controller and sim extras (mig-batchd, the
+    simulators the fast tests run) and the test tools, as pyproject names them."""
     project = tomllib.loads(pyproject.read_text())["project"]
-    tools = [r for r in project["optional-dependencies"]["test"] if r.split(">")[0].split("=")[0] in TEST_TOOLS]
-    return [*project["dependencies"], *tools]
+    extras = project["optional-dependencies"]
+    tools = [r for r in extras["test"] if r.split(">")[0].split("=")[0] in TEST_TOOLS]
+    # an extra names another by a self-reference (mig-batch[controller]): that one is listed here already
+    wanted = [r for name in ("controller", "sim") for r in extras[name] if not r.startswith(f"{project['name']}[")]
+    return [*project["dependencies"], *wanted, *tools]
 
 
 @dataclass
