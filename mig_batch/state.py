@@ -41,6 +41,7 @@ from mig_batch.batch.tags import RANK_SEPARATOR, JobTag, parse_tag, rank_key
 from mig_batch.errors import MigBatchError
 
 SCHEMA_VERSION = 4
+APPLICATION_ID = 0x4D494742  # "MIGB" in SQLite's header (PRAGMA application_id): the mark of a mig_batch store
 INTERRUPTED = ("not-started", "requeued")  # subjob outcomes taken back from it, neither a failure nor a success
 MIG_OFF = "mig-off"  # event: a node's agent found these GPUs with MIG mode off (an empty list: none now)
 NODE_PROBLEM = "node-problem"  # event: a node's hook or reconcile problem
@@ -268,6 +269,45 @@ def _private(path: Path) -> None:
                 os.close(fd)
 
 
+def _not_ours(application_id: int, version: int, tables: set[str]) -> str:
+    """Why an SQLite file is not a mig_batch store ("" when it is): a store carries :data:`APPLICATION_ID`; one
+    made before the mark (it gets it at mig-batchd's next open) has a schema version and our decisions and
+    events tables."""
+    if application_id == APPLICATION_ID or (application_id == 0 and version > 0 and {"decisions", "events"} <= tables):
+        return ""
+    return (f"no mig_batch schema mark: application_id {application_id}, schema version {version}, {len(tables)} "
+            "table(s)")  # fmt: skip
+
+
+def _refuse_unless_ours(path: Path) -> None:
+    """Refuse (:class:`StateError`) an existing, non-empty file at ``path`` that is not a mig_batch store, before
+    anything touches it: not its mode, its journal mode nor its tables (another program's database, or a
+    text file, named by mistake in ``state:``)."""
+    try:
+        if path.stat().st_size == 0:
+            return  # a new store: an empty file (touched, or left by a crash before the first write)
+        db = sqlite3.connect(f"file:{quote(str(path.absolute()))}?mode=ro", uri=True, timeout=30)
+    except FileNotFoundError:
+        return
+    except (OSError, sqlite3.Error) as exc:
+        raise StateError(f"cannot open the mig_batch store {path}: {getattr(exc, 'strerror', None) or exc}; set "
+                         "state: in the site config to a file on a writable local disk") from None  # fmt: skip
+    try:
+        application_id = db.execute("PRAGMA application_id").fetchone()[0]
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.OperationalError as exc:  # locked, unreadable: not a verdict on it
+        raise StateError(f"cannot open the mig_batch store {path}: {exc}; set state: in the site config to a file "
+                         "on a writable local disk") from None  # fmt: skip
+    except sqlite3.DatabaseError as exc:  # not SQLite at all
+        raise StateError(f"{path} is not a mig_batch store ({exc}), left as it was; {NOT_A_STORE}") from None
+    finally:
+        db.close()
+    why = _not_ours(application_id, version, tables)
+    if why and (tables or version or application_id):  # an SQLite file with nothing in it: a new store
+        raise StateError(f"{path} is not a mig_batch store ({why}), left as it was; {NOT_A_STORE}")
+
+
 class Store:
     def __init__(self, path: Path | str, create: bool = True):
         """Open the store at ``path``; ``create=False`` (readers such as ``mig-batch status``) opens it read-only
@@ -277,6 +317,8 @@ class Store:
         if not create and not self.path.is_file():
             raise StateError(f"no mig_batch store at {self.path}: mig-batchd creates it on the controller host; "
                              "run this there, or set state: in the site config (--config) to its path")  # fmt: skip
+        if create:
+            _refuse_unless_ours(self.path)
         try:
             if create:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -289,6 +331,7 @@ class Store:
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.execute("PRAGMA busy_timeout=30000")
             version = self.db.execute("PRAGMA user_version").fetchone()[0]
+            application_id = self.db.execute("PRAGMA application_id").fetchone()[0]
             tables = {row[0] for row in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         except (OSError, sqlite3.OperationalError) as exc:  # cannot be opened (or locked): not a verdict on it
             why = getattr(exc, "strerror", None) or str(exc)
@@ -296,11 +339,10 @@ class Store:
                              "to a file on a writable local disk") from None  # fmt: skip
         except sqlite3.DatabaseError as exc:  # not SQLite at all
             raise StateError(f"{self.path} is not a mig_batch store ({exc}); {NOT_A_STORE}") from None
-        foreign = version == 0 or (version == SCHEMA_VERSION and not {"decisions", "events"} <= tables)
-        if not create and foreign:
+        why = _not_ours(application_id, version, tables)
+        if why and (not create or tables):  # a writer found it empty (checked before): its new store
             self.db.close()  # another program's SQLite file: read, never written (an older store: below)
-            raise StateError(f"{self.path} is not a mig_batch store (schema version {version}, {len(tables)} "
-                             f"table(s)); {NOT_A_STORE}")  # fmt: skip
+            raise StateError(f"{self.path} is not a mig_batch store ({why}), left as it was; {NOT_A_STORE}")
         if version > SCHEMA_VERSION:
             raise StateError(f"{self.path} has schema {version}; this mig_batch knows up to {SCHEMA_VERSION}")
         if version < SCHEMA_VERSION and not create and version > 0:
@@ -315,6 +357,8 @@ class Store:
                         db.execute(statement)
                 if version < SCHEMA_VERSION:
                     db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                if application_id != APPLICATION_ID:  # a new store, or one made before the mark
+                    db.execute(f"PRAGMA application_id={APPLICATION_ID}")
 
     @classmethod
     @contextmanager

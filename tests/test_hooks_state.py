@@ -23,7 +23,7 @@ from mig_batch.node import hook_client
 from mig_batch.node.agent import NodeAgent
 from mig_batch.node.journal import Journal
 from mig_batch.node.service import AgentServer, serve
-from mig_batch.state import SCHEMA_VERSION, Decision, InstanceRecord, StateError, Store
+from mig_batch.state import APPLICATION_ID, SCHEMA_VERSION, Decision, InstanceRecord, StateError, Store
 
 TAG = "mig-batch:v1;req=4g.20gb"
 
@@ -650,10 +650,15 @@ def test_a_chain_runs_its_subjobs_as_linked_slurm_jobs(site):
 
 
 def schema_2_store(tmp_path):
+    """A store as schema 2 left it, made before the store's mark (application_id): no chain_jobs, no
+    decision_spots."""
     path = tmp_path / "old.db"
+    Store(path).close()
     db = sqlite3.connect(path)
-    db.execute("CREATE TABLE chains (job TEXT PRIMARY KEY)")
+    db.execute("DROP TABLE chain_jobs")
+    db.execute("DROP TABLE decision_spots")
     db.execute("PRAGMA user_version=2")
+    db.execute("PRAGMA application_id=0")
     db.commit()
     db.close()
     return path
@@ -664,6 +669,7 @@ def test_a_schema_2_store_gains_chain_links(tmp_path):
     store = Store(path)
     assert store.chain_jobs("1") == []
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert sqlite3.connect(path).execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID  # marked now
 
 
 def test_a_reader_does_not_migrate_an_older_store(tmp_path):
