@@ -30,6 +30,7 @@ from mig_batch.factory import Role, open_backend, open_batch_system, open_fence
 TYPE_CHECKING = False  # typing costs ~2 ms at every start (the hooks' slow path starts here); strings
 if TYPE_CHECKING:
     from mig_batch.config import SiteConfig
+    from mig_batch.controller.metrics import ControllerMetrics
     from mig_batch.node.agent import NodeAgent
 
 CONFIG_HELP = "site config (default: MIG_BATCH_CONFIG or /etc/mig-batch/mig-batch.yaml)"
@@ -71,7 +72,8 @@ def _batchd(argv: list[str]) -> int:
 
     args = parse_daemon_args("mig-batchd", "mig_batch controller: places managed jobs.", argv, own_options)
     config = load_config(args.config)
-    controller = Controller(config, Store(config.state), open_batch_system(config, Role.CONTROLLER))
+    metrics = None if args.once or not config.metrics_listen else serve_metrics(config.metrics_listen)
+    controller = Controller(config, Store(config.state), open_batch_system(config, Role.CONTROLLER), metrics=metrics)
     if not args.once:
         controller.run()
         return 0
@@ -89,6 +91,22 @@ def _batchd(argv: list[str]) -> int:
     console.print(f"placed {stats.placed}, waiting {stats.waiting}, ended {stats.ended}, "
                   f"{stats.seconds * 1e3:.1f} ms", highlight=False)  # fmt: skip
     return 0
+
+
+def serve_metrics(listen: str) -> ControllerMetrics:
+    """mig-batchd's OpenMetrics endpoint on ``listen`` (``[host:]port``), in a thread; what the passes fill."""
+    from mig_batch.config import ConfigError, listen_address
+    from mig_batch.controller.metrics import ControllerMetrics, MetricsServer
+
+    host, port = listen_address(listen)
+    metrics = ControllerMetrics()
+    try:
+        server = MetricsServer(host, port, metrics)
+    except OSError as exc:
+        raise ConfigError(f"metrics_listen {listen}: cannot listen there: {exc.strerror or exc}") from None
+    server.start()
+    logging.getLogger("mig-batchd").info("metrics on http://%s:%d/metrics", host, server.server_address[1])
+    return metrics
 
 
 def slurm_agent_main(argv: Sequence[str] | None = None) -> int:
@@ -121,7 +139,7 @@ def _slurm_agent(argv: list[str]) -> int:
     args = parse_daemon_args("mig-batch-agent", "mig_batch node agent for a Slurm node", argv, own_options)
     config = load_config(args.config)
     agent = slurm_node_agent(config, args.node, long_lived=True)
-    serve(AgentServer(config.agent_socket, agent), agent, config.reconcile_interval_s)
+    serve(AgentServer(config.agent_socket, agent), agent, config.reconcile_interval_s, config.metrics_textfile)
     return 0
 
 
@@ -176,5 +194,5 @@ def _htcondor_agent(argv: list[str]) -> int:
                       config.atomize.checkpoint_margin_s, fence=open_fence(config, args.node))  # fmt: skip
     guard = SlotGuard(batch, args.node, args.startd_local_name, directory=node_dir / "slots", journal=journal)
     server = WrapperServer(Path(str(config.agent_socket).format(node=args.node)), agent, guard)
-    serve(server, agent, config.reconcile_interval_s)
+    serve(server, agent, config.reconcile_interval_s, config.metrics_textfile.format(node=args.node))
     return 0

@@ -38,6 +38,8 @@ _REASON_CHARS = re.compile(r"[^A-Za-z0-9_]+")
 def wait_category(reason: str) -> str:
     """A waiting job's reason (``waits.WaitNotes``' words) as a label with few values."""
     text = reason.lower()
+    if text.startswith("no room"):  # MIG fits nowhere now (placement/waiting.py's words)
+        return "no-room"
     if "begin time" in text:
         return "begin-time"
     if "dependency" in text or text.startswith("job "):

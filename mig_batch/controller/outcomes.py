@@ -27,6 +27,8 @@ class PassOutcomes:
         path = str(getattr(store, "path", "") or "")
         self.file = health_path(store.path) if path and path != ":memory:" else None
         self._written = -1e300
+        if metrics is not None:
+            metrics.publish(health, store)  # the event log's end now: its counters count from this start
         self._file_failed = False
 
     def good(self, seconds: float, placed: int, ended: int, snapshot: PassSnapshot | None, view: Cluster,

@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mig_batch.node.agent import NodeAgent, valid_job_id
+from mig_batch.node.metrics import AgentMetrics, render, write_textfile
 
 log = logging.getLogger("mig-batch-agent")
 # the agents' listen backlog: a node's whole burst of job starts may connect at once (socketserver's default: 5)
 BURST_BACKLOG = 256
+TEXTFILE_EVERY_S = 5.0  # the metrics' textfile is written at most this often (and after each reconcile)
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -53,15 +55,27 @@ class _Handler(socketserver.StreamRequestHandler):
             elif op in ("prolog", "epilog") and not valid_job_id(job):  # before it is logged or names a file
                 self._answer(False, f"not a job id: {job[:64]!r}")
             elif op == "prolog":
-                result = agent.prolog(job)
+                try:
+                    result = agent.prolog(job)
+                except Exception:
+                    self.server.metrics.hook("prolog", "error")
+                    raise
                 detail = result.report.text() if result.report else "nothing to do"
                 if result.problem:
                     log.warning("job %s prolog: %s", job, result.problem)
                 self._answer(True, detail)
-                log.info("job %s prolog %.0f ms: %s", job, (time.perf_counter() - t0) * 1e3, detail)
+                seconds = time.perf_counter() - t0
+                outcome = result.report.kind if result.report else ("problem" if result.problem else "nothing")
+                self.server.metrics.hook("prolog", outcome, seconds)
+                log.info("job %s prolog %.0f ms: %s", job, seconds * 1e3, detail)
             elif op == "epilog":
-                detail = agent.epilog(job)
+                try:
+                    detail = agent.epilog(job)
+                except Exception:
+                    self.server.metrics.hook("epilog", "error")
+                    raise
                 self._answer(True, detail)
+                self.server.metrics.hook("epilog", "done")
                 log.info("job %s epilog %.0f ms: %s", job, (time.perf_counter() - t0) * 1e3, detail)
             else:
                 self._answer(False, f"unknown op {op!r}; known: ping, prolog, epilog")
@@ -135,6 +149,7 @@ class AgentServer(WorkerPool, socketserver.UnixStreamServer):
 
     def __init__(self, path: Path, agent: NodeAgent):
         self.agent = agent
+        self.metrics = AgentMetrics()  # what the hooks' answers count (the textfile: serve)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)
@@ -146,26 +161,68 @@ class AgentServer(WorkerPool, socketserver.UnixStreamServer):
         os.chmod(path, 0o600)
 
 
-def sweep_once(agent: NodeAgent, when: str) -> None:
+def sweep_once(agent: NodeAgent, when: str, metrics: AgentMetrics | None = None) -> None:
     """One reconcile pass, its strays logged; an exception is logged, not raised, so that one NVML or
     journal hiccup does not end the sweep for good."""
     try:
-        for stray in agent.reconcile():
+        strays = agent.reconcile()
+        for stray in strays:
             log.warning("reconcile %s: destroyed stray %s", when, stray)
+        if metrics is not None:
+            metrics.reconciled(len(strays))
     except Exception:
         log.exception("reconcile %s failed; the next pass tries again", when)
+        if metrics is not None:
+            metrics.reconciled(0, failed=True)
 
 
-def serve(server: socketserver.BaseServer, agent: NodeAgent, reconcile_interval_s: float) -> None:
+def agent_metrics_text(agent: NodeAgent, metrics: AgentMetrics) -> str:
+    """The agent's metrics in the Prometheus text format node-exporter's textfile collector reads."""
+    return render(metrics.families(agent.node, agent.started, agent.reconciled, agent.problems,
+                                   len(agent.journal.entries())), openmetrics=False)  # fmt: skip
+
+
+class TextfileWriter:
+    """Writes the agent's metrics to ``path`` (a node-exporter textfile collector file) when they changed,
+    at most every ``TEXTFILE_EVERY_S``; a failure is logged once until a write works again."""
+
+    def __init__(self, path: Path, agent: NodeAgent, metrics: AgentMetrics):
+        self.path, self.agent, self.metrics = path, agent, metrics
+        self._failed = False
+
+    def write(self) -> None:
+        self.metrics.changed.clear()
+        try:
+            write_textfile(self.path, agent_metrics_text(self.agent, self.metrics))
+            self._failed = False
+        except OSError as exc:
+            if not self._failed:
+                log.warning("could not write the metrics to %s: %s", self.path, exc)
+            self._failed = True
+
+    def loop(self, stop: threading.Event) -> None:
+        while not stop.wait(TEXTFILE_EVERY_S):
+            if self.metrics.changed.is_set():
+                self.write()
+
+
+def serve(server: socketserver.BaseServer, agent: NodeAgent, reconcile_interval_s: float,
+          metrics_textfile: str = "") -> None:  # fmt: skip
     """The agent's loop for either batch system: reconcile (strays from before a restart), then answer
     on ``server`` until stopped, reconciling again every ``reconcile_interval_s`` (the sweep of
-    instances whose job ended without its epilog)."""
-    sweep_once(agent, "at start")
+    instances whose job ended without its epilog). With ``metrics_textfile``, the agent's metrics are
+    written there (node-exporter's textfile collector reads it)."""
+    metrics: AgentMetrics = getattr(server, "metrics", None) or AgentMetrics()
+    sweep_once(agent, "at start", metrics)
     stop = threading.Event()
+    writer = TextfileWriter(Path(metrics_textfile), agent, metrics) if metrics_textfile else None
+    if writer is not None:
+        writer.write()
+        threading.Thread(target=writer.loop, args=(stop,), name="mig-batch-metrics", daemon=True).start()
 
     def sweep() -> None:
         while not stop.wait(reconcile_interval_s):
-            sweep_once(agent, "sweep")
+            sweep_once(agent, "sweep", metrics)
 
     threading.Thread(target=sweep, name="mig-batch-sweep", daemon=True).start()
     log.info("agent for %s listening on %s", agent.node, server.server_address)
