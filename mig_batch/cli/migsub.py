@@ -669,6 +669,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(argv: list[str]) -> int:
+    if argv[:1] == ["status"]:  # migsub status [JOBID...]: a script named status is ./status
+        from mig_batch.cli.migsub_status import main as status_main
+
+        return status_main(argv[1:])
     parser = _option_parser()
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     parser.add_argument("script", type=Path, help="the batch script")

@@ -1,0 +1,134 @@
+"""``migsub status [JOBID...]``: the user's own MIG jobs, without root, from what Slurm shows the job's owner.
+
+Per job: its request (the tag job_submit.lua wrote into the AdminComment), and either where it runs (the
+``place=`` mig-batchd wrote there, with the node's report: GPU, profile, GPU instance and the instance's
+UUID) or why it waits (the note mig-batchd publishes in the SystemComment, ``mig-batch waits: ...``; before
+one is published, Slurm's own reason). Read with one ``squeue --me`` (or ``squeue -j JOBID,...``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Sequence
+from typing import Any
+
+from mig_batch.batch.system import MANAGED_PREFIX
+from mig_batch.cli.output import Table, console, emit, fail
+from mig_batch.entry import DEBUG_HELP, CommandParser
+
+NOTE_PREFIX = "mig-batch waits: "  # mig-batchd's note (controller/waits.py NOTE_PREFIX), what the owner reads
+FIELD_END = "\x1f"  # after each free-text field (a reason, a comment may hold "|")
+RECORD_END = "\x1e"
+# squeue -O: the job, its state, Slurm's reason, mig-batchd's note, the tag (admin_comment: Slurm 22.05's name)
+SQUEUE_FORMAT = ",".join(f"{f}:{FIELD_END}" for f in ("JobID", "State", "Reason", "SystemComment")) + \
+    f",admin_comment:{RECORD_END}"  # fmt: skip
+SQUEUE_TIMEOUT_S = 60
+
+
+class StatusError(ValueError):
+    pass
+
+
+def parse_records(text: str) -> list[tuple[str, str, str, str, str]]:
+    """(job, state, Slurm's reason, note, tag) per record of ``squeue -h -O SQUEUE_FORMAT``."""
+    out = []
+    for record in text.split(RECORD_END):
+        if not record.strip():
+            continue
+        fields = [f.strip() for f in record.lstrip("\n").split(FIELD_END)]
+        if len(fields) != 5:
+            raise StatusError(f"squeue printed an unexpected record: {record!r}")
+        job, state, reason, note, tag = fields
+        out.append((job, state, reason, "" if note in ("(null)", "N/A") else note, tag))
+    return out
+
+
+def status_row(job: str, state: str, reason: str, note: str, tag_text: str) -> dict[str, Any] | None:
+    """One MIG job as ``migsub status`` shows it; None for a job that is not a MIG job. Pure."""
+    from mig_batch.batch.tags import parse_place, parse_report, parse_tag
+
+    if not tag_text.startswith(MANAGED_PREFIX):
+        return None
+    row: dict[str, Any] = {"job": job, "state": state, "request": "", "waits": None, "placement": None}
+    try:
+        tag = parse_tag(tag_text)
+        request = tag.request()
+        row["request"] = f"{request.describe()}" + (f" on {tag.model}" if tag.model else "")
+        if tag.moldable:
+            row["request"] = f"moldable {tag.moldable}" + (f" (memory floor {tag.spec})" if tag.spec else "")
+        place = parse_place(tag_text)
+        report = parse_report(tag_text)
+    except ValueError as exc:  # a tag this migsub cannot read (a newer mig_batch's): shown as it is
+        row["request"] = f"unreadable tag: {exc}"
+        return row
+    if place is not None:
+        ranks = report.ranks() if report is not None else ()
+        spots = []
+        for rank, (gpu, profile, _start) in enumerate(place.ranks()):
+            made = ranks[rank] if rank < len(ranks) else None
+            spots.append({"rank": rank, "gpu": made.gpu if made else gpu,
+                          "profile": made.profile if made else profile,
+                          "gpu_instance": made.gi_id if made else None,
+                          "uuid": made.uuid if made else None})  # fmt: skip
+        row["placement"] = {"node": place.node, "instances": spots,
+                            "made": report.kind if report is not None else None}  # fmt: skip
+        if report is not None and report.kind == "requeue":
+            row["waits"] = f"its node could not make the instance ({report.reason}); mig-batchd places it again"
+        elif state == "PENDING":
+            row["waits"] = "placed: starting" if reason in ("", "None") else f"placed: {reason}"
+    elif state == "PENDING":
+        row["waits"] = note.removeprefix(NOTE_PREFIX) if note.startswith(NOTE_PREFIX) else \
+            f"mig-batchd has not placed it yet ({reason}; no reason published yet)"  # fmt: skip
+    return row
+
+
+def squeue(jobs: Sequence[str]) -> str:
+    for job in jobs:
+        if not job.replace("_", "").isdigit():
+            raise StatusError(f"job id {job!r} is not a Slurm job id; give numbers such as 1234 (or 1234_5)")
+    args = ["squeue", "-h", "-O", SQUEUE_FORMAT]
+    args += ["-j", ",".join(jobs)] if jobs else ["--me"]
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=SQUEUE_TIMEOUT_S,
+                              env={**os.environ, "SLURM_TIME_FORMAT": "%s"})  # fmt: skip
+    except FileNotFoundError:
+        raise StatusError("no squeue on PATH: migsub status reads Slurm's queue (HTCondor: not yet)") from None
+    except subprocess.TimeoutExpired:
+        raise StatusError(f"squeue did not answer in {SQUEUE_TIMEOUT_S} s; is slurmctld up?") from None
+    if proc.returncode != 0:
+        raise StatusError(f"squeue failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def main(argv: Sequence[str]) -> int:
+    p = CommandParser(prog="migsub status", description="your MIG jobs: request, where each runs or why it waits")
+    p.add_argument("jobs", nargs="*", metavar="JOBID", help="these jobs (default: all of yours)")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    args = p.parse_args(list(argv))
+    try:
+        rows = [r for r in (status_row(*rec) for rec in parse_records(squeue(args.jobs))) if r is not None]
+    except StatusError as exc:
+        return fail(str(exc))
+
+    def render(data: list[dict[str, Any]]) -> None:
+        if not data:
+            console.print("no MIG jobs" + (f" among {', '.join(args.jobs)}" if args.jobs else " of yours in the queue"))
+            return
+        table = Table()
+        for col in ("job", "state", "request", "where it runs / why it waits"):
+            table.add_column(col)
+        for r in data:
+            where = []
+            if r["placement"]:
+                for spot in r["placement"]["instances"]:
+                    uuid = f" {spot['uuid']}" if spot["uuid"] else ""
+                    where.append(f"{r['placement']['node']} GPU {spot['gpu']} {spot['profile']}{uuid}")
+            if r["waits"]:
+                where.append(r["waits"])
+            table.add_row(r["job"], r["state"], r["request"], "; ".join(where))
+        console.print(table)
+
+    emit(rows, args.json, render)
+    return 0

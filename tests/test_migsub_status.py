@@ -1,0 +1,84 @@
+"""`migsub status`: the user's MIG jobs from what squeue shows their owner (no root): the request, where each
+runs (node, GPU, profile, UUID) or why it waits; at the subprocess edge with a stand-in squeue."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from mig_batch.cli.migsub import main
+from mig_batch.cli.migsub_status import FIELD_END, RECORD_END, SQUEUE_FORMAT
+
+F, R = FIELD_END, RECORD_END
+RUNNING = "mig-batch:v1;req=20480M;place=gpu02/1/3g.40gb@4;node=made:1/3g.40gb@4/2/MIG-5f0c"
+TWO = ("mig-batch:v1;req=1g.10gb;n=2;place=gpu01/0/1g.10gb@0;spots=0/1g.10gb@0,0/1g.10gb@1;"
+       "node=made:0/1g.10gb@0/7/MIG-aaa;ranks=0/1g.10gb@1/8/MIG-bbb")  # fmt: skip
+QUEUE = (
+    f"11{F}RUNNING{F}None{F}(null){F}{RUNNING}{R}\n"
+    f"12{F}PENDING{F}JobHeldUser{F}mig-batch waits: fragmented: no GPU has 4 free slices in a row{F}"
+    f"mig-batch:v1;req=3g.40gb{R}\n"
+    f"13{F}PENDING{F}JobHeldUser{F}(null){F}mig-batch:v1;req=2g{R}\n"
+    f"14{F}RUNNING{F}None{F}(null){F}{R}\n"  # not a MIG job
+    f"15{F}RUNNING{F}None{F}(null){F}{TWO}{R}\n"
+)
+
+
+def fake_squeue(folder: Path, text: str, code: int = 0) -> None:
+    (folder / "queue").write_text(text)
+    exe = folder / "squeue"
+    exe.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {folder}/args\ncat {folder}/queue\nexit {code}\n')
+    exe.chmod(0o755)
+
+
+@pytest.fixture
+def bin_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    return tmp_path
+
+
+def test_status_shows_placement_and_reasons(bin_dir, capsys):
+    fake_squeue(bin_dir, QUEUE)
+    assert main(["status", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert (bin_dir / "args").read_text().split("\n")[:-1] == ["-h", "-O", SQUEUE_FORMAT, "--me"]
+    assert [r["job"] for r in rows] == ["11", "12", "13", "15"]
+    running, fragmented, unplaced, two = rows
+    assert running["request"] == "20.00 GiB GPU memory" and running["waits"] is None
+    assert running["placement"] == {"node": "gpu02", "made": "made", "instances": [
+        {"rank": 0, "gpu": 1, "profile": "3g.40gb", "gpu_instance": 2, "uuid": "MIG-5f0c"}]}
+    assert fragmented["waits"] == "fragmented: no GPU has 4 free slices in a row"
+    assert unplaced["waits"] == "mig-batchd has not placed it yet (JobHeldUser; no reason published yet)"
+    assert unplaced["request"] == "compute 2g"
+    assert [(s["rank"], s["uuid"]) for s in two["placement"]["instances"]] == [(0, "MIG-aaa"), (1, "MIG-bbb")]
+    assert two["request"] == "2 x (1g.10gb)"
+
+
+def test_status_table_and_job_ids(bin_dir, capsys):
+    fake_squeue(bin_dir, QUEUE)
+    assert main(["status", "11", "12"]) == 0
+    out = capsys.readouterr().out
+    assert (bin_dir / "args").read_text().split("\n")[3:5] == ["-j", "11,12"]
+    assert "gpu02 GPU 1 3g.40gb MIG-5f0c" in out and "fragmented: no GPU has 4 free slices" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "queue", "code", "message"),
+    [
+        (["status", "12;rm"], "", 0, "job id '12;rm' is not a Slurm job id; give numbers such as 1234"),
+        (["status"], "", 1, "squeue failed (1)"),
+        (["status"], "garbage", 0, "squeue printed an unexpected record"),
+    ],
+)
+def test_status_errors(bin_dir, capsys, argv, queue, code, message):
+    fake_squeue(bin_dir, queue, code)
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_status_without_squeue(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert main(["status"]) == 2
+    assert "no squeue on PATH" in capsys.readouterr().err
