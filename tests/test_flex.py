@@ -344,7 +344,7 @@ def test_the_taskprolog_gives_each_task_its_own_rank(tmp_path, kind):
     assert printed(SLURM_JOB_ID="6", MIG_BATCH_JOB="") == ""  # submitted from a MIG job, not one itself
     (tmp_path / "jobs" / "5").write_text("export A=1\n#rank 0 export B=2")  # no newline at its end
     assert printed() == "export A=1\nexport B=2\n"
-    lua = (tmp_path / "etc" / "job_submit.lua").read_text()
+    lua = (tmp_path / "etc" / "mig-batch-submit.lua").read_text()  # the submit logic job_submit.lua loads
     line = next(x for x in lua.splitlines() if 'name = "1g.10gb"' in x)
     assert f"per_gpu = {max_per_gpu(tables_for('A100-80GB'), '1g.10gb')}" in line
     assert '["n1"] = { "A100-80GB" }' in lua

@@ -62,6 +62,7 @@ def slurm_install(config: SiteConfig, hook_client_kind: str, dest: Path) -> dict
 
     def compile_hook_client(dest: Path, compiler: str | None = None, paths: dict | None = None):
         compiled_paths.update(paths or {})
+        (dest / slurm_installing.HOOK_BINARY).write_bytes(b"")  # a stand-in: nothing is compiled here
         return dest / slurm_installing.HOOK_BINARY, ""
 
     with pytest.MonkeyPatch.context() as patch:
@@ -100,8 +101,8 @@ def generate_all(work: Path) -> dict[str, str]:
     add("slurm/default-site-python-hooks", {n: t for n, t in python_shims.items() if n in slurm_installing.SHIMS})
     # a site with an inventory, prompt slots and Flex-MIG's finer requests (job_submit.lua differs)
     slots_flex = site("slurm-slots-flex")
-    slots_flex_lua = slurm_install(slots_flex, "c", work / "slots-flex")["job_submit.lua"]
-    add("slurm/slots-flex-site", {"job_submit.lua": slots_flex_lua})
+    slots_flex_lua = slurm_install(slots_flex, "c", work / "slots-flex")[slurm_installing.SUBMIT_MODULE]
+    add("slurm/slots-flex-site", {slurm_installing.SUBMIT_MODULE: slots_flex_lua})
     # slice accounting (slice_gres: not with prompt slots): the lines install writes for that site's inventory
     slurm_lines, gres_lines = slurm_installing.slice_accounting_conf(slots_flex.nodes, SLICE_GRES)
     add("slurm/slice-accounting", {"slurm.conf.mig-batch": slurm_lines, "gres.conf.mig-batch": gres_lines})
@@ -121,9 +122,10 @@ def golden_names() -> list[str]:
     """The golden files the test compares (known without generating: the parametrization needs them)."""
     shims = slurm_installing.SHIMS
     return sorted([
-        *(f"slurm/default-site/{name}" for name in (*shims, "job_submit.lua", "hook-client-paths")),
+        *(f"slurm/default-site/{name}" for name in (*shims, "job_submit.lua", slurm_installing.SUBMIT_MODULE,
+                                                    "hook-client-paths")),
         *(f"slurm/default-site-python-hooks/{name}" for name in shims),
-        "slurm/slots-flex-site/job_submit.lua",
+        f"slurm/slots-flex-site/{slurm_installing.SUBMIT_MODULE}",
         "slurm/slice-accounting/slurm.conf.mig-batch",
         "slurm/slice-accounting/gres.conf.mig-batch",
         *(f"htcondor/{name}" for name in ("mig-batch-schedd.conf", "mig-batch-execute.conf",

@@ -89,9 +89,9 @@ def _print_report(report, dry_run: bool) -> None:
     for diff in report.diffs:
         sys.stdout.write(diff)
     for line in report.lines:
-        console.print(line, highlight=False)
+        print(line)
     if dry_run:
-        console.print("dry run: nothing was written", highlight=False)
+        print("dry run: nothing was changed")
 
 
 def cmd_uninstall(args: argparse.Namespace) -> int:

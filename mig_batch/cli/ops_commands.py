@@ -396,7 +396,7 @@ def check_job_submit(show_config: str) -> Check:
     logic = submit_logic_of(lua)
     if logic is None:
         return Check("job_submit.lua", False, f"{lua} neither is mig_batch's nor loads {lua.parent / SUBMIT_MODULE}",
-                     fix + f" (a site's own job_submit.lua: add its two lines, docs/slurm.md, Install)")  # fmt: skip
+                     fix + " (a site's own job_submit.lua: add its two lines, docs/slurm.md, Install)")  # fmt: skip
     if logic != lua:
         try:
             ours = LUA_MARK in logic.read_text(errors="replace")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from mig_batch.batch import site_files
 from mig_batch.htcondor import job_wrapper
 from mig_batch.htcondor.attrs import execute_config, node_config, schedd_config
 from mig_batch.mig.models import GpuModel
@@ -24,12 +25,17 @@ def wrapper_text(python: str, socket: str) -> str:
     return f"#!{python} -IS\n" + source.replace(marker, f"SOCKET = {socket!r}", 1)
 
 
+INSTALLER = "mig-batch htcondor install"
+
+
 def install(dest: Path, models: Iterable[GpuModel], controller: str, agents: Iterable[str], python: str,
-            socket: str, agent_file: str, wrapper_dir: str = "/usr/local/libexec/mig-batch") -> list[Path]:  # fmt: skip
-    """Write into ``dest``: ``mig-batch-schedd.conf`` (for the submit host's config.d),
+            socket: str, agent_file: str, wrapper_dir: str = "/usr/local/libexec/mig-batch", *, force: bool = False,
+            dry_run: bool = False, report: site_files.Report | None = None) -> list[Path]:  # fmt: skip
+    """Install into ``dest``: ``mig-batch-schedd.conf`` (for the submit host's config.d),
     ``mig-batch-execute.conf`` (every execute node's config.d), the wrapper (to copy into
-    ``wrapper_dir`` on every execute node) and the agent's unit; the paths written."""
-    dest.mkdir(parents=True, exist_ok=True)
+    ``wrapper_dir`` on every execute node) and the agent's unit; the paths installed. A file of the site's is
+    never replaced without ``force`` (:mod:`mig_batch.batch.site_files`); ``dry_run`` writes nothing and puts
+    the diffs in ``report`` (filled in with what was done, when given)."""
     wrapper = f"{wrapper_dir.rstrip('/')}/{WRAPPER}"
     files = {
         "mig-batch-schedd.conf": "# mig_batch schedd policy: written by `mig-batch htcondor install`; put in the\n"
@@ -42,10 +48,14 @@ def install(dest: Path, models: Iterable[GpuModel], controller: str, agents: Ite
         WRAPPER: wrapper_text(python, socket),
         UNIT: resource_path("etc", "systemd", UNIT).read_text(),
     }
-    written = []
-    for name, text in files.items():
-        path = dest / name
-        path.write_text(text)
-        path.chmod(0o755 if name == WRAPPER else 0o644)
-        written.append(path)
-    return written
+    wanted = [site_files.Wanted(name, text.encode(), 0o755 if name == WRAPPER else 0o644)
+              for name, text in files.items()]  # fmt: skip
+    done = site_files.install_files(dest, wanted, force=force, dry_run=dry_run, installer=INSTALLER)
+    if report is not None:
+        report.lines[:], report.diffs[:], report.paths[:] = done.lines, done.diffs, done.paths
+    return done.paths
+
+
+def uninstall(dest: Path, *, force: bool = False, dry_run: bool = False) -> site_files.Report:
+    """Remove what `mig-batch htcondor install` put into ``dest`` and put back the site's files it replaced."""
+    return site_files.uninstall_files(dest, force=force, dry_run=dry_run, installer=INSTALLER)

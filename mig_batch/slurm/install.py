@@ -12,9 +12,11 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from mig_batch.batch import site_files
 from mig_batch.mig.models import GpuModel, get_model
 from mig_batch.node import hook_client
 from mig_batch.resources import resource_path
@@ -187,79 +189,175 @@ def slice_accounting_conf(nodes: Mapping[str, Sequence[str]], gres: str) -> tupl
     return "\n".join(slurm) + "\n", "\n".join(gres_lines) + "\n"
 
 
+SUBMIT_MODULE = "mig-batch-submit.lua"  # mig_batch's submit logic, which job_submit.lua loads
+INSTALLER = "mig-batch slurm install"
+_LUA_MARK = 'local PREFIX = "mig-batch:"'  # in the submit logic (and in a job_submit.lua of a release before it)
+_LOADER_COMMENT = "-- mig_batch's MIG jobs (docs/slurm.md, Install): keep this line after the site's own functions"
+
+
+def lua_string(text: str) -> str:
+    """``text`` as a Lua 5.1 string literal (every byte outside printable ASCII as a decimal escape)."""
+    body = "".join(chr(b) if 0x20 <= b < 0x7F and chr(b) not in '"\\' else f"\\{b}" for b in os.fsencode(text))
+    return f'"{body}"'
+
+
+def loader_lines(module: Path) -> str:
+    """The two lines a site's job_submit.lua ends with (before a final ``return``) to run mig_batch's rules."""
+    return f"{_LOADER_COMMENT}\ndofile({lua_string(str(module))})\n"
+
+
+def plain_job_submit(module: Path) -> str:
+    """job_submit.lua for a site that has none: the two lines, and room for the site's own rules above them."""
+    return ("-- job_submit.lua written by `mig-batch slurm install` for a site that had none. Slurm runs this file;\n"
+            "-- a site rule goes above the two lines below, as function slurm_job_submit(job_desc, part_list,\n"
+            "-- submit_uid) and slurm_job_modify(job_desc, job_rec, part_list, modify_uid): they run first, then\n"
+            "-- mig_batch's (a job they refuse goes no further).\n\n"
+            f"{loader_lines(module)}\nreturn slurm.SUCCESS\n")  # fmt: skip
+
+
+def calls_module(text: str, module: Path) -> bool:
+    """Whether a job_submit.lua loads the submit logic at ``module`` (the line :func:`loader_lines` writes)."""
+    line = f"dofile({lua_string(str(module))})"
+    return any(raw.strip() == line for raw in text.splitlines())
+
+
+def with_loader(current: bytes | None, module: Path) -> bytes:
+    """What job_submit.lua should hold: the site's file as it is when it loads ``module`` already; else the
+    site's file with the two lines added at its end (before a final top-level ``return``, which Lua wants last);
+    the plain file when there is none, or when it is a job_submit.lua of a release before the module (it
+    holds mig_batch's rules itself: loaded again they would undo its tags)."""
+    if current is None:
+        return plain_job_submit(module).encode()
+    text = current.decode("utf-8", errors="surrogateescape")
+    if _LUA_MARK in text and "function slurm_job_submit" in text:
+        return plain_job_submit(module).encode()
+    if calls_module(text, module):
+        return current
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    at = len(lines)
+    for n in range(len(lines) - 1, -1, -1):  # the last statement: a top-level return goes after the two lines
+        stripped = lines[n].strip()
+        if not stripped or stripped.startswith("--"):
+            continue
+        if re.match(r"return\b", lines[n]):
+            at = n
+        break
+    added = ("\n" if at and lines[at - 1].strip() else "") + loader_lines(module)
+    return "".join([*lines[:at], added, *(["\n"] if at < len(lines) else []), *lines[at:]]).encode(
+        "utf-8", errors="surrogateescape")
+
+
+def submit_logic_of(job_submit: Path) -> Path | None:
+    """The file holding mig_batch's rules for a job_submit.lua: itself (a release before the module, or `gen-lua`
+    put in its place), the module its loader line names, or None."""
+    try:
+        text = job_submit.read_text(errors="replace")
+    except OSError:
+        return None
+    if _LUA_MARK in text:
+        return job_submit
+    for line in text.splitlines():
+        found = re.fullmatch(r'\s*dofile\("([^"\\]*)"\)\s*', line)
+        if found and found.group(1).endswith("/" + SUBMIT_MODULE):
+            return Path(found.group(1))
+    return None
+
+
 def install(dest: Path, python: str, config: str, job_dir: str, agent_socket: str, models: Iterable[GpuModel],
             nodes: Mapping[str, Sequence[str]] | None = None, slice_gres: str = "",
             leaf_requests: bool = False, hook_client_kind: str = "auto",
-            slurm_bin: str = "", slots_file: str = "") -> tuple[list[Path], str]:  # fmt: skip
-    """Write the hooks, job_submit.lua and the Slurm API helper into ``dest``: (the files written, which hook
-    client the hooks are or run and why, and whether the helper was built). ``hook_client_kind``: ``direct``
-    (the compiled client is the hooks), ``c`` (shell shims run it), ``python`` (shims run the Python
-    client), or ``auto``: ``direct`` when it compiles and ``dest`` is on this host's own disk, ``c`` when it
-    is on a file system other nodes may share, else ``python``."""
+            slurm_bin: str = "", slots_file: str = "", *, force: bool = False,
+            dry_run: bool = False, report: site_files.Report | None = None) -> tuple[list[Path], str]:  # fmt: skip
+    """Install the hooks, mig_batch's submit logic (``mig-batch-submit.lua``), job_submit.lua and the Slurm API
+    helper into ``dest``: (the files installed, which hook client the hooks are or run and why, and whether
+    the helper was built). ``hook_client_kind``: ``direct`` (the compiled client is the hooks), ``c`` (shell
+    shims run it), ``python`` (shims run the Python client), or ``auto``: ``direct`` when it compiles and
+    ``dest`` is on this host's own disk, ``c`` when it is on a file system other nodes may share, else
+    ``python``. A file of the site's is never replaced without ``force`` (:mod:`mig_batch.batch.site_files`);
+    ``dry_run`` writes nothing and puts the diffs in ``report`` (filled in with what was done, when given)."""
     if hook_client_kind not in HOOK_KINDS:
         raise ValueError(f"unknown hook client {hook_client_kind!r}; accepted: {', '.join(HOOK_KINDS)}")
-    dest.mkdir(parents=True, exist_ok=True)
-    written = []
+    with tempfile.TemporaryDirectory(prefix="mig-batch-install-") as staging_dir:
+        staging = Path(staging_dir)
+        wanted, which = _wanted(dest, staging, python, config, job_dir, agent_socket, models, nodes, slice_gres,
+                                leaf_requests, hook_client_kind, slurm_bin, slots_file)  # fmt: skip
+        done = site_files.install_files(dest, wanted, force=force, dry_run=dry_run, installer=INSTALLER)
+    if report is not None:
+        report.lines[:], report.diffs[:], report.paths[:] = done.lines, done.diffs, done.paths
+    return done.paths, which
+
+
+def uninstall(dest: Path, *, force: bool = False, dry_run: bool = False) -> site_files.Report:
+    """Remove what `mig-batch slurm install` put into ``dest`` and put back the site's files it replaced."""
+    report = site_files.uninstall_files(dest, force=force, dry_run=dry_run, installer=INSTALLER)
+    job_submit = dest / "job_submit.lua"
+    if not dry_run and job_submit.is_file() and calls_module(job_submit.read_text(errors="replace"),
+                                                             dest / SUBMIT_MODULE):  # fmt: skip
+        report.lines.append(f"note: {job_submit} (the site's own, left as it was) still loads {dest / SUBMIT_MODULE}, "
+                            "which is gone: remove its two mig_batch lines and run `scontrol reconfigure`, or every "
+                            "submission fails")  # fmt: skip
+    return report
+
+
+def _wanted(dest: Path, staging: Path, python: str, config: str, job_dir: str, agent_socket: str,
+            models: Iterable[GpuModel], nodes: Mapping[str, Sequence[str]] | None, slice_gres: str,
+            leaf_requests: bool, hook_client_kind: str, slurm_bin: str,
+            slots_file: str) -> tuple[list[site_files.Wanted], str]:  # fmt: skip
+    """Every file the install puts into ``dest``, built (the compiled ones) in ``staging``; and the hook
+    client's note."""
+    wanted: list[site_files.Wanted] = []
     paths = {"socket": agent_socket, "config": config, "python": python, "job_dir": job_dir}
-    binary, why = (None, "asked for the Python client") if hook_client_kind == "python" else \
-        build_hook_client(dest, paths=paths)  # fmt: skip
-    if binary is None and hook_client_kind in ("c", "direct"):
+    built, why = (None, "asked for the Python client") if hook_client_kind == "python" else \
+        build_hook_client(staging, paths=paths)  # fmt: skip
+    if built is None and hook_client_kind in ("c", "direct"):
         raise ValueError(f"cannot build the C hook client: {why}; give --hook-client python or install a C compiler")
-    fs = file_system_type(dest)
+    fs = file_system_type(dest if dest.exists() else dest.parent)
     shared = shared_file_system(fs)
-    direct = binary is not None and (hook_client_kind == "direct" or (hook_client_kind == "auto" and not shared))
+    direct = built is not None and (hook_client_kind == "direct" or (hook_client_kind == "auto" and not shared))
     python_hook = f"{python} -I -S {Path(hook_client.__file__).resolve()}"
+    binary = dest / HOOK_BINARY
     if direct:
         hook, which = str(binary), f"hook client: {binary} (C), installed as the Prolog, Epilog and TaskProlog"
         if shared:  # asked for: every node that runs these hooks must be able to run this binary
             which += f"; {dest} is on {fs}: on a node that cannot run it every job start fails"
-    elif binary is not None:
+    elif built is not None:
         hook = str(binary)
         which = f"hook client: {binary} (C, run by shell shims: the Python one where it cannot run" + \
                 (f"; {dest} is on {fs}, which other nodes may share)" if shared else ")")
     else:
         hook = python_hook
         which = f"hook client: the Python one ({why}); each Prolog and Epilog starts an interpreter (~10 ms)"
-    written += [binary] if binary is not None else []
+    if built is not None:
+        wanted.append(site_files.Wanted(HOOK_BINARY, _read_built(built), 0o755, binary=True))
     values = {"@PYTHON@": python, "@CONFIG@": config, "@JOB_DIR@": job_dir, "@SOCKET@": agent_socket,
               "@HOOK@": hook, "@PY_HOOK@": python_hook}  # fmt: skip
     for name in SHIMS:
-        path = dest / name
-        if direct and name in DIRECT_HOOKS:
-            _replace_with(path, lambda tmp: tmp.symlink_to(HOOK_BINARY))  # by name: the binary sees which hook
-        else:
-            text = resource_path("wrappers", f"{name}.in").read_text()
-            for key, value in values.items():
-                text = text.replace(key, value)
-            _replace_with(path, functools.partial(_write_script, text=text))
-        written.append(path)
-    path = dest / "job_submit.lua"
-    path.write_text(job_submit_lua(models, nodes, leaf_requests, slots_file))
-    written.append(path)
-    library, why_not = build_slurm_library(dest, slurm_bin=slurm_bin)
+        if direct and name in DIRECT_HOOKS:  # by name: the binary sees which hook it is
+            wanted.append(site_files.Wanted(name, link=HOOK_BINARY, mode=0o777))
+            continue
+        text = resource_path("wrappers", f"{name}.in").read_text()
+        for key, value in values.items():
+            text = text.replace(key, value)
+        wanted.append(site_files.Wanted(name, text.encode(), 0o755))
+    module = dest / SUBMIT_MODULE
+    wanted.append(site_files.Wanted(SUBMIT_MODULE, job_submit_lua(models, nodes, leaf_requests, slots_file).encode()))
+    wanted.append(site_files.Wanted("job_submit.lua", for_current=functools.partial(with_loader, module=module)))
+    library, why_not = build_slurm_library(staging, slurm_bin=slurm_bin)
     if library is not None:
-        written.append(library)
-        which += (f"\nSlurm API helper: {library}; set `slurm_library: {library}` in the site config (on every "
-                  "host that runs mig-batchd or the node agent) for per-job Slurm calls without a process")
+        wanted.append(site_files.Wanted(SLURM_LIBRARY, _read_built(library), 0o755, binary=True))
+        which += (f"\nSlurm API helper: {dest / SLURM_LIBRARY}; set `slurm_library: {dest / SLURM_LIBRARY}` in the "
+                  "site config (on every host that runs mig-batchd or the node agent) for per-job Slurm calls "
+                  "without a process")  # fmt: skip
     else:
         which += f"\nSlurm API helper not built ({why_not}); mig_batch uses Slurm's commands"
     if slice_gres and nodes:  # lines to merge by hand: they touch the site's own NodeName lines
         for name, text in zip(("slurm.conf.mig-batch", "gres.conf.mig-batch"),
                               slice_accounting_conf(nodes, slice_gres), strict=True):  # fmt: skip
-            (dest / name).write_text(text)
-            written.append(dest / name)
-    return written, which
+            wanted.append(site_files.Wanted(name, text.encode()))
+    return wanted, which
 
 
-def _write_script(path: Path, text: str) -> None:
-    path.write_text(text)
-    path.chmod(0o755)
-
-
-def _replace_with(path: Path, make: Callable[[Path], object]) -> None:
-    """Make ``path`` anew beside it and move it in place: a hook starting meanwhile runs the old one or the new
-    one, whole, and a link there (an earlier direct install) is replaced, not written through."""
-    tmp = path.with_name(f".{path.name}.new")
-    tmp.unlink(missing_ok=True)
-    make(tmp)
-    os.replace(tmp, path)
+def _read_built(path: Path) -> bytes:
+    return path.read_bytes()
