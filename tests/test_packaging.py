@@ -91,8 +91,9 @@ def test_installed_wheel_works_outside_the_checkout(wheel: Path, tmp_path: Path)
     compiled = ["mig-batch-hook"] if shutil.which("cc") else []  # the C hook client, from the wheel's source
     # the Slurm API helper, from the wheel's source, where Slurm's headers are
     helper = ["libmig-batch-slurm.so"] if compiled and Path("/usr/include/slurm/slurm.h").exists() else []
-    assert written == ["job_submit.lua", *helper, "mig-batch-epilog", *compiled, "mig-batch-prolog",
-                       "mig-batch-subjob", "mig-batch-taskprolog"]  # fmt: skip
+    assert written == [".mig-batch-manifest.json", "job_submit.lua", *helper, "mig-batch-epilog", *compiled,
+                       "mig-batch-prolog", "mig-batch-subjob", "mig-batch-submit.lua",
+                       "mig-batch-taskprolog"]  # fmt: skip
     hooks = [away / "slurm" / f"mig-batch-{name}" for name in ("prolog", "epilog", "taskprolog")]
     from mig_batch.slurm.install import file_system_type, shared_file_system
 
