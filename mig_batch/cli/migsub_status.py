@@ -20,8 +20,9 @@ from mig_batch.entry import DEBUG_HELP, CommandParser
 NOTE_PREFIX = "mig-batch waits: "  # mig-batchd's note (controller/waits.py NOTE_PREFIX), what the owner reads
 FIELD_END = "\x1f"  # after each free-text field (a reason, a comment may hold "|")
 RECORD_END = "\x1e"
-# squeue -O: the job, its state, Slurm's reason, mig-batchd's note, the tag (admin_comment: Slurm 22.05's name)
-SQUEUE_FORMAT = ",".join(f"{f}:{FIELD_END}" for f in ("JobID", "State", "Reason", "SystemComment")) + \
+# squeue -O: the job, its state, Slurm's reason, mig-batchd's note, the tag (system_comment, admin_comment: the
+# names squeue 22.05's -O knows; it has no SystemComment)
+SQUEUE_FORMAT = ",".join(f"{f}:{FIELD_END}" for f in ("JobID", "State", "Reason", "system_comment")) + \
     f",admin_comment:{RECORD_END}"  # fmt: skip
 SQUEUE_TIMEOUT_S = 60
 
