@@ -139,6 +139,7 @@ PRECEDENCE = [
     ("#MIG --mig 1g.10gb --instances 2", ["--instances", "3"], "--gres=mig:1g.10gb:3 --ntasks-per-node=3 --nodes=1"),
     ("#MIG --gpu-mem 18G", ["--gres=gpu:1g.10gb:2"], "--gres=mig:1g.10gb:2 --ntasks-per-node=2 --nodes=1"),
     ("#MIG --gpu-mem 18G", ["--gpus", "2g.20gb:1"], "--gres=mig:2g.20gb"),
+    ("#MIG --gpu-mem 18G", ["-G", "1g.10gb:2"], "--gres=mig:1g.10gb:2 --ntasks-per-node=2 --nodes=1"),  # -G: --gpus
     ("#MIG --mig 1g.10gb", ["--gpus-per-node=3g.40gb:1"], "--gres=mig:3g.40gb"),
     ("#MIG --mig 7g.80gb", ["--gres", "mig:20G"], "--gres=mig:20480M"),
     ("#MIG --mig 1g.10gb", ["--gres=gpu:2g.20gb,nvme:1"], "--gres=mig:2g.20gb,nvme:1"),  # other GRES kept beside it
