@@ -52,6 +52,8 @@ def parse_memory(text: str) -> int:
 
 
 def format_mib(mib: int) -> str:
+    if mib >= 1 << 20:  # only a request no GPU meets: 999T reads as such, not as 1022976.00 GiB
+        return f"{mib / (1 << 20):.2f} TiB"
     return f"{mib / 1024:.2f} GiB" if mib >= 1024 else f"{mib} MiB"
 
 

@@ -43,16 +43,14 @@ def size_text(size: int) -> str:
 def read_text(path: str | os.PathLike[str], what: str, limit: int) -> str:
     """The text of the file at ``path``, read as bytes and decoded as UTF-8 (a leading byte-order mark
     dropped). ``what`` names the kind of file for the messages ("the site config", "queue file"); a file over
-    ``limit`` bytes, one that is not UTF-8 text (or holds NUL bytes), or one that is no regular file (a
-    FIFO, a device) is refused with :class:`NotTextError`. OSError (missing, unreadable, a directory) is the
-    caller's to word: each says what it was looking for."""
+    ``limit`` bytes or one that is not UTF-8 text (or holds NUL bytes) is refused with :class:`NotTextError`.
+    A pipe (``--config <(...)``) or a device (``/dev/null``) is read as far as the limit. OSError (missing,
+    unreadable, a directory) is the caller's to word: each says what it was looking for."""
     with open(path, "rb") as stream:
         st = os.fstat(stream.fileno())
-        if not stat.S_ISREG(st.st_mode):  # /dev/zero, a FIFO: their size says nothing and a read may not end
-            raise NotTextError(f"{path}: {what} must be a regular file, not a device, FIFO or socket")
-        if st.st_size > limit:
-            raise NotTextError(f"{path}: {what} is {st.st_size / MiB:,.1f} MiB; at most {size_text(limit)} is read "
-                               f"(is this the right file?)")  # fmt: skip
+        if stat.S_ISREG(st.st_mode) and st.st_size > limit:  # said before reading it
+            raise NotTextError(f"{path}: {what} is {st.st_size:,} bytes; at most {size_text(limit)} ({limit:,} bytes) "
+                               f"is read (is this the right file?)")  # fmt: skip
         data = stream.read(limit + 1)  # a file that grew since the fstat is held to the limit too
     if len(data) > limit:
         raise NotTextError(f"{path}: {what} is over {size_text(limit)}, the most that is read (is this the right "
@@ -206,22 +204,22 @@ def parse_yaml(text: str, source: str = "<text>") -> Any:
 SHOWN_WIDTH = 60
 
 
-def shown(value: Any) -> str:
+def shown(value: Any, width: int = SHOWN_WIDTH) -> str:
     """``value`` (as a user wrote it) for a message: its repr when short, else a prefix of it and its type,
     never expanded whole (a list of a million items, or one that aliases share, costs no more than a short
     one): ``'abc'``, ``[[1, 2, ...], ...]... (a list of 9 items)``."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 3 * MAX_DIGITS:
         return f"(a whole number of about {int(value.bit_length() * 0.30103):,} digits)"  # repr() refuses > 4,300
-    if _small(value):
+    if _small(value, width):
         text = repr(value)
-        if len(text) <= SHOWN_WIDTH:
+        if len(text) <= width:
             return text
     import reprlib
 
     short = reprlib.Repr()
     short.maxlevel, short.maxlist, short.maxtuple, short.maxdict, short.maxset = 3, 6, 6, 6, 6
-    short.maxstring, short.maxother, short.maxlong = SHOWN_WIDTH, SHOWN_WIDTH, SHOWN_WIDTH
-    return f"{short.repr(value)[:SHOWN_WIDTH]}... ({_kind(value)})"
+    short.maxstring, short.maxother, short.maxlong = width, width, width
+    return f"{short.repr(value)[:width]}... ({_kind(value)})"
 
 
 def shown_name(key: Any) -> str:
@@ -230,16 +228,16 @@ def shown_name(key: Any) -> str:
     return key if isinstance(key, str) and len(key) <= SHOWN_WIDTH and key.isprintable() else shown(key)
 
 
-def _small(value: Any, most: int = 24) -> bool:
-    """Whether ``value`` holds at most ``most`` values, no text longer than a message shows and no huge
-    number (so that its whole repr is cheap)."""
+def _small(value: Any, width: int, most: int = 24) -> bool:
+    """Whether ``value`` holds at most ``most`` values, no text longer than ``width`` and no huge number (so
+    that its whole repr is cheap)."""
     stack = [value]
     while stack:
         item = stack.pop()
         most -= 1
         if most < 0:
             return False
-        if isinstance(item, str | bytes) and len(item) > SHOWN_WIDTH:
+        if isinstance(item, str | bytes) and len(item) > width:
             return False
         if isinstance(item, int) and item.bit_length() > 3 * MAX_DIGITS:
             return False

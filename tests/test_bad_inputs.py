@@ -8,6 +8,10 @@ Commands are discovered from the argparse parser: a new command without a row he
 from __future__ import annotations
 
 import argparse
+import os
+import sqlite3
+import stat
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +22,8 @@ from mig_batch.cli.main import build_parser
 from mig_batch.cli.main import main as mig_batch_main
 from mig_batch.cli.migsub import main as migsub_main
 from mig_batch.entry import INTERNAL
+from mig_batch.mig.models import builtin_gpu_dir
+from mig_batch.yaml_text import YAMLError, load_yaml_file, shown
 
 ENTRY_POINTS: dict[str, Callable[[list[str]], int]] = {
     "mig-batch": mig_batch_main, "migsub": migsub_main, "mig-batchd": batchd_main, "mig-batch-agent": slurm_agent_main,
@@ -207,6 +213,128 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("mig-batch-htcondor-agent", ["--log-level", "LOUD"], "not a log level"),
 ]
 
+D5000 = "9" * 5000  # a number of 5,000 digits (int() refuses over 4,300; float() makes it infinity)
+LONG = "x" * 5000  # a value that messages must cut, not print whole
+
+# Each cause of issue 48's trial, in every file kind and command that reads one: (entry point, arguments, what
+# the message must say: what was wrong and what would be accepted, environment). {t}: the prepared files.
+# The files: cfg_* site configs, q_* queue files, gpus_* folders of GPU model files, trace_* folders of
+# trace CSVs, *_state.yaml configs whose state: is some other file.
+CAUSE_ROWS: list[tuple[str, list[str], tuple[str, ...], dict[str, str]]] = [
+    # a file that is not text (UTF-8)
+    ("mig-batch", ["status", "--config", "{t}/cfg_binary.yaml"], ("cfg_binary.yaml: the mig_batch config is not "
+     "text (UTF-8): byte 0x89 at line 1", "give a text file in UTF-8"), {}),
+    ("mig-batchd", ["--once", "--config", "{t}/cfg_binary.yaml"], ("not text (UTF-8)", "give a text file"), {}),
+    ("mig-batch-htcondor-agent", ["--config", "{t}/cfg_nul.yaml"], ("not text (UTF-8): a NUL byte at line 2",
+     "give a text file"), {}),
+    ("migsub", ["--dry-run", "--gpu-mem", "10G", "{t}/job.sh"], ("cfg_binary.yaml: the mig_batch config is not text",
+     "give a text file in UTF-8"), {"MIG_BATCH_CONFIG": "{t}/cfg_binary.yaml"}),
+    ("mig-batch", ["plan", "{t}/q_binary.yaml"], ("q_binary.yaml: a queue file is not text (UTF-8)",
+     "give a text file"), {}),
+    ("mig-batch", ["gpus"], ("bad.yaml: a GPU model file is not text (UTF-8)", "give a text file"),
+     {"MIG_BATCH_GPU_DIRS": "{t}/gpus_binary"}),
+    ("mig-batch", ["simulate", "placement", "--experiment", "grmu", "--trace-dir", "{t}/trace_binary", "--out",
+                   "{t}/out"], ("openb_pod_list_default.csv: a trace file (CSV) is not text (UTF-8)",
+                                "give a text file"), {}),
+    ("mig-batch", ["simulate", "atomize", "--workload", "alibaba", "--trace-dir", "{t}/trace_binary", "--out",
+                   "{t}/out"], ("not text (UTF-8)", "give a text file"), {}),
+    # a YAML alias bomb: refused at once, not a MemoryError after 40 s
+    ("mig-batch", ["slurm", "gen-lua", "--config", "{t}/cfg_bomb.yaml"], ("cfg_bomb.yaml: at line 7, column 4: its "
+     "aliases (*name) expand this value to over 1,000,000 values", "give the values themselves"), {}),
+    ("mig-batch-agent", ["--config", "{t}/cfg_bomb.yaml"], ("alias bomb", "give the values themselves"), {}),
+    ("migsub", ["--dry-run", "--gpu-mem", "10G", "{t}/job.sh"], ("alias bomb", "give the values themselves"),
+     {"MIG_BATCH_CONFIG": "{t}/cfg_bomb.yaml"}),
+    ("mig-batch", ["plan", "{t}/q_bomb.yaml"], ("q_bomb.yaml: at line 7", "give the values themselves"), {}),
+    ("mig-batch", ["profiles", "A30-24GB"], ("gpus_bomb/bad.yaml: at line 7", "give the values themselves"),
+     {"MIG_BATCH_GPU_DIRS": "{t}/gpus_bomb"}),
+    ("mig-batch", ["status", "--config", "{t}/cfg_loop.yaml"], ("refers to a value that contains it",
+     "must not loop"), {}),
+    # YAML syntax errors and keys given twice: one line naming the file, the line and the column
+    ("mig-batchd", ["--once", "--config", "{t}/cfg_syntax.yaml"], ("cfg_syntax.yaml: not valid YAML at line 3, "
+     "column 1: did not find expected ',' or ']' (while parsing a flow sequence at line 2, column 16)",), {}),
+    ("mig-batch", ["htcondor", "install", "{t}/htc", "--config", "{t}/cfg_dup.yaml"], ("cfg_dup.yaml: at line 3, "
+     "column 1: the key 'policy' is given twice", "give each key once"), {}),
+    ("mig-batch", ["plan", "{t}/q_syntax.yaml"], ("q_syntax.yaml: not valid YAML at line 3, column 1",), {}),
+    ("mig-batch", ["plan", "{t}/q_dup.yaml"], ("q_dup.yaml: at line 3, column 5: the key 'name' is given twice",
+     "give each key once"), {}),
+    ("mig-batch", ["translate", "--mem", "10G"], ("bad.yaml: not valid YAML at line 3, column 1",),
+     {"MIG_BATCH_GPU_DIRS": "{t}/gpus_syntax"}),
+    ("migsub", ["--dry-run", "--gpu-mem", "10G", "{t}/job.sh"], ("bad.yaml: at line 2, column 1: the key 'model' "
+     "is given twice", "give each key once"), {"MIG_BATCH_GPU_DIRS": "{t}/gpus_dup"}),
+    ("mig-batch", ["status"], ("not valid YAML at line 3",), {"MIG_BATCH_CONFIG": "{t}/cfg_syntax.yaml"}),
+    # files over their kind's size limit: said before they are read
+    ("mig-batch", ["events", "--config", "{t}/cfg_big.yaml"], ("cfg_big.yaml: the mig_batch config is 4,194,305 bytes",
+     "at most 4 MiB (4,194,304 bytes) is read"), {}),
+    ("mig-batch", ["plan", "{t}/q_big.yaml"], ("q_big.yaml: a queue file is 4,194,305 bytes", "at most 4 MiB"), {}),
+    ("mig-batch", ["configs", "A30-24GB"], ("gpus_big/bad.yaml: a GPU model file is 1,048,577 bytes",
+     "at most 1 MiB (1,048,576 bytes) is read"),
+     {"MIG_BATCH_GPU_DIRS": "{t}/gpus_big"}),
+    ("mig-batch", ["simulate", "placement", "--experiment", "grmu", "--trace-dir", "{t}/trace_big", "--out",
+                   "{t}/out"], ("openb_pod_list_default.csv: a trace file (CSV) is 67,108,865 bytes",
+                                "at most 64 MiB"), {}),
+    ("mig-batch", ["status", "--config", "/dev/zero"], ("/dev/zero: the mig_batch config is over 4 MiB",
+     "the most that is read"), {}),
+    # numbers of thousands of digits, and values too long to print whole
+    ("mig-batch", ["offers", "--config", "{t}/cfg_bignum.yaml"], ("cfg_bignum.yaml: at line 1, column 18: a whole "
+     "number of 5,000 digits", "at most 100 are read"), {}),
+    ("mig-batch", ["plan", "{t}/q_bignum.yaml"], ("a whole number of 5,000 digits", "at most 100 are read"), {}),
+    ("mig-batch", ["simulate", "atomize", "--workload", "alibaba", "--trace-dir", "{t}/trace_bignum", "--out",
+                   "{t}/out"], ("openb_pod_list_default.csv:2: column num_gpu must be an integer",
+                                "(text of 5,000 characters)"), {}),
+    ("mig-batch", ["slurm", "install", "{t}/slurm", "--config", "{t}/cfg_long_policy.yaml"], ("policy 'xxxx",
+     "(text of 5,000 characters) is not one of ff, rr"), {}),
+    ("mig-batch-agent", ["--config", "{t}/cfg_long_model.yaml"], ("unknown GPU model 'xxx", "(text of 5,000 "
+     "characters); known models: A100-40GB"), {}),
+    ("mig-batch-agent", ["--config", "{t}/cfg_int_key.yaml"], ("unknown atomize setting(s) 1", "known: "), {}),
+    ("mig-batch-agent", ["--config", "{t}/cfg_list.yaml"], ("expected a mapping of settings (setting: value lines)",
+     "got ['policy'"), {}),
+    ("mig-batch", ["plan", "{t}/q_name_list.yaml"], ("name must be text of at most 200 characters", "got [1, 2]"), {}),
+    ("mig-batch", ["plan", "{t}/q_gpu_number.yaml"], ("gpu must be a GPU model's name, e.g. A100-40GB", "got 5"), {}),
+    ("mig-batch", ["plan", "{t}/q_size_huge.yaml"], ("size 99999999", "must be a number of compute slices"), {}),
+    ("mig-batch", ["plan", "{t}/queue.yaml", "--gpu", LONG], ("unknown GPU model 'xxx", "(text of 5,000 "
+     "characters); known models"), {}),
+    ("mig-batch", ["frag", "A30-24GB", "--state", "0"], ("field 'nvml_profile' must be one of 1_SLICE",
+     "(text of 5,000 characters)"), {"MIG_BATCH_GPU_DIRS": "{t}/gpus_long_field"}),
+    # trace files that are not the CSV a trace is
+    ("mig-batch", ["simulate", "placement", "--experiment", "grmu", "--trace-dir", "{t}/trace_short", "--out",
+                   "{t}/out"], ("openb_pod_list_default.csv:3: no value for column(s)", "one per column"), {}),
+    ("mig-batch", ["simulate", "placement", "--experiment", "robust", "--trace-dir", "{t}/trace_wide_field", "--out",
+                   "{t}/out"], ("not CSV as a trace is: field larger than field limit",), {}),
+    # site folders of GPU models that do not exist
+    ("mig-batch", ["gpus"], ("MIG_BATCH_GPU_DIRS names '{t}/none', which does not exist", "give folders of GPU "
+     "model files (*.yaml), separated by ':'"), {"MIG_BATCH_GPU_DIRS": "{t}/none"}),
+    ("migsub", ["--dry-run", "--gpu-mem", "10G", "{t}/job.sh"], ("MIG_BATCH_GPU_DIRS names '{t}/afile', which is a "
+     "file", "give folders"), {"MIG_BATCH_GPU_DIRS": "{t}/afile"}),
+    # a store that is not ours: refused, left as it was (also by mig-batchd, which writes)
+    ("mig-batchd", ["--once", "--config", "{t}/sqlite_state.yaml"], ("other.db is not a mig_batch store (no "
+     "mig_batch schema mark", "left as it was; expected the SQLite store mig-batchd writes"), {}),
+    ("mig-batchd", ["--once", "--config", "{t}/text_state.yaml"], ("notes.txt is not a mig_batch store",
+     "left as it was; expected the SQLite store"), {}),
+    ("mig-batch", ["events", "--config", "{t}/sqlite_state.yaml"], ("is not a mig_batch store", "expected the "
+     "SQLite store mig-batchd writes"), {}),
+    # impossible requests: exit 2 naming the largest fit, never an empty table with exit 0
+    ("mig-batch", ["translate", "--mem", "999T"], ("no MIG profile of A100-40GB, A100-80GB", "satisfies "
+     "999.00 TiB GPU memory; the largest is 7g.180gb (174.60 GiB, 7/7 compute) on B200-180GB"), {}),
+    ("mig-batch", ["translate", "--compute", "99g"], ("satisfies compute 99g", "the largest is 7g.180gb"), {}),
+    ("mig-batch", ["translate", "--mem", "1000000T"], ("GPU memory '1000000T' is over 1 PiB, more than any GPU has",
+     "accepted: a number with a unit"), {}),
+    ("mig-batch", ["translate", "--mem", f"1{D5000}G"], ("cannot read GPU memory '1999", "(text of 5,002 characters)"
+     "; accepted: a number with a unit"), {}),
+    ("mig-batch", ["translate", "--compute", f"{D5000}g"], ("cannot read compute share '999", "accepted: a fraction "
+     "of the GPU"), {}),
+    ("mig-batch", ["translate", "--gres", f"mig:1g.10gb:{D5000}"], ("cannot read MIG request 'mig:1g.10gb:999",
+     "accepted forms: mig:20G"), {}),
+    ("mig-batch", ["translate", "--profile", "9g.1gb"], ("no GPU model here has a MIG profile 9g.1gb", "profiles are "
+     "named like 3g.40gb"), {}),
+    ("migsub", ["--dry-run", "--gpu-mem", "999T", "{t}/job.sh"], ("no MIG profile of", "the largest is 7g.180gb"), {}),
+    ("migsub", ["--dry-run", "--moldable", f"1g={D5000}", "{t}/job.sh"], ("cannot read duration '999",
+     "accepted: 90, 90s, 2.5m"), {}),
+    ("migsub", ["--dry-run", "--gpu-mem", f"{D5000}G", "{t}/job.sh"], ("cannot read GPU memory '999",
+     "accepted: a number with a unit"), {}),
+    ("mig-batch", ["simulate", "placement", "--runs", "1", "--gpu", LONG, "--out", "{t}/out"], ("unknown GPU model "
+     "'xxx", "known models: A100-40GB"), {}),
+]  # fmt: skip
+
 
 @pytest.fixture
 def files(tmp_path: Path) -> Path:
@@ -241,7 +369,82 @@ def files(tmp_path: Path) -> Path:
     (tmp_path / "twice_nodes.yaml").write_text("nodes: {gpu01: [A100-80GB]}\nnodes: {gpu02: [A100-80GB]}\n")
     (tmp_path / "slurm_bin_list.yaml").write_text("slurm_bin: [/usr/bin]\n")
     (tmp_path / "gres_job.sh").write_text("#!/bin/sh\n#SBATCH --gres=gpu:1\n#MIG --gpu-mem 10G\necho hi\n")
+    cause_files(tmp_path)
     return tmp_path
+
+
+BINARY = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe"
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(  # nine lines, 9**9 values
+    f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+)
+A30 = builtin_gpu_dir() / "a30-24gb.yaml"
+
+
+def sparse(path: Path, size: int) -> None:
+    """A file of ``size`` bytes that takes no room (refused by its size before it is read)."""
+    with path.open("wb") as f:
+        f.truncate(size)
+
+
+def cause_files(t: Path) -> None:
+    """The files CAUSE_ROWS name."""
+    (t / "cfg_binary.yaml").write_bytes(BINARY)
+    (t / "cfg_nul.yaml").write_bytes(b"policy: mfi\nnodes: {\x00}\n")
+    (t / "cfg_bomb.yaml").write_text(BOMB)
+    (t / "cfg_loop.yaml").write_text("nodes: &n {gpu01: *n}\n")
+    (t / "cfg_syntax.yaml").write_text("policy: mfi\nnodes: {gpu01: [A100-80GB\n")
+    (t / "cfg_dup.yaml").write_text("policy: mfi\nnodes: {gpu01: [A100-80GB]}\npolicy: mfi\n")
+    sparse(t / "cfg_big.yaml", (4 << 20) + 1)
+    (t / "cfg_bignum.yaml").write_text(f"poll_interval_s: {D5000}\n")
+    (t / "cfg_long_policy.yaml").write_text(f"policy: {LONG}\nnodes: {{gpu01: [A100-80GB]}}\n")
+    (t / "cfg_long_model.yaml").write_text(f"nodes: {{gpu01: [{LONG}]}}\n")
+    (t / "cfg_int_key.yaml").write_text("atomize: {1: 2}\n")
+    (t / "cfg_list.yaml").write_text("- policy\n- mfi\n")
+    (t / "q_binary.yaml").write_bytes(BINARY)
+    (t / "q_bomb.yaml").write_text(BOMB)
+    (t / "q_syntax.yaml").write_text("tasks:\n  - {name: a, times: {1: 100}\n")
+    (t / "q_dup.yaml").write_text("tasks:\n  - name: a\n    name: b\n    times: {1: 100}\n")
+    sparse(t / "q_big.yaml", (4 << 20) + 1)
+    (t / "q_bignum.yaml").write_text(f"tasks:\n  - {{name: a, times: {{1: {D5000}}}}}\n")
+    (t / "q_name_list.yaml").write_text("tasks:\n  - {name: [1, 2], times: {1: 100}}\n")
+    (t / "q_gpu_number.yaml").write_text("gpu: 5\ntasks:\n  - {name: a, times: {1: 100}}\n")
+    (t / "q_size_huge.yaml").write_text("tasks:\n  - {name: a, times: {99999999: 100}}\n")
+    for kind, write in {
+        "binary": lambda p: p.write_bytes(BINARY), "bomb": lambda p: p.write_text(BOMB),
+        "syntax": lambda p: p.write_text("model: X1\nprofiles: [\n"),
+        "dup": lambda p: p.write_text("model: X1\nmodel: X2\n"), "big": lambda p: sparse(p, (1 << 20) + 1),
+        "long_field": lambda p: p.write_text(A30.read_text().replace("model: A30-24GB", "model: A30-LONG", 1)
+                                             .replace("nvml_profile: 1_SLICE\n", f"nvml_profile: {LONG}\n", 1)),
+    }.items():  # fmt: skip
+        (t / f"gpus_{kind}").mkdir()
+        write(t / f"gpus_{kind}" / "bad.yaml")
+    pods, nodes = "openb_pod_list_default.csv", "openb_node_list_gpu_node.csv"
+    pod_head = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time," \
+               "scheduled_time\n"  # fmt: skip
+    node_text = "sn,cpu_milli,memory_mib,gpu,model\nnode-1,96000,786432,8,A100\n"
+    for kind, pod_text in {
+        "binary": None, "big": None,
+        "bignum": f"{pod_head}pod-1,1000,1024,{LONG.replace('x', '9')},1000,A100,LS,Running,0,100,0\n",
+        "short": f"{pod_head}pod-1,1000,1024,1,1000,A100,LS,Running,0,100,0\npod-2,1000\n",
+        "wide_field": f"{pod_head}pod-1,1000,1024,1,1000,A100,LS,Running,0,100,\"{'y' * 200_000}\"\n",
+    }.items():  # fmt: skip
+        folder = t / f"trace_{kind}"
+        folder.mkdir()
+        (folder / nodes).write_text(node_text)
+        if kind == "binary":
+            (folder / pods).write_bytes(BINARY)
+        elif kind == "big":
+            sparse(folder / pods, (64 << 20) + 1)
+        else:
+            (folder / pods).write_text(pod_text or "")
+    other = t / "other.db"
+    db = sqlite3.connect(other)
+    db.execute("CREATE TABLE accounts (name TEXT, balance REAL)")
+    db.commit()
+    db.close()
+    (t / "sqlite_state.yaml").write_text(f"state: {other}\nnodes: {{gpu01: [A100-80GB]}}\n")
+    (t / "notes.txt").write_text("a site's notes\n" * 100)
+    (t / "text_state.yaml").write_text(f"state: {t}/notes.txt\nnodes: {{gpu01: [A100-80GB]}}\n")
 
 
 def leaf_commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -272,8 +475,77 @@ def test_bad_input_gives_a_message_and_status_2(entry, argv, expected, files, ca
     assert expected.replace("{t}", str(files)) in text, text
 
 
+@pytest.mark.parametrize(("entry", "argv", "expected", "env"), CAUSE_ROWS,
+                         ids=[" ".join([r[0], *r[1]])[:100] for r in CAUSE_ROWS])  # fmt: skip
+def test_each_cause_of_bad_input_is_refused_in_every_file_kind(entry, argv, expected, env, files, capsys,
+                                                               monkeypatch):  # fmt: skip
+    """Issue 48's causes: the message names the file (or option) and what was wrong, and what is accepted."""
+    for name in ("MIG_BATCH_CONFIG", "MIG_BATCH_DEBUG", "MIG_BATCH_GPU_DIRS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value.replace("{t}", str(files)))
+    monkeypatch.chdir(files)
+    code, text = run(entry, [a.replace("{t}", str(files)) for a in argv], capsys)
+    assert "Traceback" not in text and INTERNAL not in text, text
+    assert code == 2, f"exit status {code}:\n{text}"
+    assert len(text.strip().splitlines()) == 1 and len(text) < 600, f"not one short line:\n{text}"
+    for piece in expected:
+        assert piece.replace("{t}", str(files)) in text, text
+
+
+def test_a_store_that_is_not_ours_is_left_byte_for_byte_and_mode_for_mode(files, capsys):
+    """mig-batchd opens its store to write: a file at state: that is another program's must not even be
+    chmod-ed, its journal mode changed or our tables added."""
+    for name in ("other.db", "notes.txt"):
+        path = files / name
+        os.chmod(path, 0o644)
+        before = path.read_bytes()
+        config = files / f"{name}.yaml"
+        config.write_text(f"state: {path}\nnodes: {{gpu01: [A100-80GB]}}\n")
+        code, text = run("mig-batchd", ["--once", "--config", str(config)], capsys)
+        assert code == 2 and "is not a mig_batch store" in text, text
+        assert path.read_bytes() == before and stat.S_IMODE(path.stat().st_mode) == 0o644
+        assert not [p for p in os.listdir(files) if p.startswith(f"{name}-")]  # no -wal, no -shm
+
+
+def test_a_new_store_is_marked_as_ours_and_opened_again(tmp_path):
+    """The other side of the mark: mig-batchd's own store (new, or an empty file) is accepted again."""
+    from mig_batch.state import APPLICATION_ID, Store
+
+    for path in (tmp_path / "new.db", tmp_path / "empty.db"):
+        if path.name == "empty.db":
+            path.touch()
+        Store(path).close()
+        assert sqlite3.connect(path).execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
+        Store(path).close()
+        with Store.reading(path) as store:
+            assert store.decision("1") is None
+
+
+def test_an_alias_bomb_is_refused_in_well_under_a_second(tmp_path):
+    """The bomb of CAUSE_ROWS took 36-41 s to fail with a MemoryError: now it costs what its lines cost."""
+    path = tmp_path / "bomb.yaml"
+    path.write_text(BOMB)
+    started = time.monotonic()
+    with pytest.raises(YAMLError, match="alias bomb"):
+        load_yaml_file(path, "a test file", 1 << 20)
+    assert time.monotonic() - started < 1.0
+
+
+def test_shown_cuts_long_values_and_keeps_short_ones():
+    assert shown("spread") == "'spread'" and shown(2.7) == "2.7" and shown([1, 2]) == "[1, 2]"
+    assert shown(LONG) == f"'{'x' * 27}...{'x' * 28}'... (text of 5,000 characters)"
+    assert shown(list(range(1000))).endswith("... (a list of 1,000 items)") and len(shown(list(range(1000)))) < 100
+    assert shown(10**5000) == "(a whole number of about 5,000 digits)"
+    shared: list = ["x"] * 9
+    for _ in range(12):  # 9**13 items, held in 13 lists: printed whole, this would never end
+        shared = [shared] * 9
+    assert len(shown(shared)) < 100
+
+
 def test_there_are_at_least_60_rows():
     assert len(ROWS) >= 60
+    assert len(CAUSE_ROWS) >= 40
 
 
 def test_every_command_has_a_bad_input_row():

@@ -147,8 +147,8 @@ def config_dirs() -> list[Path]:
             continue
         if not Path(named).is_dir():
             why = "is a file" if Path(named).exists() else "does not exist"
-            raise ModelError(f"MIG_BATCH_GPU_DIRS names {shown(named)}, which {why}; give folders of GPU model files "
-                             "(*.yaml), separated by ':', or leave it unset")  # fmt: skip
+            raise ModelError(f"MIG_BATCH_GPU_DIRS names {shown(named, 300)}, which {why}; give folders of GPU model "
+                             "files (*.yaml), separated by ':', or leave it unset")  # fmt: skip
         dirs.append(Path(named))
     return dirs
 
