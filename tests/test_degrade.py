@@ -88,6 +88,14 @@ def test_backoff_doubles_to_the_cap_and_resets_after_a_good_pass():
     assert h.succeeded(201.0) is None
 
 
+def test_a_long_error_keeps_its_head_and_its_reason_on_one_line():
+    h = Health(poll_interval_s=1.0)
+    why = "failed (1):\nslurm_load_jobs error: Unable to contact slurm controller"
+    h.failed(1.0, "squeue " + "-O Field:| " * 80 + why, batch=True)
+    assert h.error.startswith("squeue -O") and h.error.endswith("Unable to contact slurm controller")
+    assert len(h.error) <= 300 and "\n" not in h.error
+
+
 def test_a_bug_after_the_batch_system_failed_is_a_change_of_its_own():
     h = Health(poll_interval_s=0.5)
     assert h.failed(1.0, "down", batch=True).batch

@@ -75,7 +75,9 @@ class Health:
     def failed(self, now: float, error: str, batch: bool) -> Change | None:
         """A pass failed at ``now``; the change to report when it is the first to fail, or when the failure
         turns from the batch system's to a bug or back (each is logged once)."""
-        line = " ".join(error.split())[:300] or "(no message)"
+        line = " ".join(error.split()) or "(no message)"
+        if len(line) > 300:  # a failed command's line is long; its reason comes last
+            line = f"{line[:100]} ... {line[-195:]}"
         first = self.failing_since is None
         changed = not first and batch != self.batch_failure
         if first:
