@@ -8,7 +8,8 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
-from mig_batch.cli.output import Table, console
+from mig_batch.bench.install_size import ROLES
+from mig_batch.cli.output import Literal, Table, console
 from mig_batch.entry import needs_extra
 from mig_batch.planner.planners import PLANNERS
 from mig_batch.planner.problem import gpu_scheme
@@ -85,6 +86,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "the working directory)")  # fmt: skip
     c.add_argument("--json", action="store_true")
     c.set_defaults(handler=cmd_bench_controller)
+    z = kinds.add_parser("install-size", help="disk taken by a GPU node's venv (mig_batch alone), a controller's "
+                         "([controller]) and a simulation host's ([sim]), each made fresh from a wheel")  # fmt: skip
+    z.add_argument("--wheel", type=Path, help="the mig_batch wheel (default: the newest dist/mig_batch-*.whl)")
+    z.add_argument("--roles", default=",".join(ROLES), help=f"comma-separated, of {', '.join(ROLES)} (default all)")
+    z.add_argument("--python", default="python3", help="the Python that makes the venvs (default python3)")
+    z.add_argument("--keep", type=Path, metavar="DIR", help="make the venvs in DIR and keep them (default: a "
+                   "temporary folder, removed after)")  # fmt: skip
+    z.add_argument("--pip-args", default="", help="more pip install options, e.g. '--no-index --find-links DIR'")
+    z.add_argument("--json", action="store_true")
+    z.set_defaults(handler=cmd_bench_install_size)
     s = kinds.add_parser("startup", help="start-up time of mig-batch and migsub against python -c pass (ratios)")
     s.add_argument("--runs", type=int, default=7, help="fresh processes per command (median; default 7)")
     s.add_argument("--json", action="store_true")
@@ -263,6 +274,33 @@ def rodinia_tasks(folder: Path) -> list:
     except (KeyError, ValueError, UnicodeDecodeError) as exc:
         raise MissingDataError(f"{folder}: the Rodinia task times do not read as expected ({exc}); expected "
                                f"{RODINIA_FILES} with columns prueba, t1..t10") from exc  # fmt: skip
+
+
+def cmd_bench_install_size(args: argparse.Namespace) -> int:
+    import shlex
+
+    from mig_batch.bench.install_size import NODE_GOAL_MB, default_wheel, measure
+
+    wheel = args.wheel or default_wheel(Path("dist"))
+    roles = [r.strip() for r in args.roles.split(",") if r.strip()]
+    sizes = measure(wheel, roles, args.python, args.keep, shlex.split(args.pip_args),
+                    progress=lambda what: None if args.json else console.print(Literal(f"making {what} ..."),
+                                                                                highlight=False))  # fmt: skip
+    if args.json:
+        print(json.dumps([asdict(s) for s in sizes], indent=1))
+        return 0
+    table = Table(title=f"venv sizes, {wheel.name} installed with pip (MB = 10^6 bytes; packages: less an empty venv)")
+    for col in ("role", "installs", "venv MB", "packages MB", "largest in site-packages (MB)"):
+        table.add_column(col, justify="right" if "MB" in col and "largest" not in col else "left")
+    for s in sizes:
+        table.add_row(s.role, Literal(f"mig-batch{s.requirement.partition('.whl')[2]}"), f"{s.total_mb:.1f}",
+                      f"{s.packages_mb:.1f}", ", ".join(f"{n} {mb:.1f}" for n, mb in s.largest))  # fmt: skip
+    console.print(table)
+    node = next((s for s in sizes if s.role == "node"), None)
+    if node is not None:
+        verdict = "under" if node.total_mb < NODE_GOAL_MB else "OVER"
+        console.print(f"node venv: {node.total_mb:.1f} MB, {verdict} the {NODE_GOAL_MB:.0f} MB goal", highlight=False)
+    return 0
 
 
 def cmd_bench_startup(args: argparse.Namespace) -> int:

@@ -316,6 +316,8 @@ class TableConsole:
                 self.print_compact(obj)
 
     def _print_text(self, objects: tuple[Any, ...], options: dict[str, Any]) -> None:
+        if any(isinstance(o, Literal) for o in objects):
+            options = {**options, "markup": False}  # brackets in it are text
         text = self._plain_text(objects[0], options) if len(objects) == 1 else None
         if text is None:
             self.rich.print(*objects, **options)
