@@ -171,9 +171,12 @@ def test_sbatch_options_pass_through_unchanged(tmp_path, monkeypatch, capsys):
 
 def test_after_double_dash_every_option_is_the_batch_systems(tmp_path, capsys):
     job = script(tmp_path, "#MIG --mig 1g.10gb\n")
-    out = dry_run(capsys, "--gpu", "A100-80GB", "--", "--deadline", "now+1hour", "--json", str(job))
-    assert out["sbatch"][-4:] == ["--deadline", "now+1hour", "--json", str(job)]
+    out = dry_run(capsys, "--gpu", "A100-80GB", "--", "--deadline", "now+1hour", "--json", "--instance", "x",
+                  str(job))  # fmt: skip
+    assert out["sbatch"][-6:] == ["--deadline", "now+1hour", "--json", "--instance", "x", str(job)]
     assert "deadline" not in out["options"]
+    out = dry_run(capsys, "--gpu", "A100-80GB", "--mpi=pmix", "--mem-per-gpu=8G", "--gpu-bind=closest", str(job))
+    assert out["passthrough"] == ["--mpi=pmix", "--mem-per-gpu=8G", "--gpu-bind=closest"]  # sbatch's, near or not
 
 
 def test_dry_run_shows_the_final_command(tmp_path, capsys):
@@ -201,6 +204,9 @@ def test_dry_run_shows_the_final_command(tmp_path, capsys):
         (["--mig", "1g.10gb", "--backend", "htcondor", "-p", "gpu"], "-p gpu: options for sbatch; on HTCondor"),
         (["--mig", "1g.10gb", "--deadline", "1h"], "--deadline: --deadline needs --atomize (sbatch's own --deadline "
                                                     "goes after --: migsub ... -- --deadline=TIME job.sh)"),
+        (["--gpu-memory", "18G"], "--gpu-memory is not a migsub option; did you mean --gpu-mem? (an option of "
+                                  "sbatch's of that name goes after --"),
+        (["--mig", "1g.10gb", "--instance", "2"], "did you mean --instances?"),
         (["--mig", "1g.10gb", "-p"], "no batch script: {job} was read as the value of -p, which migsub passes to "
                                      "sbatch; write -pVALUE"),
     ],

@@ -152,6 +152,7 @@ class SplitArgv:
     passthrough: list[str]  # the batch system's options, in the order given
     took: tuple[str, str] | None = None  # the last (option, word) where an option took the next word as its value
     script: bool = False  # whether a script was found
+    before_dash: int | None = None  # how many passthrough words came before a "--" (None: no "--")
 
 
 def split_argv(argv: Sequence[str], parser: argparse.ArgumentParser) -> SplitArgv:
@@ -167,6 +168,7 @@ def split_argv(argv: Sequence[str], parser: argparse.ArgumentParser) -> SplitArg
         word = words[i]
         if word == "--" and ours:
             ours = False
+            out.before_dash = len(out.passthrough)
         elif word == "-" or not word.startswith("-"):  # the script: it and everything after it are migsub's
             out.own += words[i:]
             out.script = True
@@ -654,6 +656,22 @@ def round_ups(request: MigRequest, results: Mapping[str, object], models: Sequen
 
 
 
+def misspelt(split: SplitArgv, parser: argparse.ArgumentParser) -> None:
+    """Refuse an option before ``--`` that is not migsub's but nearly is (``--gpu-memory``): it would go to sbatch,
+    which refuses it only at submission, and a dry run would not show the mistake."""
+    import difflib
+
+    ours = [o for o in parser._option_string_actions if o.startswith("--")]
+    words = split.passthrough[: split.before_dash] if split.before_dash is not None else split.passthrough
+    for name, _, _ in option_words(words):
+        if not name.startswith("--") or name in SBATCH_FLAGS or name in _GPU_OPTIONS:
+            continue
+        near = difflib.get_close_matches(name, ours, n=1, cutoff=0.85)
+        if near:
+            raise DirectiveError(f"{name} is not a migsub option; did you mean {near[0]}? (an option of sbatch's "
+                                 f"of that name goes after --: migsub ... -- {name}=VALUE job.sh)")  # fmt: skip
+
+
 def check_passthrough(passthrough: list[str], options: dict[str, str]) -> None:
     """Refuse options for sbatch that would undo what migsub writes (its --comment, its --constraint)."""
     for name, value, _ in option_words(passthrough):
@@ -685,6 +703,7 @@ def _run(argv: list[str]) -> int:
                     f"write {attached} for an option with a value, or give the script after it")  # fmt: skip
     args = parser.parse_args(split.own)
     try:
+        misspelt(split, parser)
         options, sources, sbatch_lines = read_directives(args.script)
         for line in sbatch_lines:
             if "--gres" in line or "--gpus" in line:
