@@ -82,3 +82,31 @@ def test_status_without_squeue(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PATH", str(tmp_path))
     assert main(["status"]) == 2
     assert "no squeue on PATH" in capsys.readouterr().err
+
+
+def test_slices_counted_from_the_site_inventory(bin_dir, monkeypatch, capsys):
+    config = bin_dir / "site.yaml"
+    config.write_text(f"state: {bin_dir}/state.db\nnodes: {{gpu01: [A100-40GB], gpu02: [A100-80GB, A100-80GB]}}\n")
+    monkeypatch.setenv("MIG_BATCH_CONFIG", str(config))
+    fake_squeue(bin_dir, QUEUE)
+    assert main(["status", "--json"]) == 0
+    rows = {r["job"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["11"]["slices"] == 4  # 3g.40gb on gpu02's second GPU, an A100-80GB
+    assert rows["15"]["slices"] == 4  # 2 x 1g.10gb on gpu01's A100-40GB: 2 memory slices each
+    assert rows["12"]["slices"] is None  # not placed
+
+
+def test_status_row_reads_every_kind_of_tag():
+    from mig_batch.cli.migsub_status import status_row
+
+    moldable = status_row("21", "PENDING", "JobHeldUser", "", "mig-batch:v1;req=8192M;moldable=1g:300,3g:110")
+    assert moldable is not None and moldable["request"] == "moldable 1g:300,3g:110 (memory floor 8.00 GiB)"
+    replaced = status_row("22", "RUNNING", "None", "", "mig-batch:v1;req=1g.10gb;place=gpu01/0/1g.10gb@0;"
+                                                      "node=replaced:0/1g.10gb@3/9/MIG-ccc", {"gpu01": ["A100-80GB"]})
+    assert replaced is not None and replaced["placement"]["made"] == "replaced" and replaced["slices"] == 1
+    requeued = status_row("23", "PENDING", "JobHeldUser", "", "mig-batch:v1;req=1g.10gb;place=gpu01/0/1g.10gb@0;"
+                                                             "node=requeue:no room on GPU 0")
+    assert requeued is not None and requeued["waits"].startswith("its node could not make the instance (no room")
+    unreadable = status_row("24", "PENDING", "JobHeldUser", "", "mig-batch:v1;n=2")
+    assert unreadable is not None and unreadable["request"].startswith("unreadable tag:")
+    assert status_row("25", "RUNNING", "None", "", "(null)") is None

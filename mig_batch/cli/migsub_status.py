@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mig_batch.batch.system import MANAGED_PREFIX
 from mig_batch.cli.output import Table, console, emit, fail
 from mig_batch.entry import DEBUG_HELP, CommandParser
+from mig_batch.errors import MigBatchError
 
 NOTE_PREFIX = "mig-batch waits: "  # mig-batchd's note (controller/waits.py NOTE_PREFIX), what the owner reads
 FIELD_END = "\x1f"  # after each free-text field (a reason, a comment may hold "|")
@@ -45,19 +46,25 @@ def parse_records(text: str) -> list[tuple[str, str, str, str, str]]:
     return out
 
 
-def status_row(job: str, state: str, reason: str, note: str, tag_text: str) -> dict[str, Any] | None:
-    """One MIG job as ``migsub status`` shows it; None for a job that is not a MIG job. Pure."""
+def status_row(job: str, state: str, reason: str, note: str, tag_text: str,
+               nodes: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any] | None:  # fmt: skip
+    """One MIG job as ``migsub status`` shows it; None for a job that is not a MIG job. ``nodes``: the site
+    config's inventory (node -> its GPUs' models), where there is one: the memory slices the job counts
+    against its limits (Slurm's slice GRES) are read from it. Pure."""
     from mig_batch.batch.tags import parse_place, parse_report, parse_tag
+    from mig_batch.request import format_mib
 
     if not tag_text.startswith(MANAGED_PREFIX):
         return None
-    row: dict[str, Any] = {"job": job, "state": state, "request": "", "waits": None, "placement": None}
+    row: dict[str, Any] = {"job": job, "state": state, "request": "", "waits": None, "placement": None,
+                           "slices": None}  # fmt: skip
     try:
         tag = parse_tag(tag_text)
         request = tag.request()
         row["request"] = f"{request.describe()}" + (f" on {tag.model}" if tag.model else "")
         if tag.moldable:
-            row["request"] = f"moldable {tag.moldable}" + (f" (memory floor {tag.spec})" if tag.spec else "")
+            floor = f" (memory floor {format_mib(request.memory_mib)})" if request.memory_mib is not None else ""
+            row["request"] = f"moldable {tag.moldable}{floor}"
         place = parse_place(tag_text)
         report = parse_report(tag_text)
     except ValueError as exc:  # a tag this migsub cannot read (a newer mig_batch's): shown as it is
@@ -65,15 +72,17 @@ def status_row(job: str, state: str, reason: str, note: str, tag_text: str) -> d
         return row
     if place is not None:
         ranks = report.ranks() if report is not None else ()
-        spots = []
+        spots, held = [], []
         for rank, (gpu, profile, _start) in enumerate(place.ranks()):
             made = ranks[rank] if rank < len(ranks) else None
-            spots.append({"rank": rank, "gpu": made.gpu if made else gpu,
-                          "profile": made.profile if made else profile,
-                          "gpu_instance": made.gi_id if made else None,
+            if made is not None:
+                gpu, profile = made.gpu, made.profile  # where the node made it (replaced: elsewhere on the node)
+            held.append((gpu, profile))
+            spots.append({"rank": rank, "gpu": gpu, "profile": profile, "gpu_instance": made.gi_id if made else None,
                           "uuid": made.uuid if made else None})  # fmt: skip
         row["placement"] = {"node": place.node, "instances": spots,
                             "made": report.kind if report is not None else None}  # fmt: skip
+        row["slices"] = _slices(place.node, held, nodes or {})
         if report is not None and report.kind == "requeue":
             row["waits"] = f"its node could not make the instance ({report.reason}); mig-batchd places it again"
         elif state == "PENDING":
@@ -82,6 +91,31 @@ def status_row(job: str, state: str, reason: str, note: str, tag_text: str) -> d
         row["waits"] = note.removeprefix(NOTE_PREFIX) if note.startswith(NOTE_PREFIX) else \
             f"mig-batchd has not placed it yet ({reason}; no reason published yet)"  # fmt: skip
     return row
+
+
+def _slices(node: str, spots: list[tuple[int, str]], nodes: Mapping[str, Sequence[str]]) -> int | None:
+    """The memory slices of the job's instances, by its node's GPU models; None where the inventory does not say."""
+    from mig_batch.mig.models import UnknownModelError, get_model
+
+    models = nodes.get(node)
+    total = 0
+    for gpu, profile in spots:
+        try:
+            model = get_model(models[gpu]) if models is not None and 0 <= gpu < len(models) else None
+        except UnknownModelError:
+            model = None
+        if model is None or not model.has_profile(profile):
+            return None
+        total += model.profile(profile).memory_slices
+    return total
+
+
+def site_nodes() -> Mapping[str, Sequence[str]] | None:
+    """The site config's inventory, None without one (migsub status runs without a site config)."""
+    from mig_batch.cli.migsub import site_config
+
+    config = site_config()
+    return config.nodes if config is not None and config.nodes else None
 
 
 def squeue(jobs: Sequence[str]) -> str:
@@ -109,8 +143,10 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     args = p.parse_args(list(argv))
     try:
-        rows = [r for r in (status_row(*rec) for rec in parse_records(squeue(args.jobs))) if r is not None]
-    except StatusError as exc:
+        records = parse_records(squeue(args.jobs))
+        nodes = site_nodes()
+        rows = [r for r in (status_row(*rec, nodes=nodes) for rec in records) if r is not None]
+    except (StatusError, MigBatchError) as exc:
         return fail(str(exc))
 
     def render(data: list[dict[str, Any]]) -> None:
@@ -118,7 +154,7 @@ def main(argv: Sequence[str]) -> int:
             console.print("no MIG jobs" + (f" among {', '.join(args.jobs)}" if args.jobs else " of yours in the queue"))
             return
         table = Table()
-        for col in ("job", "state", "request", "where it runs / why it waits"):
+        for col in ("job", "state", "request", "slices", "where it runs / why it waits"):
             table.add_column(col)
         for r in data:
             where = []
@@ -128,7 +164,8 @@ def main(argv: Sequence[str]) -> int:
                     where.append(f"{r['placement']['node']} GPU {spot['gpu']} {spot['profile']}{uuid}")
             if r["waits"]:
                 where.append(r["waits"])
-            table.add_row(r["job"], r["state"], r["request"], "; ".join(where))
+            slices = "" if r["slices"] is None else str(r["slices"])
+            table.add_row(r["job"], r["state"], r["request"], slices, "; ".join(where))
         console.print(table)
 
     emit(rows, args.json, render)
