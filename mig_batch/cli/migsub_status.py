@@ -112,10 +112,13 @@ def _slices(node: str, spots: list[tuple[int, str]], nodes: Mapping[str, Sequenc
 
 def site_nodes() -> Mapping[str, Sequence[str]] | None:
     """The site config's inventory, None without one (migsub status runs without a site config)."""
-    from mig_batch.cli.migsub import site_config
+    from mig_batch.config import config_path, load_config
 
-    config = site_config()
-    return config.nodes if config is not None and config.nodes else None
+    path = config_path()
+    if "MIG_BATCH_CONFIG" not in os.environ and not path.exists():
+        return None
+    config = load_config(path)
+    return config.nodes or None
 
 
 def squeue(jobs: Sequence[str]) -> str:
