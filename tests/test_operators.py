@@ -370,7 +370,8 @@ def test_doctor_advises_a_batch_sched_delay_that_starts_a_released_job_soon(site
     assert ("add batch_sched_delay=1 to SchedulerParameters" in out) == advised
 
 
-def test_doctor_reports_an_unreadable_config_as_a_failed_check(tmp_path, capsys):
+def test_doctor_refuses_an_unreadable_config_as_bad_input(tmp_path, capsys):
     code = main(["doctor", "--config", str(tmp_path / "missing.yaml")])
-    out = capsys.readouterr().out
-    assert code == 1 and "FAIL config: cannot read" in out and "fix:" in out
+    captured = capsys.readouterr()
+    assert code == 2 and "cannot read the mig_batch config" in captured.err and "missing.yaml" in captured.err
+    assert "FAIL" not in captured.out and "Traceback" not in captured.err

@@ -13,7 +13,7 @@ import sqlite3
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -138,14 +138,11 @@ def _render_checks(checks: list[dict]) -> None:
 
 
 def doctor(config_file: str | None, role: str | None, node: str) -> list[Check]:
-    """Every check of ``role`` (guessed from the inventory when None), in order; stops early only when the
-    config cannot be read (the others need it)."""
+    """Every check of ``role`` (guessed from the inventory when None), in order, for the batch system the
+    config names. A config that is missing or cannot be read is bad input (ConfigError: exit status 2, with
+    the reason), not a failed check: nothing else can be checked without it."""
     path = config_path(config_file)
-    try:
-        config = load_config(config_file)
-    except Exception as exc:
-        return [Check("config", False, str(exc), f"write a valid site config at {path} (see docs/slurm.md), or "
-                      "give its path with --config or MIG_BATCH_CONFIG")]  # fmt: skip
+    config = load_config(config_file)
     role = role or ("node" if node in config.nodes else "controller")
     checks = [Check("config", True, f"{path} read; role {role}; {len(config.nodes)} node(s) in the inventory")]
     if not config.nodes:
@@ -176,18 +173,214 @@ def doctor(config_file: str | None, role: str | None, node: str) -> list[Check]:
 
 
 def htcondor_doctor(config: SiteConfig, role: str, node: str, path: Path) -> list[Check]:
-    """The checks of an HTCondor site (``batch_system: htcondor``): the bindings and the pool in place of Slurm's
-    commands and hooks; the store (controller), or the node's directories, fence, agent and GPUs."""
+    """The checks of an HTCondor site (``batch_system: htcondor``): the bindings and the pool (with their
+    versions) in place of Slurm's commands; the schedd's policy (transform and submit requirements) as the
+    schedd itself has it, and this host's identity a queue superuser; then the store (controller), or the
+    node's startd (the job wrapper and the cron that publishes the agent), directories, fence, agent socket
+    and GPUs."""
     checks = [check_htcondor(config)]
+    facts = condor_facts(config, node if role == "node" else None) if checks[0].ok else None
+    if facts is not None:
+        checks += [check_schedd_policy(facts), check_identity(facts, role)]
     if role == "controller":
         return [*checks, check_store(config.state)]
     if node not in config.nodes:
         fix = f"add {node} under nodes: in {path}, or give --node with this node's MigBatchNodeName"
         checks.append(Check("inventory", False, f"node {node} is not in the inventory", fix))
+    socket_path = Path(str(config.agent_socket).format(node=node))  # HTCondor's: one per node
+    if facts is not None:
+        checks += [check_startd(facts, node, config), check_wrapper(facts, node, socket_path)]
     checks.append(check_node_dirs(config, node))
     checks.append(check_fence(config, node))
-    checks.append(check_agent(Path(str(config.agent_socket).format(node=node))))  # HTCondor's: one per node
+    checks += [check_agent(socket_path), check_wrapper_socket(socket_path)]
     return checks + check_gpus(config, node)
+
+
+# what the HTCondor checks read of a daemon's configuration
+SCHEDD_KEYS = ("JOB_TRANSFORM_NAMES", "SUBMIT_REQUIREMENT_NAMES", "QUEUE_SUPER_USERS", "PROTECTED_JOB_ATTRS")
+STARTD_KEYS = ("USER_JOB_WRAPPER", "STARTD_CRON_JOBLIST")
+HTCONDOR_INSTALL_FIX = ("run `mig-batch htcondor install DIR --config ...`, copy {file} into the {who}'s config.d "
+                        "(docs/htcondor.md), then condor_reconfig")  # fmt: skip
+
+
+@dataclass
+class CondorFacts:
+    """What the pool says of itself to the doctor: the schedd's configuration (its own, asked remotely), who
+    this host is to the schedd, and a node's startd (its ad and configuration); why what is missing is."""
+
+    schedd: dict[str, str] | None = None
+    identity: str | None = None  # as the schedd authenticated us for WRITE (MyRemoteUserName)
+    authorized: bool = False  # ... and whether WRITE was granted
+    startd: dict[str, str] | None = None  # the node's startd's configuration (role node)
+    startd_ad: dict[str, str] | None = None
+    errors: dict[str, str] = field(default_factory=dict)  # what -> why it could not be read
+
+
+def condor_facts(config: SiteConfig, node: str | None) -> CondorFacts:
+    """Ask the pool through the bindings (loaded with the site's htcondor_config by ``check_htcondor``)."""
+    from mig_batch.htcondor.attrs import AGENT_ATTR, NODE_NAME_ATTR
+
+    facts = CondorFacts()
+    try:
+        import htcondor2
+
+        collector = htcondor2.Collector()
+        schedd = collector.locate(htcondor2.DaemonType.Schedd)
+    except Exception as exc:  # any failure of the bindings is the finding
+        facts.errors["schedd"] = f"{type(exc).__name__}: {exc}"
+        return facts
+    try:
+        remote = htcondor2.RemoteParam(schedd)
+        facts.schedd = {k: str(remote.get(k, "")) for k in SCHEDD_KEYS}
+    except Exception as exc:
+        facts.errors["schedd"] = f"the schedd's configuration could not be read: {type(exc).__name__}: {exc}"
+    try:
+        answer = htcondor2.ping(schedd, "WRITE")
+        facts.identity = str(answer.get("MyRemoteUserName", "")) or None
+        facts.authorized = bool(answer.get("AuthorizationSucceeded", False))
+    except Exception as exc:
+        facts.errors["identity"] = f"{type(exc).__name__}: {exc}"
+    if node is None:
+        return facts
+    try:
+        ads = collector.query(htcondor2.AdType.Startd, constraint=f'{NODE_NAME_ATTR} == "{node}"',
+                              projection=["Name", "MyAddress", "Machine", NODE_NAME_ATTR, AGENT_ATTR,
+                                          "CondorVersion", "AddressV1"])  # fmt: skip
+        if not ads:
+            facts.errors["startd"] = f"no startd in the collector with {NODE_NAME_ATTR} = \"{node}\""
+            return facts
+        ad = ads[0]
+        facts.startd_ad = {k: str(ad.get(k, "")) for k in ("Name", NODE_NAME_ATTR, AGENT_ATTR, "CondorVersion")}
+        remote = htcondor2.RemoteParam(ad)
+        facts.startd = {k: str(remote.get(k, "")) for k in STARTD_KEYS}
+    except Exception as exc:
+        facts.errors["startd"] = f"{type(exc).__name__}: {exc}"
+    return facts
+
+
+def check_schedd_policy(facts: CondorFacts) -> Check:
+    """The schedd runs mig_batch's job transforms and submit requirements, and protects the placement
+    attributes (``mig-batch-schedd.conf``), as the schedd itself reports its configuration."""
+    from mig_batch.htcondor.attrs import PIN_ATTR, TAG_ATTR
+
+    fix = HTCONDOR_INSTALL_FIX.format(file="mig-batch-schedd.conf", who="schedd")
+    if facts.schedd is None:
+        return Check("schedd policy", False, facts.errors.get("schedd", "the schedd's configuration was not read"),
+                     "check that the schedd is up and that this host may read its configuration (READ)")  # fmt: skip
+    wanted = {"JOB_TRANSFORM_NAMES": ("MigBatchClear", "MigBatchTag"),
+              "SUBMIT_REQUIREMENT_NAMES": ("MigBatchRequest",), "PROTECTED_JOB_ATTRS": (TAG_ATTR, PIN_ATTR)}
+    missing = [f"{key} lacks {', '.join(m)}" for key, names in wanted.items()
+               if (m := [n for n in names if n not in _words(facts.schedd.get(key, ""))])]  # fmt: skip
+    if missing:
+        return Check("schedd policy", False, "; ".join(missing), fix)
+    return Check("schedd policy", True, "the schedd runs mig_batch's transforms (MigBatchClear, MigBatchTag) and "
+                 "submit requirements, and protects the placement attributes")  # fmt: skip
+
+
+def _words(value: str) -> list[str]:
+    return [w for w in re.split(r"[\s,]+", value) if w]
+
+
+def is_superuser(identity: str, queue_super_users: str) -> bool:
+    """Whether ``identity`` (user@domain) is one of QUEUE_SUPER_USERS (entries user@domain, or user alone)."""
+    user = identity.split("@")[0]
+    return any(entry in (identity, user) for entry in _words(queue_super_users))
+
+
+def check_identity(facts: CondorFacts, role: str) -> Check:
+    """This host's HTCondor identity (mig-batchd's, or the node agent's) authenticates to the schedd for WRITE
+    and is a queue superuser: it writes the placement attributes, which only superusers may."""
+    who = "mig-batchd" if role == "controller" else "the node agent"
+    fix = (f"give {who} the HTCondor identity `mig-batch htcondor install --controller/--agent-identity` made a "
+           "queue superuser (a token in the site's htcondor_config), or add its identity to QUEUE_SUPER_USERS; on "
+           "25.x also `condor_qusers -add` it")  # fmt: skip
+    if facts.identity is None:
+        return Check("identity", False, facts.errors.get("identity", "the schedd named no identity for us"), fix)
+    if not facts.authorized:
+        return Check("identity", False, f"the schedd knows us as {facts.identity} but refuses WRITE", fix)
+    if facts.schedd is not None and not is_superuser(facts.identity, facts.schedd.get("QUEUE_SUPER_USERS", "")):
+        return Check("identity", False, f"{facts.identity} is not in the schedd's QUEUE_SUPER_USERS "
+                     f"({facts.schedd.get('QUEUE_SUPER_USERS', '')[:200]})", fix)  # fmt: skip
+    return Check("identity", True, f"{who} is {facts.identity} to the schedd, a queue superuser")
+
+
+def check_startd(facts: CondorFacts, node: str, config: SiteConfig) -> Check:
+    """The node's startd is in the collector under its MigBatchNodeName, runs the cron job that publishes the
+    agent's state, and publishes it (the controller reads the node's freshness there)."""
+    from mig_batch.htcondor.attrs import AGENT_ATTR, CRON_JOB
+
+    fix = HTCONDOR_INSTALL_FIX.format(file="mig-batch-execute.conf and the node's own lines", who="node")
+    if facts.startd is None or facts.startd_ad is None:
+        return Check("startd", False, facts.errors.get("startd", "the node's startd was not found"), fix)
+    version = versions_note_of(facts.startd_ad.get("CondorVersion", ""))
+    if CRON_JOB not in _words(facts.startd.get("STARTD_CRON_JOBLIST", "")):
+        return Check("startd", False, f"{facts.startd_ad['Name']} ({version}) does not run the cron job {CRON_JOB} "
+                     "that publishes the agent's state", fix)  # fmt: skip
+    if not facts.startd_ad.get(AGENT_ATTR):
+        return Check("startd", False, f"{facts.startd_ad['Name']} publishes no {AGENT_ATTR} yet: the agent has "
+                     f"not written {config.htcondor_agent_file.format(node=node)}, or the cron has not read it",
+                     "start the node agent (systemctl enable --now mig-batch-htcondor-agent)")  # fmt: skip
+    return Check("startd", True, f"{facts.startd_ad['Name']} ({version}) publishes the agent's state")
+
+
+def versions_note_of(version_text: str) -> str:
+    from mig_batch.htcondor import versions
+
+    found = versions.version_in(version_text)
+    return versions.daemons_note(found, "startd") if found else "version not reported"
+
+
+def check_wrapper(facts: CondorFacts, node: str, socket_path: Path) -> Check:
+    """The startd's USER_JOB_WRAPPER is mig_batch's job wrapper, present here and executable, its Python
+    there, asking the agent's socket the site config names for this node."""
+    fix = HTCONDOR_INSTALL_FIX.format(file="mig-batch-execute.conf and the wrapper", who="node")
+    if facts.startd is None:
+        return Check("job wrapper", False, facts.errors.get("startd", "the node's startd was not read"), fix)
+    wrapper = facts.startd.get("USER_JOB_WRAPPER", "")
+    if not wrapper:
+        return Check("job wrapper", False, "the startd has no USER_JOB_WRAPPER: jobs start without a MIG "
+                     "instance", fix)  # fmt: skip
+    path = Path(wrapper)
+    if not path.is_file() or not os.access(path, os.X_OK):
+        return Check("job wrapper", False, f"USER_JOB_WRAPPER {wrapper} is not an executable file here", fix)
+    text = _head(path, 1 << 16)
+    asks = _WRAPPER_SOCKET.search(text)
+    if asks is None:
+        return Check("job wrapper", False, f"USER_JOB_WRAPPER {wrapper} is not mig_batch's job wrapper", fix)
+    first = text.splitlines()[0] if text else ""
+    python = first[2:].split()[0] if first.startswith("#!") and first[2:].split() else ""
+    if not python or not Path(python).exists():
+        return Check("job wrapper", False, f"{wrapper} runs {python or 'no interpreter'}, which does not exist "
+                     "here", fix)  # fmt: skip
+    asked = asks.group(2).replace("{node}", node)
+    if asked != str(socket_path):
+        return Check("job wrapper", False, f"{wrapper} asks {asked}; the site config's agent socket for {node} is "
+                     f"{socket_path}", fix)  # fmt: skip
+    return Check("job wrapper", True, f"{wrapper} (run by {python}) asks {asked}")
+
+
+_WRAPPER_SOCKET = re.compile(r"""^SOCKET = (['"])(.*?)\1""", re.M)  # the line install.wrapper_text fills in
+
+
+def check_wrapper_socket(path: Path) -> Check:
+    """The agent's socket for the job wrappers: a socket of root's that job users may open (mode 0666); the
+    agent checks each caller's job itself."""
+    fix = "start the node agent (systemctl enable --now mig-batch-htcondor-agent): it makes the socket"
+    try:
+        info = path.stat()
+    except OSError as exc:
+        return Check("wrapper socket", False, f"{path}: {exc.strerror or exc}", fix)
+    import stat as stat_module
+
+    if not stat_module.S_ISSOCK(info.st_mode):
+        return Check("wrapper socket", False, f"{path} is not a socket", fix)
+    mode = info.st_mode & 0o777
+    if info.st_uid != 0 and os.geteuid() == 0:
+        return Check("wrapper socket", False, f"{path} is owned by uid {info.st_uid}, not root", fix)
+    if mode & 0o006 != 0o006:
+        return Check("wrapper socket", False, f"{path} is mode {mode:o}: job users cannot open it (the agent "
+                     "makes it 0666 and checks each caller)", fix)  # fmt: skip
+    return Check("wrapper socket", True, f"{path}: mode {mode:o}, open to job users (the agent checks each caller)")
 
 
 def check_htcondor(config: SiteConfig) -> Check:
