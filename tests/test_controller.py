@@ -7,9 +7,10 @@ import pytest
 
 from mig_batch.batch.fake import FakeBatch
 from mig_batch.batch.system import After, Awaits, BatchError, JobState
-from mig_batch.batch.tags import AgentTag, NodeReport, parse_place, parse_report
+from mig_batch.batch.tags import AgentTag, NodeReport, parse_place, parse_report, parse_tag, wait_note, with_wait_note
 from mig_batch.config import SiteConfig
 from mig_batch.controller.daemon import Controller
+from mig_batch.controller.waits import NOTES_PER_PASS
 from mig_batch.state import Store
 
 RIGID = "mig-batch:v1;req=1g.10gb"
@@ -1228,3 +1229,55 @@ def test_a_failing_cancel_in_the_placement_phase_is_logged_with_its_job_and_the_
     stats = c.step()  # the refused cancel is logged with the job (it is tried again next pass)
     assert store.decision(rigid) is not None and parse_place(batch.job(rigid).admin_tag) is not None
     assert store.events(job=late, kind="chain-job-cancelled") and any(late in e for e in stats.errors)
+
+
+def test_a_waiting_job_shows_its_owner_why_and_the_note_goes_when_it_is_placed(site, batch):
+    """Each waiting job's reason is written into its tag (Slurm: AdminComment, which its owner reads), once per
+    change, and its pin writes the tag again without it."""
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    small = [batch.add(BIG) for _ in range(2)]  # both GPUs taken whole
+    c.step()
+    for job in small:
+        made(batch, job)
+    big = batch.add(BIG)
+    after = batch.add(RIGID, after=[After(small[0], Awaits.END)])
+    c.step()
+    assert wait_note(batch.job(big).admin_tag).startswith("no room: every GPU that could hold 7g.80gb is busy")
+    assert wait_note(batch.job(after).admin_tag) == f"job {small[0]} to end"
+    assert parse_tag(batch.job(big).admin_tag) == parse_tag(BIG)  # the request as it was
+    writes = batch.calls.count(("set_job_tag", big))
+    c.step()  # nothing changed: nothing written
+    assert batch.calls.count(("set_job_tag", big)) == writes
+    batch.finish(small[0])
+    c.step()
+    assert store.decision(big).state == "released" and wait_note(batch.job(big).admin_tag) == ""
+    assert parse_place(batch.job(big).admin_tag) is not None
+    assert wait_note(batch.job(after).admin_tag).startswith("no room: every GPU that could hold 1g.10gb is busy")
+
+
+def test_wait_notes_are_written_a_few_per_pass_and_again_when_refused(site, batch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    later = time.time() + 3600
+    jobs = [batch.add(RIGID, not_before=later) for _ in range(NOTES_PER_PASS + 5)]
+    written = batch.set_job_tag
+
+    def down(job, tag):
+        raise BatchError("slurmctld not answering")
+
+    batch.set_job_tag = down
+    c.step()
+    assert not any(wait_note(batch.job(j).admin_tag) for j in jobs)
+    batch.set_job_tag = written
+    c.step()
+    assert sum(bool(wait_note(batch.job(j).admin_tag)) for j in jobs) == NOTES_PER_PASS
+    c.step()
+    assert all(wait_note(batch.job(j).admin_tag).startswith("its begin time") for j in jobs)
+
+
+def test_a_wait_note_is_one_short_field_of_the_tag():
+    tag = with_wait_note(RIGID, "job 4; then more=text\n" + "x" * 400)
+    assert tag.startswith(RIGID + ";waits=job 4, then more=text x") and len(wait_note(tag)) == 200
+    assert parse_tag(tag) == parse_tag(RIGID) and parse_place(tag) is None
+    assert with_wait_note(tag, "") == RIGID and with_wait_note(with_wait_note(tag, "b"), "c") == RIGID + ";waits=c"

@@ -3,16 +3,20 @@ MIG jobs with plain sbatch; each job runs as its user, gets its instance from th
 and opens MIG devices as CUDA would (the emulated node's ``cuda-open``): its own instance, and the other
 user's once it points CUDA_VISIBLE_DEVICES at it. One node, one A100-40GB (emulated libnvidia-ml)."""
 
+import json
 import os
 import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 from harness.slurm_cluster import NODE_GPU_DIR, LocalCluster, MigTestbed
+
+from mig_batch.batch.tags import wait_note
 
 USERS = ("mig-batch-alice", "mig-batch-bob")
 
@@ -146,3 +150,49 @@ def test_a_multi_instance_jobs_ranks_reach_all_their_instances(bed):
     assert "rank-rc 0 0" in text and "rank-rc 1 0" in text and "all-rc 0" in text, text
     ranks = {line.split()[2] for line in text.splitlines() if line.startswith("rank ")}
     assert len(ranks) == 2 and all(r.startswith("MIG-") for r in ranks), text
+
+
+HOLDS = """#!/bin/sh
+echo "own $CUDA_VISIBLE_DEVICES"; echo own-rc
+n=0; while [ ! -f {shared}/$SLURM_JOB_ID.end ] && [ $n -lt 900 ]; do sleep 0.2; n=$((n + 1)); done
+"""
+
+
+def as_user(testbed, user, *argv: str) -> str:
+    env = {"PATH": os.environ["PATH"], "SLURM_CONF": str(testbed.cluster.conf), "HOME": "/"}
+    done = subprocess.run(["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--init-groups", *argv],
+                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_an_ordinary_user_reads_why_their_job_waits(bed):
+    """No root: its owner sees in squeue and scontrol (AdminComment) why a held MIG job waits; its pin takes
+    the note off."""
+    testbed, (alice, bob), shared = bed
+    whole = submit(testbed, alice, shared, HOLDS, "--gres=mig:7g.40gb")
+    wait_for(lambda: state(testbed, whole) == "RUNNING", why="the whole-GPU job to run")
+    waiting = submit(testbed, alice, shared, HOLDS, "--gres=mig:1g.5gb")
+    after = submit(testbed, bob, shared, "#!/bin/sh\ntrue\n", "--gres=mig:1g.5gb", f"--dependency=afterany:{waiting}")
+
+    def note(user, job):
+        return wait_note(as_user(testbed, user, "squeue", "-h", "-j", job, "-O", "admin_comment:400").strip())
+
+    wait_for(lambda: note(alice, waiting).startswith("no room: every GPU that could hold 1g.5gb is busy"),
+             why=f"alice's job {waiting} to show why it waits")  # fmt: skip
+    shown = as_user(testbed, alice, "scontrol", "show", "job", waiting)
+    assert ";waits=no room: every GPU that could hold 1g.5gb" in shown, shown
+    wait_for(lambda: note(bob, after) == f"job {waiting} to end", why=f"bob's job {after} to show its dependency")
+    rows = {r["job"]: r for r in json.loads(as_user(testbed, alice, sys.executable, "-m", "mig_batch.cli.migsub",
+                                                    "status", "--json"))}  # fmt: skip
+    assert set(rows) == {whole, waiting}  # hers only
+    assert rows[waiting]["waits"].startswith("no room: every GPU that could hold 1g.5gb is busy"), rows
+    (spot,) = rows[whole]["placement"]["instances"]
+    assert rows[whole]["placement"]["node"] == "n1" and spot["profile"] == "7g.40gb", rows
+    assert spot["uuid"] == own_uuid(shared, whole), rows  # the instance its job got
+    (shared / f"{whole}.end").write_text("")
+    wait_for(lambda: state(testbed, waiting) == "RUNNING", 60, f"job {waiting} to run")
+    assert note(alice, waiting) == "" and ";place=n1/0/1g.5gb@" in as_user(testbed, alice, "squeue", "-h", "-j",
+                                                                           waiting, "-O", "admin_comment:400")
+    (shared / f"{waiting}.end").write_text("")
+    wait_for(lambda: not state(testbed, after), 60, f"job {after} to run and end")

@@ -17,12 +17,11 @@ RUNNING = "mig-batch:v1;req=20480M;place=gpu02/1/3g.40gb@4;node=made:1/3g.40gb@4
 TWO = ("mig-batch:v1;req=1g.10gb;n=2;place=gpu01/0/1g.10gb@0;spots=0/1g.10gb@0,0/1g.10gb@1;"
        "node=made:0/1g.10gb@0/7/MIG-aaa;ranks=0/1g.10gb@1/8/MIG-bbb")  # fmt: skip
 QUEUE = (
-    f"11{F}RUNNING{F}None{F}(null){F}{RUNNING}{R}\n"
-    f"12{F}PENDING{F}JobHeldUser{F}mig-batch waits: fragmented: no GPU has 4 free slices in a row{F}"
-    f"mig-batch:v1;req=3g.40gb{R}\n"
-    f"13{F}PENDING{F}JobHeldUser{F}(null){F}mig-batch:v1;req=2g{R}\n"
-    f"14{F}RUNNING{F}None{F}(null){F}{R}\n"  # not a MIG job
-    f"15{F}RUNNING{F}None{F}(null){F}{TWO}{R}\n"
+    f"11{F}RUNNING{F}None{F}{RUNNING}{R}\n"
+    f"12{F}PENDING{F}JobHeldUser{F}mig-batch:v1;req=3g.40gb;waits=fragmented: no GPU has 4 free slices in a row{R}\n"
+    f"13{F}PENDING{F}JobHeldUser{F}mig-batch:v1;req=2g{R}\n"
+    f"14{F}RUNNING{F}None{F}{R}\n"  # not a MIG job
+    f"15{F}RUNNING{F}None{F}{TWO}{R}\n"
 )
 
 
@@ -99,14 +98,14 @@ def test_slices_counted_from_the_site_inventory(bin_dir, monkeypatch, capsys):
 def test_status_row_reads_every_kind_of_tag():
     from mig_batch.cli.migsub_status import status_row
 
-    moldable = status_row("21", "PENDING", "JobHeldUser", "", "mig-batch:v1;req=8192M;moldable=1g:300,3g:110")
+    moldable = status_row("21", "PENDING", "JobHeldUser", "mig-batch:v1;req=8192M;moldable=1g:300,3g:110")
     assert moldable is not None and moldable["request"] == "moldable 1g:300,3g:110 (memory floor 8.00 GiB)"
-    replaced = status_row("22", "RUNNING", "None", "", "mig-batch:v1;req=1g.10gb;place=gpu01/0/1g.10gb@0;"
+    replaced = status_row("22", "RUNNING", "None", "mig-batch:v1;req=1g.10gb;place=gpu01/0/1g.10gb@0;"
                                                       "node=replaced:0/1g.10gb@3/9/MIG-ccc", {"gpu01": ["A100-80GB"]})
     assert replaced is not None and replaced["placement"]["made"] == "replaced" and replaced["slices"] == 1
-    requeued = status_row("23", "PENDING", "JobHeldUser", "", "mig-batch:v1;req=1g.10gb;place=gpu01/0/1g.10gb@0;"
+    requeued = status_row("23", "PENDING", "JobHeldUser", "mig-batch:v1;req=1g.10gb;place=gpu01/0/1g.10gb@0;"
                                                              "node=requeue:no room on GPU 0")
     assert requeued is not None and requeued["waits"].startswith("its node could not make the instance (no room")
-    unreadable = status_row("24", "PENDING", "JobHeldUser", "", "mig-batch:v1;n=2")
+    unreadable = status_row("24", "PENDING", "JobHeldUser", "mig-batch:v1;n=2")
     assert unreadable is not None and unreadable["request"].startswith("unreadable tag:")
-    assert status_row("25", "RUNNING", "None", "", "(null)") is None
+    assert status_row("25", "RUNNING", "None", "(null)") is None

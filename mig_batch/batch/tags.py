@@ -131,6 +131,29 @@ def _spec_count(spec: str) -> int | None:
         return None
 
 
+PLACE_FIELD = ";place="  # the controller's decision (or a prompt slot's)
+WAITS_FIELD = ";waits="  # why a held job waits, for its owner: the last field of a tag not yet placed
+
+
+def wait_note(text: str) -> str:
+    """The reason a job's tag shows its owner ("" for none)."""
+    _, found, note = text.partition(WAITS_FIELD)
+    return note if found else ""
+
+
+def with_wait_note(text: str, reason: str) -> str:
+    """The tag ``text`` showing ``reason`` instead of its note (none for ""): kept short, on one line, without
+    the ``;`` that separates fields. A pin writes the tag again without it."""
+    head = text.partition(WAITS_FIELD)[0]
+    note = " ".join(reason.replace(";", ",").split())
+    if len(note) > WAIT_NOTE_MAX:
+        note = note[: WAIT_NOTE_MAX - 3] + "..."
+    return f"{head}{WAITS_FIELD}{note}" if note else head
+
+
+WAIT_NOTE_MAX = 200
+
+
 @dataclass(frozen=True)
 class Placed:
     """The controller's decision as the node reads it."""

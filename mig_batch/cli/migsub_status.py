@@ -2,8 +2,8 @@
 
 Per job: its request (the tag job_submit.lua wrote into the AdminComment), and either where it runs (the
 ``place=`` mig-batchd wrote there, with the node's report: GPU, profile, GPU instance and the instance's
-UUID) or why it waits (the note mig-batchd publishes in the SystemComment, ``mig-batch waits: ...``; before
-one is published, Slurm's own reason). Read with one ``squeue --me`` (or ``squeue -j JOBID,...``).
+UUID) or why it waits (the note mig-batchd writes into the tag while the job waits, ``;waits=...``; before one
+is written, Slurm's own reason). Read with one ``squeue --me`` (or ``squeue -j JOBID,...``).
 """
 
 from __future__ import annotations
@@ -18,13 +18,11 @@ from mig_batch.cli.output import Table, console, emit, fail
 from mig_batch.entry import DEBUG_HELP, CommandParser
 from mig_batch.errors import MigBatchError
 
-NOTE_PREFIX = "mig-batch waits: "  # mig-batchd's note (controller/waits.py NOTE_PREFIX), what the owner reads
 FIELD_END = "\x1f"  # after each free-text field (a reason, a comment may hold "|")
 RECORD_END = "\x1e"
-# squeue -O: the job, its state, Slurm's reason, mig-batchd's note, the tag (system_comment, admin_comment: the
-# names squeue 22.05's -O knows; it has no SystemComment)
-SQUEUE_FORMAT = ",".join(f"{f}:{FIELD_END}" for f in ("JobID", "State", "Reason", "system_comment")) + \
-    f",admin_comment:{RECORD_END}"  # fmt: skip
+# squeue -O: the job, its state, Slurm's reason, the tag with mig-batchd's note (admin_comment: the name squeue
+# 22.05's -O knows)
+SQUEUE_FORMAT = ",".join(f"{f}:{FIELD_END}" for f in ("JobID", "State", "Reason")) + f",admin_comment:{RECORD_END}"
 SQUEUE_TIMEOUT_S = 60
 
 
@@ -32,26 +30,26 @@ class StatusError(ValueError):
     pass
 
 
-def parse_records(text: str) -> list[tuple[str, str, str, str, str]]:
-    """(job, state, Slurm's reason, note, tag) per record of ``squeue -h -O SQUEUE_FORMAT``."""
+def parse_records(text: str) -> list[tuple[str, str, str, str]]:
+    """(job, state, Slurm's reason, tag) per record of ``squeue -h -O SQUEUE_FORMAT``."""
     out = []
     for record in text.split(RECORD_END):
         if not record.strip():
             continue
         fields = [f.strip() for f in record.lstrip("\n").split(FIELD_END)]
-        if len(fields) != 5:
+        if len(fields) != 4:
             raise StatusError(f"squeue printed an unexpected record: {record!r}")
-        job, state, reason, note, tag = fields
-        out.append((job, state, reason, "" if note in ("(null)", "N/A") else note, tag))
+        job, state, reason, tag = fields
+        out.append((job, state, reason, tag))
     return out
 
 
-def status_row(job: str, state: str, reason: str, note: str, tag_text: str,
+def status_row(job: str, state: str, reason: str, tag_text: str,
                nodes: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any] | None:  # fmt: skip
     """One MIG job as ``migsub status`` shows it; None for a job that is not a MIG job. ``nodes``: the site
     config's inventory (node -> its GPUs' models), where there is one: the memory slices the job counts
     against its limits (Slurm's slice GRES) are read from it. Pure."""
-    from mig_batch.batch.tags import parse_place, parse_report, parse_tag
+    from mig_batch.batch.tags import parse_place, parse_report, parse_tag, wait_note
     from mig_batch.request import format_mib
 
     if not tag_text.startswith(MANAGED_PREFIX):
@@ -88,8 +86,7 @@ def status_row(job: str, state: str, reason: str, note: str, tag_text: str,
         elif state == "PENDING":
             row["waits"] = "placed: starting" if reason in ("", "None") else f"placed: {reason}"
     elif state == "PENDING":
-        row["waits"] = note.removeprefix(NOTE_PREFIX) if note.startswith(NOTE_PREFIX) else \
-            f"mig-batchd has not placed it yet ({reason}; no reason published yet)"  # fmt: skip
+        row["waits"] = wait_note(tag_text) or f"mig-batchd has not placed it yet ({reason}; no reason published yet)"
     return row
 
 

@@ -132,6 +132,7 @@ class Controller:
         decided, queue = self._place_rigid(snapshot, stats)
         decided += self._place_planned(snapshot, queue, stats)
         stats.placed += self.pinning.pin_and_release([*pins, *decided], snapshot.now, stats.errors)
+        self.waits.publish(self.batch, snapshot.jobs, [d.job for d in decided])
         self.slots.refill(snapshot, crowded=stats.waiting > 0 or bool(queue.chains))
         stats.seconds = time.perf_counter() - t0
         return stats

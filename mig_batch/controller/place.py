@@ -14,6 +14,7 @@ from mig_batch.controller.translations import Translations
 from mig_batch.controller.waits import WaitNotes
 from mig_batch.placement.base import Placement, PlacementRequest, Policy
 from mig_batch.placement.multi import MultiPlacement, MultiPolicy
+from mig_batch.placement.waiting import why_no_room
 from mig_batch.state import Decision, Store
 
 
@@ -33,9 +34,10 @@ class Placer:
         end = now + limit if 0 < limit < math.inf else None  # the time limit bounds the end (end-aware policies)
         request = PlacementRequest(job.job_id, profiles, now, end)
         view = self.ledger.view
-        decision = self.fences.where_it_fits(lambda: self.policy.decide(view, request), Placement,
-                                             (frozenset(profiles.items()), 1, self.fences.outside))  # fmt: skip
+        fit = (frozenset(profiles.items()), 1, self.fences.outside)
+        decision = self.fences.where_it_fits(lambda: self.policy.decide(view, request), Placement, fit)
         if not isinstance(decision, Placement):
+            self.waits.note(job.job_id, self.waits.cause(fit, lambda: why_no_room(view, profiles)))
             return None
         self.fences.use_room(decision.host, job.cpus)
         return self.decide(job, tag, decision, self.policy_name)

@@ -4,18 +4,25 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Container
+from collections.abc import Callable, Collection, Container, Hashable, Mapping
 
-from mig_batch.batch.system import After, Awaits, BatchJob
+from mig_batch.batch.system import After, Awaits, BatchError, BatchJob, BatchSystem
+from mig_batch.batch.tags import PLACE_FIELD, with_wait_note
 from mig_batch.state import Store
 
 log = logging.getLogger("mig-batchd")
+# notes written in one pass at most (one batch-system call each): a burst of waiting jobs gets them over a few
+# passes instead of slowing the pass that places the burst
+NOTES_PER_PASS = 50
 
 
 class WaitNotes:
+    """Each waiting job's reason: an event per change, and (:meth:`publish`) a note in its tag its owner reads."""
+
     def __init__(self, store: Store):
         self.store = store
         self._why: dict[str, str] = {}  # job -> the reason last recorded
+        self._causes: dict[Hashable, str] = {}  # this pass's reasons by request (one computed per kind of job)
 
     def note(self, job: str, reason: str) -> None:
         if self._why.get(job) != reason:
@@ -23,13 +30,43 @@ class WaitNotes:
             self.store.event(job, "waiting", reason=reason)
             log.info("job %s waits: %s", job, reason)
 
+    def cause(self, key: Hashable, find: Callable[[], str]) -> str:
+        """The reason for requests like ``key``, found once a pass."""
+        if key not in self._causes:
+            self._causes[key] = find()
+        return self._causes[key]
+
     def placed(self, job: str) -> None:
         self._why.pop(job, None)
 
     def keep_only(self, jobs: Container[str]) -> None:
-        """Forget the jobs the batch system no longer lists."""
+        """Forget the jobs the batch system no longer lists (each pass, as it begins)."""
+        self._causes.clear()
         for gone in [j for j in self._why if j not in jobs]:
             del self._why[gone]
+
+    def publish(self, batch: BatchSystem, jobs: Mapping[str, BatchJob], decided: Collection[str]) -> None:
+        """Show each waiting job's reason in its tag, where its owner reads it (Slurm: AdminComment in squeue
+        and scontrol; HTCondor: MigBatchTag), when the tag does not show it yet (``NOTES_PER_PASS`` at most,
+        the longest noted first); the jobs decided this pass have theirs written again without a note by their
+        pin."""
+        for job in decided:
+            self._why.pop(job, None)
+        written = 0
+        for job, reason in self._why.items():
+            listed = jobs.get(job)
+            if listed is None or not listed.held or PLACE_FIELD in listed.admin_tag:
+                continue
+            tag = with_wait_note(listed.admin_tag, reason)
+            if tag == listed.admin_tag:
+                continue
+            if written == NOTES_PER_PASS:
+                return
+            written += 1
+            try:
+                batch.set_job_tag(job, tag)
+            except BatchError as exc:  # shown on a later pass
+                log.info("job %s: its wait note was not written: %s", job, exc)
 
 
 def why_not_yet(job: BatchJob, awaited: Callable[[After], list[BatchJob]], now: float,
