@@ -160,3 +160,48 @@ def test_a_bad_or_missing_config_is_bad_input_not_a_failed_check(tmp_path, capsy
         assert main(["doctor", "--config", str(config), "--role", role]) == 2
         captured = capsys.readouterr()
         assert says in captured.err and "FAIL" not in captured.out and "Traceback" not in captured.err
+
+
+# --- mig-batchd's passes and metrics, seen from the controller host (either batch system) ------------------
+
+
+def test_doctor_says_how_mig_batchds_passes_go_from_its_health_file(tmp_path):
+    import json
+
+    from mig_batch.controller.health import Health, health_path
+
+    config = SiteConfig(state=tmp_path / "state.db", nodes={"n1": ("A100-80GB",)})
+    assert ops_commands.check_passes(config, now=1000.0).ok  # no file: it has not run here yet
+    h = Health(poll_interval_s=1.0)
+    h.succeeded(990.0, [("n1", True, 980.0)])
+    health_path(config.state).write_text(json.dumps(h.to_json(990.0)))
+    going = ops_commands.check_passes(config, now=1000.0)
+    assert going.ok and "last good pass 10 s ago" in going.detail
+    h.failed(995.0, "squeue: Unable to contact slurm controller", batch=True)
+    health_path(config.state).write_text(json.dumps(h.to_json(995.0)))
+    failing = ops_commands.check_passes(config, now=1060.0)
+    assert not failing.ok and "failed for 65 s" in failing.detail and "Unable to contact" in failing.detail
+    h.succeeded(1000.0)
+    health_path(config.state).write_text(json.dumps(h.to_json(1000.0)))
+    gone = ops_commands.check_passes(config, now=1000.0 + 3600)
+    assert not gone.ok and "not running" in gone.detail
+
+
+def test_doctor_scrapes_the_metrics_endpoint_when_one_is_set(tmp_path):
+    from mig_batch.controller.health import Health
+    from mig_batch.controller.metrics import ControllerMetrics, MetricsServer
+
+    assert ops_commands.check_metrics(SiteConfig()) == []  # off: no check
+    metrics = ControllerMetrics()
+    metrics.publish(Health(1.0), None)
+    server = MetricsServer("127.0.0.1", 0, metrics)
+    server.start()
+    port = server.server_address[1]
+    try:
+        [check] = ops_commands.check_metrics(SiteConfig(metrics_listen=f"127.0.0.1:{port}"))
+        assert check.ok and f"127.0.0.1:{port}/metrics" in check.detail
+    finally:
+        server.shutdown()
+        server.server_close()
+    [down] = ops_commands.check_metrics(SiteConfig(metrics_listen=f"127.0.0.1:{port}"))
+    assert not down.ok and "start mig-batchd" in down.fix

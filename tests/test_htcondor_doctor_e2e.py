@@ -44,7 +44,7 @@ def test_the_controllers_checks_pass_and_name_the_versions_and_identity(bed):
     code, checks = doctor(bed, "--role", "controller")
     print(json.dumps(checks, indent=1))
     assert code == 0, checks
-    assert list(checks) == ["config", "htcondor", "schedd policy", "identity", "store"]
+    assert list(checks) == ["config", "htcondor", "schedd policy", "identity", "store", "passes"]
     assert "bindings 25." in checks["htcondor"]["detail"] or "bindings 24." in checks["htcondor"]["detail"]
     assert "schedd " in checks["htcondor"]["detail"]
     assert f"{bed.pool.controller}@" in checks["identity"]["detail"]

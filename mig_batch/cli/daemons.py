@@ -139,7 +139,8 @@ def _slurm_agent(argv: list[str]) -> int:
     args = parse_daemon_args("mig-batch-agent", "mig_batch node agent for a Slurm node", argv, own_options)
     config = load_config(args.config)
     agent = slurm_node_agent(config, args.node, long_lived=True)
-    serve(AgentServer(config.agent_socket, agent), agent, config.reconcile_interval_s, config.metrics_textfile)
+    serve(AgentServer(config.agent_socket, agent), agent, config.reconcile_interval_s,
+          config.metrics_textfile.replace("{node}", args.node))  # fmt: skip
     return 0
 
 
@@ -194,5 +195,5 @@ def _htcondor_agent(argv: list[str]) -> int:
                       config.atomize.checkpoint_margin_s, fence=open_fence(config, args.node))  # fmt: skip
     guard = SlotGuard(batch, args.node, args.startd_local_name, directory=node_dir / "slots", journal=journal)
     server = WrapperServer(Path(str(config.agent_socket).format(node=args.node)), agent, guard)
-    serve(server, agent, config.reconcile_interval_s, config.metrics_textfile.format(node=args.node))
+    serve(server, agent, config.reconcile_interval_s, config.metrics_textfile.replace("{node}", args.node))
     return 0

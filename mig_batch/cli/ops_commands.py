@@ -155,7 +155,7 @@ def doctor(config_file: str | None, role: str | None, node: str) -> list[Check]:
     if show_config is not None:
         checks.append(check_slurm_library(config))
     if role == "controller":
-        checks.append(check_store(config.state))
+        checks += [check_store(config.state), check_passes(config), *check_metrics(config)]
         if show_config is not None:
             checks += [check_job_submit(show_config), check_prompt_slots(show_config, config),
                        check_scheduler(show_config)]  # fmt: skip
@@ -183,7 +183,7 @@ def htcondor_doctor(config: SiteConfig, role: str, node: str, path: Path) -> lis
     if facts is not None:
         checks += [check_schedd_policy(facts), check_identity(facts, role)]
     if role == "controller":
-        return [*checks, check_store(config.state)]
+        return [*checks, check_store(config.state), check_passes(config), *check_metrics(config)]
     if node not in config.nodes:
         fix = f"add {node} under nodes: in {path}, or give --node with this node's MigBatchNodeName"
         checks.append(Check("inventory", False, f"node {node} is not in the inventory", fix))
@@ -685,6 +685,59 @@ def check_store(path: Path) -> Check:
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         return Check("store", False, f"{path} does not exist and {parent} is not writable", fix)
     return Check("store", True, f"{path} does not exist yet; mig-batchd will create it under {parent}")
+
+
+PASSES_STALE_S = 300.0  # a last good pass older than this, with no failure recorded: mig-batchd is not running
+
+
+def check_passes(config: SiteConfig, now: float | None = None) -> Check:
+    """mig-batchd's passes, from the health file it writes beside the store: failing (since when, why), or
+    none lately (not running), or going. No file: it has not run here yet (not a failure)."""
+    from mig_batch.controller.health import age_text, health_path, read_health
+
+    now = time.time() if now is None else now
+    path = health_path(config.state)
+    health = read_health(path)
+    if health is None:
+        return Check("passes", True, f"mig-batchd has recorded no pass here yet ({path} does not exist)")
+    last = health.get("last_good_pass")
+    last_text = "never" if not isinstance(last, int | float) else f"{age_text(now - last)} ago"
+    since = health.get("failing_since")
+    if isinstance(since, int | float):
+        return Check("passes", False, f"mig-batchd's passes have failed for {age_text(now - since)} "
+                     f"({health.get('failures')} in a row; last good pass {last_text}): {health.get('error')}",
+                     "check that the batch system answers (scontrol ping, or condor_q) from this host; journalctl "
+                     "-u mig-batchd has a line when it stopped answering and one when it is back")  # fmt: skip
+    written = health.get("written")
+    quiet = age_text(now - written) if isinstance(written, int | float) else "ever"
+    if not isinstance(written, int | float) or now - written > PASSES_STALE_S:
+        return Check("passes", False, f"mig-batchd wrote no pass for {quiet} (last good pass {last_text}): it is "
+                     "not running", "systemctl status mig-batchd; journalctl -u mig-batchd")  # fmt: skip
+    return Check("passes", True, f"last good pass {last_text}")
+
+
+def check_metrics(config: SiteConfig) -> list[Check]:
+    """mig-batchd's metrics endpoint answers (when ``metrics_listen`` is set)."""
+    if not config.metrics_listen:
+        return []
+    import urllib.request
+
+    from mig_batch.config import listen_address
+
+    host, port = listen_address(config.metrics_listen)
+    host = "localhost" if host in ("0.0.0.0", "::", "") else host
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            body = answer.read(1 << 22).decode(errors="replace")
+    except OSError as exc:
+        why = getattr(exc, "reason", None) or exc
+        return [Check("metrics", False, f"{url}: {why}", "start mig-batchd (systemctl status mig-batchd); it "
+                      "reads metrics_listen at its start")]  # fmt: skip
+    if "mig_batch_last_good_pass_timestamp_seconds" not in body:
+        return [Check("metrics", False, f"{url} answers, but not with mig-batchd's metrics", "another program "
+                      "holds the port: give metrics_listen a free one")]  # fmt: skip
+    return [Check("metrics", True, f"{url} serves mig-batchd's metrics")]
 
 
 def check_node_dirs(config: SiteConfig, node: str) -> Check:
