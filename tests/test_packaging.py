@@ -296,3 +296,24 @@ def test_a_command_that_needs_an_extra_says_which_on_a_node_install(
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"needs the {extra} extra" in proc.stderr and f"pip install 'mig-batch[{extra}]'" in proc.stderr, proc.stderr
     assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_bench_install_size_measures_a_node_venv_from_the_wheel(wheel: Path, tmp_path: Path) -> None:
+    """Offline here (no index: the wheel alone, --no-deps); the real figures need pip's index (README)."""
+    proc = subprocess.run([sys.executable, "-m", "mig_batch.cli.main", "bench", "install-size", "--wheel", str(wheel),
+                           "--roles", "node", "--keep", str(tmp_path / "venvs"), "--pip-args", "--no-index --no-deps",
+                           "--json"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (node,) = json.loads(proc.stdout)
+    assert node["role"] == "node" and node["requirement"] == wheel.name
+    installed = tmp_path / "venvs" / "node"
+    assert any(installed.glob("lib/python3*/site-packages/mig_batch/cli/main.py"))
+    own = sum(f.stat().st_size for f in installed.glob("lib/python3*/site-packages/mig_batch/**/*") if f.is_file())
+    # what the wheel added is mig_batch itself (its files, with the bytecode pip compiles): the difference of the
+    # two venvs' sizes, to within the bytecode
+    assert own / 1e6 <= node["packages_mb"] <= 3 * own / 1e6, (own, node)
+    assert node["total_mb"] > node["packages_mb"] > 0
+    assert node["largest"][0][0] in ("pip", "mig_batch", "setuptools"), node["largest"]
+    bad = subprocess.run([sys.executable, "-m", "mig_batch.cli.main", "bench", "install-size", "--wheel",
+                          str(tmp_path / "nope.whl")], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and "not a wheel file" in bad.stderr, bad.stderr

@@ -30,6 +30,7 @@ WIDE_COLUMNS = 100  # narrower terminals get the compact layout: rich would sque
 
 # rich's markup tag syntax: "[" then a letter, "#", "/" or "@", then anything but "[" up to "]"
 _TAG = re.compile(r"\[([a-z#/@][^\[]*?)\]")
+_ESCAPED_OR_TAG = re.compile(r"(\\)?\[[a-z#/@][^\[]*?\]")
 # styles our commands put in markup; any other tag (links, handlers, colours by number) goes to rich
 _PLAIN_STYLES = frozenset({"bold", "dim", "italic", "underline", "red", "green", "yellow", "blue", "cyan",
                            "magenta", "white", "bold red", "bold green", "bold yellow"})  # fmt: skip
@@ -86,7 +87,7 @@ def without_markup(text: str, markup: bool = True) -> str:
     """``text`` without its markup tags, where rich is not installed to say for certain."""
     if not markup:
         return text
-    return _TAG.sub("", text).replace("\\[", "[")
+    return _ESCAPED_OR_TAG.sub(lambda m: m.group(0)[1:] if m.group(1) else "", text)  # \[x]: the text [x]
 
 
 class Literal(str):
