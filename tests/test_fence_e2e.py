@@ -17,6 +17,7 @@ import pytest
 from harness.slurm_cluster import NODE_GPU_DIR, LocalCluster, MigTestbed
 
 from mig_batch.batch.tags import wait_note
+from mig_batch.gpu import nvml_emu
 
 USERS = ("mig-batch-alice", "mig-batch-bob")
 
@@ -196,3 +197,29 @@ def test_an_ordinary_user_reads_why_their_job_waits(bed):
                                                                            waiting, "-O", "admin_comment:400")
     (shared / f"{waiting}.end").write_text("")
     wait_for(lambda: not state(testbed, after), 60, f"job {after} to run and end")
+
+
+def test_an_interactive_allocation_gets_its_own_instance_and_gives_it_back(bed):
+    """salloc --gres=mig:<profile> as an ordinary user: held until mig-batchd places it, like a batch job; its
+    step sees exactly one MIG device, the instance made for it, which CUDA opens; gone once the allocation ends."""
+    testbed, (alice, _), shared = bed
+    end = shared / f"salloc-{time.monotonic_ns()}.end"
+    step = (f"echo own $CUDA_VISIBLE_DEVICES; sh {NODE_GPU_DIR}/cuda-open; echo own-rc $?; "
+            f"n=0; while [ ! -f {end} ] && [ $n -lt 600 ]; do sleep 0.2; n=$((n + 1)); done")  # fmt: skip
+    env = {"PATH": os.environ["PATH"], "SLURM_CONF": str(testbed.cluster.conf), "HOME": "/",
+           "MIG_BATCH_NVML_EMU_DIR": NODE_GPU_DIR}  # fmt: skip
+    salloc = subprocess.Popen(["setpriv", f"--reuid={alice.pw_uid}", f"--regid={alice.pw_gid}", "--init-groups",
+                               "salloc", "--gres=mig:1g.5gb", "srun", "sh", "-c", step], env=env, cwd=shared,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        own = salloc.stdout.readline().split()  # blocks until the step runs
+        lines = [salloc.stdout.readline().split() for _ in range(3)]  # cuda-open opens the GPU and compute instance
+        assert own[0] == "own" and own[1].startswith("MIG-") and "," not in own[1], own  # exactly one device
+        assert [line[:2] for line in lines] == [["opened", own[1]], ["opened", own[1]], ["own-rc", "0"]], lines
+        assert nvml_emu.mig_uuids(testbed.gpu_dir("n1")) == {own[1]}  # the instance made for it
+    finally:
+        end.write_text("")
+        _, err = salloc.communicate(timeout=60)
+    assert salloc.returncode == 0, err
+    assert "Granted job allocation" in err, err
+    wait_for(lambda: nvml_emu.live_instances(testbed.gpu_dir("n1")) == [], 60, "its instance to be destroyed")
