@@ -9,6 +9,7 @@ import pytest
 
 from mig_batch.batch.fake import FakeBatch
 from mig_batch.batch.system import BatchError
+from mig_batch.batch.tags import AgentTag
 from mig_batch.cli.main import main
 from mig_batch.config import SiteConfig
 from mig_batch.controller.daemon import Controller
@@ -198,6 +199,7 @@ def test_status_shows_nodes_never_read_or_stale_as_unknown_never_free(site, tmp_
     config = write_site(tmp_path, site.state)
     batch = FlakyBatch(["n1", "n2", "n3"])
     batch.set_node_up("n2", False)
+    batch.set_node_tag("n1", AgentTag(real_time.time() - 100, real_time.time() - 42).text())
     store = Store(site.state)
     c = Controller(SiteConfig(state=site.state, nodes={n: ("A100-80GB",) for n in ("n1", "n2", "n3")}), store, batch)
     now = real_time.time()
@@ -206,6 +208,8 @@ def test_status_shows_nodes_never_read_or_stale_as_unknown_never_free(site, tmp_
     states = {g["node"]: g["node_state"] for g in data}
     assert states == {"n1": FRESH, "n2": DOWN, "n3": FRESH}
     assert data[0]["free_slices"] == 8 and data[1]["free_slices"] is None
+    assert data[0]["agent_reconciled_at"] == pytest.approx(now - 42, abs=1) and data[1]["agent_reconciled_at"] is None
+    assert "agent 42 s" in status(capsys, config) or "agent 43 s" in status(capsys, config)
     assert all(g["last_good_pass"] == pytest.approx(now, abs=5) for g in data)
     # the file says n3 was never read and n1 was read long ago
     path = health_path(site.state)

@@ -226,6 +226,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     gpus = []
     for node in sorted(config.nodes):
         seen, read_at = node_state(health, node, now)  # only a node mig-batchd read lately shows free slices
+        agent_at = ((health or {}).get("nodes", {}).get(node) or {}).get("reconciled")
         for index, model_name in enumerate(config.nodes[node]):
             model = models[model_name]
             jobs = []
@@ -237,7 +238,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             used = sum(j["size"] for j in jobs)
             gpus.append({"node": node, "gpu": index, "model": model.name, "slices": model.memory_slices,
                          "mig_mode": "off" if index in mig_off.get(node, ()) else "on", "jobs": jobs,
-                         "node_state": seen, "node_read_at": read_at,
+                         "node_state": seen, "node_read_at": read_at, "agent_reconciled_at": agent_at,
                          "free_slices": max(model.memory_slices - used, 0) if seen == FRESH else None,
                          "last_good_pass": (health or {}).get("last_good_pass"),
                          "failing_since": (health or {}).get("failing_since"),
@@ -305,6 +306,8 @@ def _render_status(gpus: list[dict]) -> None:
     for g in gpus:
         state, read_at = g.get("node_state", FRESH), g.get("node_read_at")
         read = state if read_at is None else f"{state} ({age_text(now - read_at)} ago)"
+        if g.get("agent_reconciled_at"):
+            read += f", agent {age_text(now - g['agent_reconciled_at'])}"
         cells = ["·" if state == FRESH else "?"] * g["slices"]
         legend = []
         for n, job in enumerate(g["jobs"]):
