@@ -270,3 +270,28 @@ def test_the_health_file_is_json_beside_the_store(tmp_path):
         c.run(sleep=stop)
     data = json.loads(health_path(site.state).read_text())
     assert data["last_good_pass"] == 7000.0 and data["nodes"]["n1"]["up"] is True
+
+
+def test_the_grafana_dashboard_graphs_only_metrics_that_exist():
+    from pathlib import Path
+
+    from mig_batch.controller.health import Health
+
+    dashboard = json.loads((Path(__file__).parents[1] / "etc" / "grafana" / "mig-batch-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    exprs.append(dashboard["templating"]["list"][0]["query"])
+    used = {m for e in exprs for m in re.findall(r"\bmig_batch_[a-z_]+", e)}
+    m = ControllerMetrics()
+    site = SiteConfig(nodes={"n1": ("A100-80GB",)})
+    c = Controller(site, Store(":memory:"), FakeBatch(["n1"]), metrics=m)
+    c.step()
+    m.count_snapshot(0.0, c.snapshot.jobs.values(), {}, c.view, c.snapshot.nodes, c.snapshot.inventory)
+    m.publish(Health(1.0), None)
+    agent = render(AgentMetrics().families("n1", 0.0, 0.0, 0, 0))
+    served = set()  # every family declared (some have no sample yet), by the names its samples take
+    for line in (m.text() + agent).splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            served |= {name + suffix for suffix in _SUFFIXES[kind]}
+    assert used and used <= served, used - served
+    assert len(dashboard["panels"]) >= 10 and dashboard["__inputs"][0]["pluginId"] == "prometheus"
