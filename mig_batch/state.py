@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import sqlite3
@@ -350,6 +351,9 @@ class Store:
             raise StateError(f"{self.path} has schema {version}, older than this mig_batch's {SCHEMA_VERSION}: "
                              "restart mig-batchd with this version first (it migrates the store), then run this "
                              "again")  # fmt: skip
+        self.backup: Path | None = None  # where the store was kept as it was before a schema migration
+        if create and 0 < version < SCHEMA_VERSION:
+            self.backup = self._keep_before_migration(version)
         if create or version < SCHEMA_VERSION:  # a writer adds what is missing: an index added since, too
             with self._tx() as db:
                 for statement in _SCHEMA.split(";"):
@@ -359,6 +363,34 @@ class Store:
                     db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                 if application_id != APPLICATION_ID:  # a new store, or one made before the mark
                     db.execute(f"PRAGMA application_id={APPLICATION_ID}")
+
+    def _keep_before_migration(self, version: int) -> Path:
+        """Copy the store, as it is, beside it before migrating it from schema ``version`` (SQLite's online
+        backup: a consistent copy whatever its WAL holds), mode 0600: ``<store>.schema<N>-<UTC time>.bak``.
+        Rolling back one release puts that file in the store's place (docs/slurm.md, Upgrades). A copy that
+        cannot be made stops the migration: the store stays as it was."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        backup = self.path.with_name(f"{self.path.name}.schema{version}-{stamp}.bak")
+        n = 1
+        while backup.exists() or backup.is_symlink():
+            backup = self.path.with_name(f"{self.path.name}.schema{version}-{stamp}.{n}.bak")
+            n += 1
+        try:
+            _private(backup)  # made 0600 before a byte is in it, never through a link
+            target = sqlite3.connect(str(backup))
+            try:
+                self.db.backup(target)
+            finally:
+                target.close()
+        except (OSError, sqlite3.Error) as exc:
+            self.db.close()
+            raise StateError(f"cannot keep a copy of {self.path} before migrating it from schema {version} to "
+                             f"{SCHEMA_VERSION} ({backup}: {getattr(exc, 'strerror', None) or exc}); the store is "
+                             "left as it was: free space beside it and start again") from None  # fmt: skip
+        logging.getLogger(__name__).warning(
+            "migrating %s from schema %d to %d; the store as it was is kept in %s (docs/slurm.md, Upgrades: rolling "
+            "back)", self.path, version, SCHEMA_VERSION, backup)  # fmt: skip
+        return backup
 
     @classmethod
     @contextmanager
