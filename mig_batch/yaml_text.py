@@ -87,8 +87,11 @@ def _strict_loader() -> type:
         import yaml
 
         class StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+            may_alias = True  # parse_yaml clears it for a text without '&'
+
             def construct_document(self, node):
-                _check_expansion(node)
+                if self.may_alias:  # no '&' in the text: no anchor, so no alias to expand (and the check's time saved)
+                    _check_expansion(node)
                 return super().construct_document(node)
 
             def construct_mapping(self, node, deep=False):
@@ -188,14 +191,18 @@ def parse_yaml(text: str, source: str = "<text>") -> Any:
     error's one line (the file's path)."""
     import yaml
 
+    loader = _strict_loader()(text)
+    loader.may_alias = "&" in text
     try:
-        return yaml.load(text, Loader=_strict_loader())
+        return loader.get_single_data()
     except _Expansion as exc:
         raise YAMLError(f"{source}: at {_where(exc.node.start_mark)}: {exc}") from None
     except yaml.YAMLError as exc:
         raise YAMLError(_one_line(exc, source, getattr(exc, "note", None) == _OURS)) from None
     except RecursionError:
         raise YAMLError(f"{source}: not valid YAML here: nested too deeply to read; give a few levels") from None
+    finally:
+        loader.dispose()
 
 
 # ---------------------------------------------------------------------------------------------

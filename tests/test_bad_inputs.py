@@ -21,8 +21,11 @@ from mig_batch.cli.daemons import batchd_main, htcondor_agent_main, slurm_agent_
 from mig_batch.cli.main import build_parser
 from mig_batch.cli.main import main as mig_batch_main
 from mig_batch.cli.migsub import main as migsub_main
+from mig_batch.config import MAX_CONFIG_BYTES
 from mig_batch.entry import INTERNAL
-from mig_batch.mig.models import builtin_gpu_dir
+from mig_batch.mig.models import MAX_MODEL_BYTES, builtin_gpu_dir
+from mig_batch.planner.queue_file import MAX_QUEUE_BYTES
+from mig_batch.sim.traces import MAX_TRACE_BYTES
 from mig_batch.yaml_text import YAMLError, load_yaml_file, shown
 
 ENTRY_POINTS: dict[str, Callable[[list[str]], int]] = {
@@ -266,16 +269,16 @@ CAUSE_ROWS: list[tuple[str, list[str], tuple[str, ...], dict[str, str]]] = [
      "is given twice", "give each key once"), {"MIG_BATCH_GPU_DIRS": "{t}/gpus_dup"}),
     ("mig-batch", ["status"], ("not valid YAML at line 3",), {"MIG_BATCH_CONFIG": "{t}/cfg_syntax.yaml"}),
     # files over their kind's size limit: said before they are read
-    ("mig-batch", ["events", "--config", "{t}/cfg_big.yaml"], ("cfg_big.yaml: the mig_batch config is 4,194,305 bytes",
-     "at most 4 MiB (4,194,304 bytes) is read"), {}),
-    ("mig-batch", ["plan", "{t}/q_big.yaml"], ("q_big.yaml: a queue file is 4,194,305 bytes", "at most 4 MiB"), {}),
-    ("mig-batch", ["configs", "A30-24GB"], ("gpus_big/bad.yaml: a GPU model file is 1,048,577 bytes",
-     "at most 1 MiB (1,048,576 bytes) is read"),
-     {"MIG_BATCH_GPU_DIRS": "{t}/gpus_big"}),
+    ("mig-batch", ["events", "--config", "{t}/cfg_big.yaml"], (f"cfg_big.yaml: the mig_batch config is "
+     f"{MAX_CONFIG_BYTES + 1:,} bytes", f"at most 2 MiB ({MAX_CONFIG_BYTES:,} bytes) is read"), {}),
+    ("mig-batch", ["plan", "{t}/q_big.yaml"], (f"q_big.yaml: a queue file is {MAX_QUEUE_BYTES + 1:,} bytes",
+     "at most 2 MiB"), {}),
+    ("mig-batch", ["configs", "A30-24GB"], (f"gpus_big/bad.yaml: a GPU model file is {MAX_MODEL_BYTES + 1:,} bytes",
+     f"at most 256 KiB ({MAX_MODEL_BYTES:,} bytes) is read"), {"MIG_BATCH_GPU_DIRS": "{t}/gpus_big"}),
     ("mig-batch", ["simulate", "placement", "--experiment", "grmu", "--trace-dir", "{t}/trace_big", "--out",
-                   "{t}/out"], ("openb_pod_list_default.csv: a trace file (CSV) is 67,108,865 bytes",
+                   "{t}/out"], (f"openb_pod_list_default.csv: a trace file (CSV) is {MAX_TRACE_BYTES + 1:,} bytes",
                                 "at most 64 MiB"), {}),
-    ("mig-batch", ["status", "--config", "/dev/zero"], ("/dev/zero: the mig_batch config is over 4 MiB",
+    ("mig-batch", ["status", "--config", "/dev/zero"], ("/dev/zero: the mig_batch config is over 2 MiB",
      "the most that is read"), {}),
     # numbers of thousands of digits, and values too long to print whole
     ("mig-batch", ["offers", "--config", "{t}/cfg_bignum.yaml"], ("cfg_bignum.yaml: at line 1, column 18: a whole "
@@ -397,7 +400,7 @@ def cause_files(t: Path) -> None:
     (t / "cfg_loop.yaml").write_text("nodes: &n {gpu01: *n}\n")
     (t / "cfg_syntax.yaml").write_text("policy: mfi\nnodes: {gpu01: [A100-80GB\n")
     (t / "cfg_dup.yaml").write_text("policy: mfi\nnodes: {gpu01: [A100-80GB]}\npolicy: mfi\n")
-    sparse(t / "cfg_big.yaml", (4 << 20) + 1)
+    sparse(t / "cfg_big.yaml", MAX_CONFIG_BYTES + 1)
     (t / "cfg_bignum.yaml").write_text(f"poll_interval_s: {D5000}\n")
     (t / "cfg_long_policy.yaml").write_text(f"policy: {LONG}\nnodes: {{gpu01: [A100-80GB]}}\n")
     (t / "cfg_long_model.yaml").write_text(f"nodes: {{gpu01: [{LONG}]}}\n")
@@ -407,7 +410,7 @@ def cause_files(t: Path) -> None:
     (t / "q_bomb.yaml").write_text(BOMB)
     (t / "q_syntax.yaml").write_text("tasks:\n  - {name: a, times: {1: 100}\n")
     (t / "q_dup.yaml").write_text("tasks:\n  - name: a\n    name: b\n    times: {1: 100}\n")
-    sparse(t / "q_big.yaml", (4 << 20) + 1)
+    sparse(t / "q_big.yaml", MAX_QUEUE_BYTES + 1)
     (t / "q_bignum.yaml").write_text(f"tasks:\n  - {{name: a, times: {{1: {D5000}}}}}\n")
     (t / "q_name_list.yaml").write_text("tasks:\n  - {name: [1, 2], times: {1: 100}}\n")
     (t / "q_gpu_number.yaml").write_text("gpu: 5\ntasks:\n  - {name: a, times: {1: 100}}\n")
@@ -415,7 +418,7 @@ def cause_files(t: Path) -> None:
     for kind, write in {
         "binary": lambda p: p.write_bytes(BINARY), "bomb": lambda p: p.write_text(BOMB),
         "syntax": lambda p: p.write_text("model: X1\nprofiles: [\n"),
-        "dup": lambda p: p.write_text("model: X1\nmodel: X2\n"), "big": lambda p: sparse(p, (1 << 20) + 1),
+        "dup": lambda p: p.write_text("model: X1\nmodel: X2\n"), "big": lambda p: sparse(p, MAX_MODEL_BYTES + 1),
         "long_field": lambda p: p.write_text(A30.read_text().replace("model: A30-24GB", "model: A30-LONG", 1)
                                              .replace("nvml_profile: 1_SLICE\n", f"nvml_profile: {LONG}\n", 1)),
     }.items():  # fmt: skip
@@ -437,7 +440,7 @@ def cause_files(t: Path) -> None:
         if kind == "binary":
             (folder / pods).write_bytes(BINARY)
         elif kind == "big":
-            sparse(folder / pods, (64 << 20) + 1)
+            sparse(folder / pods, MAX_TRACE_BYTES + 1)
         else:
             (folder / pods).write_text(pod_text or "")
     other = t / "other.db"

@@ -34,7 +34,7 @@ NVML_PROFILE_ENUMS = (
 )
 
 
-MAX_MODEL_BYTES = 1 << 20  # the shipped model files are about 5 KiB
+MAX_MODEL_BYTES = 256 << 10  # the shipped model files are about 5 KiB
 
 
 class ModelError(MigBatchError, ValueError):

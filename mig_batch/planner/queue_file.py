@@ -42,7 +42,7 @@ def _time(value: Any, where: str) -> float:
 
 
 MAX_TASKS = 10_000  # one batch; the planners are polynomial but not free, and `count:` multiplies entries
-MAX_QUEUE_BYTES = 4 << 20  # 10,000 tasks of one line each are about 1 MiB
+MAX_QUEUE_BYTES = 2 << 20  # MAX_TASKS tasks of one line each are about 1 MiB
 
 
 def parse_queue(data: Any, source: str = "queue") -> tuple[str | None, list[Task]]:
