@@ -144,7 +144,7 @@ def _check_expansion(root: Any) -> None:
         if done:
             on_path.discard(key)
             sizes[key] = 1 + sum(sizes[id(c)] for c in children)  # each child at most MAX_VALUES: no bignum
-            if sizes[key] > MAX_VALUES:  # the first value over: where the aliases multiply
+            if sizes[key] > MAX_VALUES and sizes[key] > len(sizes):  # the first over, by sharing: aliases multiply
                 raise _Expansion(f"its aliases (*name) expand this value to over {MAX_VALUES:,} values (an alias "
                                  "bomb?); give the values themselves", node)  # fmt: skip
             continue
