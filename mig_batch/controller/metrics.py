@@ -4,9 +4,10 @@ The numbers are computed from a pass's snapshot and the view by pure functions (
 :func:`slice_counts`, :func:`node_families`) and from the store's events as they are written
 (:class:`EventTally`, tailing the event log by id: counters since this daemon started); the pass's own
 (duration, outcome, last good pass, backoff) come from :class:`~mig_batch.controller.health.Health`. The
-controller's thread renders the text (:class:`ControllerMetrics`); the HTTP server (:class:`MetricsServer`, a
-thread of the standard library's http.server) only hands out the last text, so a scrape never touches the view
-or the store, and a scrape while the batch system is down still answers, with the last good pass.
+controller's thread computes the families after each pass (:class:`ControllerMetrics`); the HTTP server
+(:class:`MetricsServer`, a thread of the standard library's http.server) only renders the last pass's, so a
+scrape never touches the view or the store, and a scrape while the batch system is down still answers, with
+the last good pass.
 """
 
 from __future__ import annotations
@@ -189,7 +190,7 @@ class ControllerMetrics:
         self.events = EventTally()
         self._snapshot: list[Family] = []  # jobs, slices and nodes at the last good pass (at most each second)
         self._counted_at = -1e300
-        self._text = render([])
+        self._families: list[Family] = []  # what the last pass published; rendered when scraped
         self._lock = threading.Lock()
 
     def passed(self, seconds: float, placed: int, ended: int) -> None:
@@ -217,7 +218,7 @@ class ControllerMetrics:
         ]
 
     def publish(self, health: Health, store: Store | None) -> None:
-        """Render the text the server hands out (after each pass, good or failed)."""
+        """Hand the server this pass's families (after each pass, good or failed); a scrape renders them."""
         if store is not None:
             try:
                 self.events.read(store)
@@ -225,17 +226,18 @@ class ControllerMetrics:
                 log.debug("metrics: events not read: %s", exc)
         families = [*health_families(health, self.passes, self.seconds, self.placed, self.ended),
                     *self._snapshot, *self.events.families()]  # fmt: skip
-        text = render(families)
         with self._lock:
-            self._text = text
+            self._families = families  # a new list each pass: a scrape renders one pass's, whole
 
     def text(self) -> str:
         with self._lock:
-            return self._text
+            families = self._families
+        return render(families)
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: MetricsServer
+    timeout = 10  # seconds a client may take to send its request: a silent one must not keep a thread
 
     def do_GET(self) -> None:
         if self.path.split("?")[0] not in ("/metrics", "/"):
