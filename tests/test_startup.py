@@ -54,7 +54,8 @@ def test_the_command_table_matches_what_the_modules_register():
 
 
 PRINTS_NO_DATA = {"slurm gen-lua": "prints the Lua script itself", "slurm install": "writes files",
-                  "htcondor install": "writes files"}
+                  "htcondor install": "writes files", "slurm uninstall": "removes files",
+                  "htcondor uninstall": "removes files"}
 
 
 def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
