@@ -259,9 +259,9 @@ def _kind(value: Any) -> str:
     if isinstance(value, str):
         return f"text of {len(value):,} characters"
     if isinstance(value, dict):
-        return f"a mapping of {len(value):,} keys"
+        return f"a mapping of {len(value):,} key{'s' * (len(value) != 1)}"
     if isinstance(value, list | tuple):
-        return f"a list of {len(value):,} items"
+        return f"a list of {len(value):,} item{'s' * (len(value) != 1)}"
     if isinstance(value, bool):
         return "true or false"
     if isinstance(value, int):

@@ -339,6 +339,14 @@ CAUSE_ROWS: list[tuple[str, list[str], tuple[str, ...], dict[str, str]]] = [
      "accepted: a number with a unit"), {}),
     ("mig-batch", ["simulate", "placement", "--runs", "1", "--gpu", LONG, "--out", "{t}/out"], ("unknown GPU model "
      "'xxx", "known models: A100-40GB"), {}),
+    ("mig-batch", ["simulate", "placement", "--runs", "1", "--policies", LONG, "--out", "{t}/out"], ("unknown "
+     "placement policy 'xxx", "(text of 5,000 characters); known: ff, rr"), {}),
+    ("mig-batch", ["frag", "A30-24GB", "--state", LONG], ("cannot read occupancy 'xxx", "give 4 characters of 0/1"),
+     {}),
+    ("mig-batch", ["frag", "A30-24GB", "--state", f"1g.6gb@{D5000}"], ("cannot read instance '1g.6gb@999",
+     "write PROFILE@START, e.g. 3g.40gb@4"), {}),
+    ("mig-batch", ["frag", "A30-24GB", "--state", f"0,{D5000[:4000]}"], ("memory slice(s) [999",
+     "(a list of 1 item) out of range 0..3"), {}),
 ]  # fmt: skip
 
 

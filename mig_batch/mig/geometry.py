@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from mig_batch.errors import MigBatchError
 from mig_batch.mig.models import GpuModel, Profile
+from mig_batch.yaml_text import shown
 
 
 class PlacementError(MigBatchError, ValueError):
@@ -124,12 +125,12 @@ def parse_mask(text: str, memory_slices: int) -> int:
         slices = [int(part) for part in text.replace(" ", "").split(",") if part]
     except ValueError:
         raise ValueError(
-            f"cannot read occupancy {text!r}: give {memory_slices} characters of 0/1 (slice 0 first, "
+            f"cannot read occupancy {shown(text)}: give {memory_slices} characters of 0/1 (slice 0 first, "
             f"1 = allocated) or a comma-separated list of allocated memory slices"
         ) from None
     bad = [s for s in slices if not 0 <= s < memory_slices]
     if bad:
-        raise ValueError(f"memory slice(s) {bad} out of range 0..{memory_slices - 1}")
+        raise ValueError(f"memory slice(s) {shown(bad)} out of range 0..{memory_slices - 1}")
     return mask_from_slices(slices)
 
 
@@ -144,8 +145,8 @@ def parse_configuration(model: GpuModel, text: str) -> Configuration:
         if not item:
             continue
         name, sep, start = item.partition("@")
-        if not sep or not start.strip().isdigit():
-            raise ValueError(f"cannot read instance {item!r}; write PROFILE@START, e.g. 3g.40gb@4")
+        if not sep or not start.strip().isdigit() or len(start.strip()) > 2:  # no GPU has 100 memory slices
+            raise ValueError(f"cannot read instance {shown(item)}; write PROFILE@START, e.g. 3g.40gb@4")
         try:
             config = place(model, config, name.strip(), int(start))
         except KeyError as exc:

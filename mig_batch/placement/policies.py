@@ -48,6 +48,7 @@ from mig_batch.placement.cluster import Cluster
 from mig_batch.placement.grmu import Grmu
 from mig_batch.placement.lexicographic import Lexicographic, MixAware
 from mig_batch.placement.recent import RecentJobs, profile_indexes
+from mig_batch.yaml_text import shown
 
 
 def _free_slices(tables: ModelTables, mask: int) -> int:
@@ -373,4 +374,4 @@ def make_policy(name: str, **options: Any) -> Policy:
         except TypeError:
             raise ValueError(f"policy {name!r} does not take option(s) {', '.join(options)}") from None
         return factory(**options)
-    raise ValueError(f"unknown placement policy {name!r}; known: {', '.join(policy_names())}")
+    raise ValueError(f"unknown placement policy {shown(name)}; known: {', '.join(policy_names())}")
