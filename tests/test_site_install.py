@@ -348,3 +348,34 @@ def test_htcondor_install_into_a_folder_with_the_sites_files(tmp_path, capsys):
     code, out, err = cli(capsys, "htcondor", "uninstall", str(dest))
     assert code == 0, err
     assert snapshot(dest) == before
+
+
+def test_an_install_that_fails_half_way_records_what_it_wrote(tmp_path, capsys):
+    """A write that fails (here a file size limit below the submit module's size, as a full disk would) stops
+    the install: what it wrote is in the manifest (so a second install replaces it without --force), the
+    site's job_submit.lua is untouched and not kept; the next install finishes and uninstall puts the folder
+    back."""
+    etc, config = tmp_path / "etc", site_config(tmp_path)
+    etc.mkdir()
+    (etc / "job_submit.lua").write_text(SITE_RULE)
+    before = snapshot(etc)
+    script = (
+        "import resource, signal, sys\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))\n"
+        "from mig_batch.cli.main import main\n"
+        f"sys.exit(main({[*slurm_args(etc, config), '--force']!r}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    recorded = json.loads((etc / site_files.MANIFEST).read_text())["files"]
+    assert "mig-batch-prolog" in recorded and slurm_installing.SUBMIT_MODULE not in recorded
+    assert (etc / "job_submit.lua").read_text() == SITE_RULE and not (etc / "job_submit.lua.mig-batch-old~").exists()
+    assert not (etc / slurm_installing.SUBMIT_MODULE).exists()
+    (etc / "mig-batch-prolog").chmod(0o700)  # ours still: a second install gives it its mode back, no --force
+    code, _, err = cli(capsys, *slurm_args(etc, config))
+    assert code == 2 and str(etc / "job_submit.lua") in err and str(etc / "mig-batch-prolog") not in err
+    assert cli(capsys, *slurm_args(etc, config), "--force")[0] == 0
+    assert stat.S_IMODE((etc / "mig-batch-prolog").stat().st_mode) == 0o755
+    assert cli(capsys, "slurm", "uninstall", str(etc))[0] == 0
+    assert snapshot(etc) == before

@@ -209,60 +209,66 @@ def install_files(dest: Path, wanted: Sequence[Wanted], *, force: bool = False, 
             f"nothing was written. Give --dry-run to see the differences, or --force to replace it and keep the "
             f"site's file beside it as {', '.join(_kept_name(dest, n, KEPT_SUFFIX) for n in conflicts)} "
             "(`uninstall` puts it back)")  # fmt: skip
-    for want, now, data, action in plan:
-        path = dest / want.name
-        record = dict(old.get(want.name) or {})
-        before = record.get("before") if record else None
-        if action == "same":
-            verb = "unchanged"
-            if not record:  # the site's own file, already what we would write: it stays the site's
-                record = {"written": False, "before": {"sha256": now.sha256, "link": now.link, "kept": None}}
-        elif action == "new":
-            verb = "would write" if dry_run else "wrote"
-            record = {"before": before if record.get("written", True) else None}
-        elif action == "ours":
-            verb = "would replace" if dry_run else "replaced"
-            record = {"before": before}
-        else:
-            kept = _kept_name(dest, want.name, KEPT_SUFFIX)
-            verb = ("would replace (the site's own file: needs --force, which keeps it as "
-                    f"{kept})" if dry_run and not force
-                    else f"would replace (the site's own file, kept as {kept})" if dry_run
-                    else f"replaced (the site's own file, kept as {dest / kept})")  # fmt: skip
-            if not dry_run:
-                os.link(path, dest / kept, follow_symlinks=False)  # the same inode: byte for byte, mode, owner
-            changed_ours = record and record.get("written", True)  # ours once, changed since: keep the first before
-            record = {"before": before if changed_ours else {"sha256": now.sha256, "link": now.link, "kept": kept}}
-            if changed_ours:
-                record["changed_kept"] = kept
-        if action != "same" and not dry_run:
-            _put(path, data, want.mode, want.link)
-        if action != "same" or record.get("written", True):
-            record.setdefault("written", True)
-        record.update({"sha256": sha256(data) if want.link is None else "", "link": want.link,
-                       "mode": f"{want.mode:04o}"})  # fmt: skip
-        records[want.name] = record
-        word, _, note = verb.partition(" (")
-        report.lines.append(f"{word} {path}" + (f" ({note}" if note else ""))
-        report.paths.append(path)
-    for name, record in old.items():  # what an earlier install wrote and this one does not
-        if name in records:
-            continue
-        if record.get("written", True) and present(dest / name).kind != "missing" and \
-                not _matches_record(present(dest / name), record):  # fmt: skip
-            report.lines.append(f"left {dest / name}: no longer installed, but changed after an earlier install wrote "
-                                "it (`uninstall --force` sets it aside)")  # fmt: skip
-            records[name] = record
-            continue
-        report.lines.extend(_remove_one(dest, name, record, force=False, dry_run=dry_run).lines)
+    gone: set[str] = set()
+    try:
+        for want, now, data, action in plan:
+            path = dest / want.name
+            record = dict(old.get(want.name) or {})
+            before = record.get("before") if record else None
+            if action == "same":
+                verb = "unchanged"
+                if not record:  # the site's own file, already what we would write: it stays the site's
+                    record = {"written": False, "before": {"sha256": now.sha256, "link": now.link, "kept": None}}
+            elif action == "new":
+                verb = "would write" if dry_run else "wrote"
+                record = {"before": before if record.get("written", True) else None}
+            elif action == "ours":
+                verb = "would replace" if dry_run else "replaced"
+                record = {"before": before}
+            else:
+                kept = _kept_name(dest, want.name, KEPT_SUFFIX)
+                verb = ("would replace (the site's own file: needs --force, which keeps it as "
+                        f"{kept})" if dry_run and not force
+                        else f"would replace (the site's own file, kept as {kept})" if dry_run
+                        else f"replaced (the site's own file, kept as {dest / kept})")  # fmt: skip
+                if not dry_run:
+                    os.link(path, dest / kept, follow_symlinks=False)  # the same inode: byte for byte, mode, owner
+                changed_ours = record and record.get("written", True)  # ours once, changed since: keep the first before
+                record = {"before": before if changed_ours else {"sha256": now.sha256, "link": now.link, "kept": kept}}
+                if changed_ours:
+                    record["changed_kept"] = kept
+            if action != "same" and not dry_run:
+                _put(path, data, want.mode, want.link)
+            if action != "same" or record.get("written", True):
+                record.setdefault("written", True)
+            record.update({"sha256": sha256(data) if want.link is None else "", "link": want.link,
+                           "mode": f"{want.mode:04o}"})  # fmt: skip
+            records[want.name] = record
+            word, _, note = verb.partition(" (")
+            report.lines.append(f"{word} {path}" + (f" ({note}" if note else ""))
+            report.paths.append(path)
+        for name, record in old.items():  # what an earlier install wrote and this one does not
+            if name in records:
+                continue
+            if record.get("written", True) and present(dest / name).kind != "missing" and \
+                    not _matches_record(present(dest / name), record):  # fmt: skip
+                report.lines.append(f"left {dest / name}: no longer installed, but changed after an earlier "
+                                    "install wrote it (`uninstall --force` sets it aside)")  # fmt: skip
+                records[name] = record
+                continue
+            report.lines.extend(_remove_one(dest, name, record, force=False, dry_run=dry_run).lines)
+            gone.add(name)
+    finally:  # what was done is recorded, also when a write failed half way (a full disk): never a file unowned
+        if not dry_run:
+            unfinished = {name: record for name, record in old.items() if name not in records and name not in gone}
+            if dest.is_dir() or records:
+                dest.mkdir(parents=True, exist_ok=True)
+                write_file(dest / MANIFEST, json.dumps({
+                    "format": MANIFEST_FORMAT, "installer": installer, "version": version(),
+                    "written_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                    "files": {**unfinished, **records}, "created_dest": created,
+                }, indent=1, sort_keys=True) + "\n", 0o644)  # fmt: skip
     if not dry_run:
-        if dest.is_dir() or records:
-            dest.mkdir(parents=True, exist_ok=True)
-        write_file(dest / MANIFEST, json.dumps({
-            "format": MANIFEST_FORMAT, "installer": installer, "version": version(),
-            "written_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "files": records, "created_dest": created,
-        }, indent=1, sort_keys=True) + "\n", 0o644)  # fmt: skip
         report.lines.append(f"recorded the install in {dest / MANIFEST}")
     return report
 
