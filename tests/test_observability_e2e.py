@@ -163,8 +163,11 @@ def test_slurmctld_stopped_for_a_minute_costs_few_lines_marks_nodes_stale_and_re
     assert stopping - 2 <= s["mig_batch_last_good_pass_timestamp_seconds"] <= stopped + 1
     assert s["mig_batch_last_good_pass_timestamp_seconds"] >= last_good
     assert s["mig_batch_next_pass_delay_seconds"] >= 2 * 0.2 * s["mig_batch_failing_passes"]
-    assert 1 <= len(outage_lines) <= 3, outage_lines
-    assert "does not answer" in outage_lines[0] and "Unable to contact" in outage_lines[0]
+    # mig-batchd's own: the line when Slurm stopped answering (and "back after" if a pass already got through);
+    # the Slurm adapter adds one when it turns from libslurm to Slurm's commands for 60 s (slurm/commands.py)
+    ours = [line for line in outage_lines if " mig-batchd " in line]
+    assert 1 <= len(ours) <= 2 and len(outage_lines) <= 4, outage_lines
+    assert "does not answer" in ours[0] and "Unable to contact" in ours[0]
     # back: within the backoff's cap a pass succeeds; jobs are placed again
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and "back after" not in log.read_text(errors="replace"):

@@ -20,6 +20,7 @@ from pathlib import Path
 from mig_batch.cli.output import Literal, Table, console, emit
 from mig_batch.config import SiteConfig, config_path, load_config
 from mig_batch.slurm.versions import release_note, version_in
+from mig_batch.yaml_text import shown
 
 ROLES = ("controller", "node")
 SHIM_MARK = "(filled in by `mig-batch slurm install`)"  # in every hook shim we install
@@ -69,7 +70,7 @@ def since_epoch(text: str, now: Callable[[], float] = time.time) -> float:
     try:
         return datetime.fromisoformat(text.strip()).timestamp()
     except ValueError:
-        raise argparse.ArgumentTypeError(f"cannot read {text!r}; accepted: an age (90s, 10m, 1h, 2d) or a "
+        raise argparse.ArgumentTypeError(f"cannot read {shown(text)}; accepted: an age (90s, 10m, 1h, 2d) or a "
                                          "date-time (2024-05-01, 2024-05-01T12:00)") from None  # fmt: skip
 
 
