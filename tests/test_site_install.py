@@ -379,3 +379,21 @@ def test_an_install_that_fails_half_way_records_what_it_wrote(tmp_path, capsys):
     assert stat.S_IMODE((etc / "mig-batch-prolog").stat().st_mode) == 0o755
     assert cli(capsys, "slurm", "uninstall", str(etc))[0] == 0
     assert snapshot(etc) == before
+
+
+def test_doctor_follows_job_submit_lua_to_the_module_and_names_lines_put_too_early(tmp_path, capsys):
+    from mig_batch.cli.ops_commands import check_job_submit
+
+    etc, config = tmp_path / "etc", site_config(tmp_path)
+    assert cli(capsys, *slurm_args(etc, config))[0] == 0
+    show = f"JobSubmitPlugins        = lua\nSLURM_CONF              = {etc}/slurm.conf\n"
+    check = check_job_submit(show)
+    assert check.ok and f"loads mig_batch's {etc / slurm_installing.SUBMIT_MODULE}" in check.detail
+    module = etc / slurm_installing.SUBMIT_MODULE
+    # the site's functions defined after the two lines replace ours: named, with the line numbers
+    (etc / "job_submit.lua").write_text(slurm_installing.loader_lines(module) + SITE_RULE)
+    check = check_job_submit(show)
+    assert not check.ok and "line 4 defines slurm_job_submit after the line that loads" in check.detail, check
+    (etc / "job_submit.lua").write_text(SITE_RULE)  # the site's file without the two lines
+    check = check_job_submit(show)
+    assert not check.ok and "neither is mig_batch's nor loads" in check.detail and "two lines" in check.fix

@@ -585,7 +585,7 @@ def check_job_submit(show_config: str) -> Check:
         return Check("job_submit.lua", False, f"JobSubmitPlugins is {plugins}, without lua", fix)
     if not lua.is_file():
         return Check("job_submit.lua", False, f"{lua} does not exist", fix)
-    from mig_batch.slurm.install import SUBMIT_MODULE, submit_logic_of
+    from mig_batch.slurm.install import SUBMIT_MODULE, loader_misplaced, submit_logic_of
 
     logic = submit_logic_of(lua)
     if logic is None:
@@ -598,6 +598,10 @@ def check_job_submit(show_config: str) -> Check:
             return Check("job_submit.lua", False, f"{lua} loads {logic}, which cannot be read: {exc.strerror}", fix)
         if not ours:
             return Check("job_submit.lua", False, f"{lua} loads {logic}, which is not mig_batch's submit logic", fix)
+        misplaced = loader_misplaced(lua.read_text(errors="replace"))
+        if misplaced:
+            return Check("job_submit.lua", False, f"{lua}: {misplaced}",
+                         "see docs/slurm.md, \"A site's own job_submit.lua\"")  # fmt: skip
         return Check("job_submit.lua", True, f"{lua} loads mig_batch's {logic}, JobSubmitPlugins has lua")
     return Check("job_submit.lua", True, f"{lua} is mig_batch's, JobSubmitPlugins has lua")
 

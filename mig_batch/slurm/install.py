@@ -249,6 +249,26 @@ def with_loader(current: bytes | None, module: Path) -> bytes:
         "utf-8", errors="surrogateescape")
 
 
+_SITE_DEFINES = re.compile(r"^\s*(?:function\s+(slurm_job_submit|slurm_job_modify)\b"
+                           r"|(slurm_job_submit|slurm_job_modify)\s*=[^=])")  # fmt: skip
+
+
+def loader_misplaced(text: str) -> str:
+    """Why a site's job_submit.lua would not run mig_batch's rules though it loads them ("" when it would):
+    a site function defined after the ``dofile`` line replaces the one the module put in its place."""
+    lines = text.splitlines()
+    at = next((n for n, line in enumerate(lines) if re.fullmatch(r'\s*dofile\("[^"\\]*"\)\s*', line)
+               and line.strip().endswith(f'/{SUBMIT_MODULE}")')), None)  # fmt: skip
+    if at is None:
+        return ""
+    for n, line in enumerate(lines[at + 1:], start=at + 2):
+        found = _SITE_DEFINES.match(line)
+        if found:
+            return (f"line {n} defines {found.group(1) or found.group(2)} after the line that loads "
+                    f"{SUBMIT_MODULE} (line {at + 1}): mig_batch's rules never run; move the two lines below it")
+    return ""
+
+
 def submit_logic_of(job_submit: Path) -> Path | None:
     """The file holding mig_batch's rules for a job_submit.lua: itself (a release before the module, or `gen-lua`
     put in its place), the module its loader line names, or None."""
