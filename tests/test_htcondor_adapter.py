@@ -169,9 +169,17 @@ def fake_bindings(version: str, collector_error: str = ""):
                 raise RuntimeError(collector_error)
             return [{"Name": ad_type, "CondorVersion": "$CondorVersion: 25.14.1 2026-09-24 BuildID: 1 $"}]
 
+        def locate(self, daemon_type):
+            return {"Name": daemon_type}
+
+    schedd = {"JOB_TRANSFORM_NAMES": "MigBatchClear MigBatchTag", "SUBMIT_REQUIREMENT_NAMES": "MigBatchRequest",
+              "QUEUE_SUPER_USERS": "root, condor, mig-batch@pool", "PROTECTED_JOB_ATTRS": "MigBatchTag MigBatchNode"}
     return types.SimpleNamespace(version=lambda: f"$CondorVersion: {version} 2026-09-24 BuildID: 1 $",
                                  reload_config=lambda: None, Collector=Collector,
-                                 AdType=types.SimpleNamespace(Collector="collector", Schedd="schedd"))  # fmt: skip
+                                 AdType=types.SimpleNamespace(Collector="collector", Schedd="schedd"),
+                                 DaemonType=types.SimpleNamespace(Schedd="schedd"), RemoteParam=lambda ad: schedd,
+                                 ping=lambda ad, authz: {"MyRemoteUserName": "mig-batch@pool",
+                                                         "AuthorizationSucceeded": True})  # fmt: skip
 
 
 @pytest.mark.parametrize(("version", "collector_error", "ok", "says"), [
@@ -195,6 +203,7 @@ def test_doctor_names_the_htcondor_it_finds(tmp_path, monkeypatch, capsys, versi
     code = main(["doctor", "--config", str(config), "--role", "controller", "--json"])
     checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)}
     assert checks["htcondor"]["ok"] is ok and checks["htcondor"]["detail"].startswith(says), checks["htcondor"]
-    assert code == (0 if ok else 1) and list(checks) == ["config", "htcondor", "store"]
+    pool = ["schedd policy", "identity"] if ok else []  # asked only of a pool that answers
+    assert code == (0 if ok else 1) and list(checks) == ["config", "htcondor", *pool, "store", "passes"]
     if not ok and "refuses" in says:
         assert "pip install 'htcondor>=24.0,<26'" in checks["htcondor"]["fix"]
