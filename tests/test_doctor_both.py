@@ -205,3 +205,8 @@ def test_doctor_scrapes_the_metrics_endpoint_when_one_is_set(tmp_path):
         server.server_close()
     [down] = ops_commands.check_metrics(SiteConfig(metrics_listen=f"127.0.0.1:{port}"))
     assert not down.ok and "start mig-batchd" in down.fix
+
+
+def test_bindings_that_cannot_ask_who_we_are_leave_identity_unchecked_not_failed():
+    check = check_identity(CondorFacts(schedd=INSTALLED, can_ask=False), "controller")
+    assert check.ok and "not checked" in check.detail and "condor_ping" in check.detail
