@@ -1,6 +1,7 @@
 """``mig-batch bench install-size``: the disk each kind of host's venv takes, mig_batch installed from a wheel.
 
-A GPU node installs mig_batch alone (``pip install mig-batch``: the agents, the hooks, doctor, migsub); the
+A GPU node installs mig_batch alone (``pip install mig-batch``: the agents, the hooks, doctor, migsub; an
+HTCondor execute node adds the ``htcondor`` extra, the bindings its agent asks the schedd through); the
 controller host adds the ``controller`` extra (mig-batchd's numpy, rich's tables); a host that runs the
 simulators, planners and benchmarks, the ``sim`` extra. Each venv is made fresh with the given Python's
 ``venv`` (pip and, before Python 3.12, setuptools come with it) and pip installs the wheel with the extra
@@ -19,7 +20,8 @@ from pathlib import Path
 
 from mig_batch.errors import MigBatchError
 
-ROLES = {"node": "", "controller": "[controller]", "sim": "[sim]"}  # role -> the extra its venv installs
+# role -> the extra its venv installs; an HTCondor execute node's agent asks the schedd through the bindings
+ROLES = {"node": "", "htcondor-node": "[htcondor]", "controller": "[controller]", "sim": "[sim]"}
 NODE_GOAL_MB = 40.0  # issue 48: a node's venv under 40 MB
 
 

@@ -256,19 +256,17 @@ class TableConsole:
         return chosen if chosen is not None else sys.stderr if self._options.get("stderr") else sys.stdout
 
     def plainly_not_a_terminal(self) -> bool:
-        """True when rich too would find no terminal: a file or pipe, nothing forcing colour."""
+        """True when rich too would find no terminal: a file or pipe, nothing forcing colour; or no rich."""
         if self._rich is not None:
             return not self._rich.is_terminal
-        if not rich_installed():
-            return True
         if "force_terminal" in self._options or "force_jupyter" in self._options or "IPython" in sys.modules:
-            return False
+            return not rich_installed()
         if "TTY_COMPATIBLE" in os.environ or "FORCE_COLOR" in os.environ:
-            return False
+            return not rich_installed()
         try:
-            return not self.file.isatty()
+            return not self.file.isatty() or not rich_installed()  # a pipe: no need to look rich up
         except (AttributeError, ValueError):
-            return False
+            return not rich_installed()
 
     @property
     def is_terminal(self) -> bool:
