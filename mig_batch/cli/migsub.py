@@ -41,7 +41,7 @@ from mig_batch.request import (
     translate_any,
 )
 from mig_batch.subjob import SLURM_SIGNAL_MARGIN_S, next_job_spec
-from mig_batch.yaml_text import shown
+from mig_batch.yaml_text import shown as shown_value  # "shown" names a local below
 
 TYPE_CHECKING = False  # typing costs ~2 ms at every start; the names below are for annotations only
 if TYPE_CHECKING:
@@ -331,7 +331,7 @@ def instances_of(options: dict[str, str], sources: dict[str, str]) -> int:
     text = options["instances"].strip()
     if text.lower() != "auto" and (not text.isdigit() or len(text) > 6 or int(text) < 1):  # int() of 6 digits at most
         raise DirectiveError(f"{sources['instances']}: must be a whole number of at least 1, or auto; "
-                             f"got {shown(options['instances'])}")  # fmt: skip
+                             f"got {shown_value(options['instances'])}")  # fmt: skip
     for other in ("moldable", "atomize"):
         if other in options:
             raise DirectiveError(f"{sources['instances']}: --instances and --{other} exclude each other")
@@ -345,7 +345,8 @@ def unknown_profile(request: MigRequest, models: Sequence[GpuModel], sources: di
         if name not in names:
             known = ", ".join(p.name for p in sorted(names.values(), key=size_order))
             of = ", ".join(m.name for m in models)
-            raise DirectiveError(f"{sources['mig']}: {shown(name)} is not a MIG profile of {of}; they have {known}")
+            raise DirectiveError(f"{sources['mig']}: {shown_value(name)} is not a MIG profile of {of}; they have "
+                                 f"{known}")  # fmt: skip
 
 
 def wants_auto(options: dict[str, str]) -> bool:
