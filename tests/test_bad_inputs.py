@@ -231,6 +231,9 @@ CAUSE_ROWS: list[tuple[str, list[str], tuple[str, ...], dict[str, str]]] = [
     ("mig-batch", ["status", "--config", "{t}/cfg_binary.yaml"], ("cfg_binary.yaml: the mig_batch config is not "
      "text (UTF-8): byte 0x89 at line 1", "give a text file in UTF-8"), {}),
     ("mig-batchd", ["--once", "--config", "{t}/cfg_binary.yaml"], ("not text (UTF-8)", "give a text file"), {}),
+    ("mig-batch", ["doctor", "--config", "{t}/cfg_binary.yaml"], ("not text (UTF-8)", "give a text file"), {}),
+    ("mig-batch", ["doctor", "--role", "node", "--config", "{t}/cfg_bomb.yaml"], ("alias bomb",
+     "give the values themselves"), {}),
     ("mig-batch-htcondor-agent", ["--config", "{t}/cfg_nul.yaml"], ("not text (UTF-8): a NUL byte at line 2",
      "give a text file"), {}),
     ("migsub", ["--dry-run", "--gpu-mem", "10G", "{t}/job.sh"], ("cfg_binary.yaml: the mig_batch config is not text",
