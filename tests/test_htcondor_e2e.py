@@ -234,3 +234,29 @@ def test_a_pool_stops_leaving_nothing_running_or_mounted_and_the_image_untouched
     assert (tmp_path / "solo" / "log" / "MasterLog").exists()  # condor's logs kept for a post-mortem
     assert not (solo.image.path / "home" / solo.user).exists()  # the account went to the overlay only
 
+
+
+def test_an_owner_reads_why_their_job_waits_and_where_it_runs_with_condor_q(pool, controller, tmp_path):
+    """mig-batchd writes a waiting job's reason into its tag; the job's owner (no root) reads it with condor_q,
+    as migsub status --backend htcondor does."""
+    from mig_batch.cli.migsub_status import CONDOR_Q_ARGS, parse_condor_json, status_row
+    from mig_batch.config import SiteConfig
+    from mig_batch.controller.daemon import Controller
+    from mig_batch.state import Store
+
+    for leftover in (j for j in controller.jobs() if not j.finished):
+        controller.cancel(leftover.job_id)
+    site = SiteConfig(state=tmp_path / "state.db", nodes={"nodea": ("A100-80GB",)})
+    daemon = Controller(site, Store(site.state), controller)
+    whole = submit_as_owner(pool, "whole", seconds=120, held=False, MigRequest='"7g.80gb"')
+    small = submit_as_owner(pool, "small", held=False, MigRequest='"1g.10gb"')
+    try:
+        assert daemon.step().placed == 1
+        seen = owner(pool, "condor_q", whole, small, *CONDOR_Q_ARGS)
+        assert seen.returncode == 0, seen.stderr
+        rows = {r["job"]: r for r in (status_row(*rec) for rec in parse_condor_json(seen.stdout)) if r is not None}
+        assert rows[small]["waits"].startswith("no room: every GPU that could hold 1g.10gb is busy"), rows
+        assert rows[whole]["placement"]["node"] == "nodea", rows
+    finally:
+        controller.cancel(whole)
+        controller.cancel(small)

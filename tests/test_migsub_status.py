@@ -109,3 +109,48 @@ def test_status_row_reads_every_kind_of_tag():
     unreadable = status_row("24", "PENDING", "JobHeldUser", "mig-batch:v1;n=2")
     assert unreadable is not None and unreadable["request"].startswith("unreadable tag:")
     assert status_row("25", "RUNNING", "None", "(null)") is None
+
+
+def fake_condor_q(folder: Path, ads: list[dict], code: int = 0) -> None:
+    (folder / "queue").write_text(json.dumps(ads) if ads else "")
+    exe = folder / "condor_q"
+    exe.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {folder}/args\ncat {folder}/queue\nexit {code}\n')
+    exe.chmod(0o755)
+
+
+def test_status_on_htcondor_reads_the_schedds_queue(bin_dir, capsys):
+    fake_condor_q(bin_dir, [
+        {"ClusterId": 31, "ProcId": 0, "JobStatus": 2, "MigBatchTag": RUNNING},
+        {"ClusterId": 32, "ProcId": 0, "JobStatus": 1,
+         "MigBatchTag": "mig-batch:v1;req=1g.10gb;waits=no room: every GPU that could hold 1g.10gb is busy"},
+        {"ClusterId": 33, "ProcId": 0, "JobStatus": 2},  # not a MIG job
+    ])  # fmt: skip
+    assert main(["status", "--backend", "htcondor", "--json", "31", "32.0", "33"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert (bin_dir / "args").read_text().split("\n")[:4] == ["31", "32.0", "33", "-json"]
+    assert [r["job"] for r in rows] == ["31.0", "32.0"]
+    assert rows[0]["placement"]["instances"][0]["uuid"] == "MIG-5f0c"
+    assert rows[1]["waits"] == "no room: every GPU that could hold 1g.10gb is busy"
+
+
+@pytest.mark.parametrize("ads, code, says", [
+    ("not json", 0, "condor_q printed what is not its JSON"),
+    ([], 1, "condor_q failed (1)"),
+])  # fmt: skip
+def test_status_on_htcondor_refuses_what_it_cannot_read(bin_dir, capsys, ads, code, says):
+    if isinstance(ads, str):
+        (bin_dir / "queue").write_text(ads)
+        exe = bin_dir / "condor_q"
+        exe.write_text(f"#!/bin/sh\ncat {bin_dir}/queue\nexit {code}\n")
+        exe.chmod(0o755)
+    else:
+        fake_condor_q(bin_dir, ads, code)
+    assert main(["status", "--backend", "htcondor"]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err, err
+
+
+def test_status_on_htcondor_refuses_a_slurm_style_id(bin_dir, capsys):
+    fake_condor_q(bin_dir, [])
+    assert main(["status", "--backend", "htcondor", "12_3"]) == 2
+    assert "cluster.proc" in capsys.readouterr().err

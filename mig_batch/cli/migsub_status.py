@@ -8,7 +8,9 @@ is written, Slurm's own reason). Read with one ``squeue --me`` (or ``squeue -j J
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -17,6 +19,7 @@ from mig_batch.batch.system import MANAGED_PREFIX
 from mig_batch.cli.output import Table, console, emit, fail
 from mig_batch.entry import DEBUG_HELP, CommandParser
 from mig_batch.errors import MigBatchError
+from mig_batch.htcondor.attrs import TAG_ATTR
 
 FIELD_END = "\x1f"  # after each free-text field (a reason, a comment may hold "|")
 RECORD_END = "\x1e"
@@ -128,7 +131,8 @@ def squeue(jobs: Sequence[str]) -> str:
         proc = subprocess.run(args, capture_output=True, text=True, timeout=SQUEUE_TIMEOUT_S,
                               env={**os.environ, "SLURM_TIME_FORMAT": "%s"})  # fmt: skip
     except FileNotFoundError:
-        raise StatusError("no squeue on PATH: migsub status reads Slurm's queue (HTCondor: not yet)") from None
+        raise StatusError("no squeue on PATH: migsub status reads Slurm's queue (--backend htcondor: HTCondor's)") \
+            from None
     except subprocess.TimeoutExpired:
         raise StatusError(f"squeue did not answer in {SQUEUE_TIMEOUT_S} s; is slurmctld up?") from None
     if proc.returncode != 0:
@@ -136,14 +140,58 @@ def squeue(jobs: Sequence[str]) -> str:
     return proc.stdout
 
 
+# HTCondor's JobStatus as the rows say it: idle and held jobs wait (mig-batchd holds, or leaves unmatched, the
+# jobs it has not placed)
+CONDOR_STATES = {1: "PENDING", 2: "RUNNING", 3: "REMOVED", 4: "COMPLETED", 5: "PENDING", 6: "RUNNING", 7: "SUSPENDED"}
+
+
+CONDOR_Q_ARGS = ("-json", "-attributes", f"ClusterId,ProcId,JobStatus,HoldReason,{TAG_ATTR}")
+
+
+def parse_condor_json(text: str) -> list[tuple[str, str, str, str]]:
+    """(job, state, HTCondor's hold reason, tag) per job of ``condor_q -json`` (nothing at all: no job)."""
+    try:
+        ads = json.loads(text) if text.strip() else []
+        return [(f"{ad['ClusterId']}.{ad['ProcId']}", CONDOR_STATES.get(ad.get("JobStatus", 0), "UNKNOWN"),
+                 str(ad.get("HoldReason", "")), str(ad.get(TAG_ATTR, ""))) for ad in ads]  # fmt: skip
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StatusError(f"condor_q printed what is not its JSON: {exc}") from None
+
+
+def condor_q(jobs: Sequence[str]) -> list[tuple[str, str, str, str]]:
+    """(job, state, HTCondor's hold reason, tag) of the user's jobs (or ``jobs``), from ``condor_q -json``."""
+    for job in jobs:
+        if not job.replace(".", "", 1).isdigit():
+            raise StatusError(f"job id {job!r} is not an HTCondor job id; give cluster.proc (12.0) or a cluster (12)")
+    args = ["condor_q", *jobs, *CONDOR_Q_ARGS]
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=SQUEUE_TIMEOUT_S)
+    except FileNotFoundError:
+        raise StatusError("no condor_q on PATH: migsub status --backend htcondor reads the schedd's queue") from None
+    except subprocess.TimeoutExpired:
+        raise StatusError(f"condor_q did not answer in {SQUEUE_TIMEOUT_S} s; is the schedd up?") from None
+    if proc.returncode != 0:
+        raise StatusError(f"condor_q failed ({proc.returncode}): {proc.stderr.strip()}")
+    return parse_condor_json(proc.stdout)
+
+
+def queue_records(backend: str | None, jobs: Sequence[str]) -> list[tuple[str, str, str, str]]:
+    """The jobs' records from the batch system named, else the one whose command is here (Slurm first)."""
+    if backend is None:
+        backend = "htcondor" if shutil.which("squeue") is None and shutil.which("condor_q") is not None else "slurm"
+    return condor_q(jobs) if backend == "htcondor" else parse_records(squeue(jobs))
+
+
 def main(argv: Sequence[str]) -> int:
     p = CommandParser(prog="migsub status", description="your MIG jobs: request, where each runs or why it waits")
     p.add_argument("jobs", nargs="*", metavar="JOBID", help="these jobs (default: all of yours)")
+    p.add_argument("--backend", choices=("slurm", "htcondor"),
+                   help="the batch system to ask (default: Slurm where squeue is on PATH, else HTCondor)")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     args = p.parse_args(list(argv))
     try:
-        records = parse_records(squeue(args.jobs))
+        records = queue_records(args.backend, args.jobs)
         nodes = site_nodes()
         rows = [r for r in (status_row(*rec, nodes=nodes) for rec in records) if r is not None]
     except (StatusError, MigBatchError) as exc:
