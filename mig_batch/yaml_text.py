@@ -112,7 +112,7 @@ def _strict_loader() -> type:
                 return super().construct_mapping(node, deep=deep)
 
             def construct_yaml_int(self, node):
-                digits = sum(ch.isdigit() for ch in node.value)
+                digits = sum(ch.isalnum() for ch in node.value)  # 0x and 0b numbers too: float() of any stays finite
                 if digits > MAX_DIGITS:
                     raise yaml.constructor.ConstructorError(
                         None, None, f"a whole number of {digits:,} digits; at most {MAX_DIGITS} are read",

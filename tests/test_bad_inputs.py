@@ -287,6 +287,8 @@ CAUSE_ROWS: list[tuple[str, list[str], tuple[str, ...], dict[str, str]]] = [
     ("mig-batch", ["offers", "--config", "{t}/cfg_bignum.yaml"], ("cfg_bignum.yaml: at line 1, column 18: a whole "
      "number of 5,000 digits", "at most 100 are read"), {}),
     ("mig-batch", ["plan", "{t}/q_bignum.yaml"], ("a whole number of 5,000 digits", "at most 100 are read"), {}),
+    ("mig-batch-agent", ["--config", "{t}/cfg_hex.yaml"], ("cfg_hex.yaml: at line 1, column 17: a whole number of 302 "
+     "digits", "at most 100 are read"), {}),
     ("mig-batch", ["simulate", "atomize", "--workload", "alibaba", "--trace-dir", "{t}/trace_bignum", "--out",
                    "{t}/out"], ("openb_pod_list_default.csv:2: column num_gpu must be an integer",
                                 "(text of 5,000 characters)"), {}),
@@ -419,6 +421,7 @@ def cause_files(t: Path) -> None:
     (t / "cfg_dup.yaml").write_text("policy: mfi\nnodes: {gpu01: [A100-80GB]}\npolicy: mfi\n")
     sparse(t / "cfg_big.yaml", MAX_CONFIG_BYTES + 1)
     (t / "cfg_bignum.yaml").write_text(f"poll_interval_s: {D5000}\n")
+    (t / "cfg_hex.yaml").write_text(f"retention_days: 0x{'F' * 300}\n")  # math.isfinite() of it: OverflowError
     (t / "cfg_long_policy.yaml").write_text(f"policy: {LONG}\nnodes: {{gpu01: [A100-80GB]}}\n")
     (t / "cfg_long_model.yaml").write_text(f"nodes: {{gpu01: [{LONG}]}}\n")
     (t / "cfg_int_key.yaml").write_text("atomize: {1: 2}\n")
