@@ -272,7 +272,7 @@ def test_the_health_file_is_json_beside_the_store(tmp_path):
     assert data["last_good_pass"] == 7000.0 and data["nodes"]["n1"]["up"] is True
 
 
-def test_the_grafana_dashboard_graphs_only_metrics_that_exist():
+def test_the_grafana_dashboard_graphs_only_metrics_that_exist(tmp_path):
     from pathlib import Path
 
     from mig_batch.controller.health import Health
@@ -283,7 +283,7 @@ def test_the_grafana_dashboard_graphs_only_metrics_that_exist():
     used = {m for e in exprs for m in re.findall(r"\bmig_batch_[a-z_]+", e)}
     m = ControllerMetrics()
     site = SiteConfig(nodes={"n1": ("A100-80GB",)})
-    c = Controller(site, Store(":memory:"), FakeBatch(["n1"]), metrics=m)
+    c = Controller(site, Store(tmp_path / "state.db"), FakeBatch(["n1"]), metrics=m)
     c.step()
     m.count_snapshot(0.0, c.snapshot.jobs.values(), {}, c.view, c.snapshot.nodes, c.snapshot.inventory)
     m.publish(Health(1.0), None)
