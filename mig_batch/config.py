@@ -10,6 +10,7 @@ from pathlib import Path
 
 from mig_batch.errors import MigBatchError
 from mig_batch.mig.models import UnknownModelError, get_model
+from mig_batch.placement.default import DEFAULT_POLICY
 from mig_batch.yaml_text import NotTextError, YAMLError, load_yaml_file, shown, shown_name
 
 TYPE_CHECKING = False  # typing costs ~2 ms at every start (migsub reads this config); annotations are strings
@@ -84,7 +85,7 @@ class FenceConfig:
 @dataclass(frozen=True)
 class SiteConfig:
     state: Path = Path("/var/lib/mig-batch/state.db")
-    policy: str = "mfi"
+    policy: str = DEFAULT_POLICY  # the measured best (docs/placement.md "The default policy"); mfi by name
     multi_policy: str = "mfi"  # jobs over several instances: mfi (ours, packs) | flex-mig (round-robin baseline)
     poll_interval_s: float = 1.0
     gpu_backend: str = "nvml"
@@ -139,7 +140,7 @@ def load_config(explicit: str | os.PathLike | None = None) -> SiteConfig:
         raise ConfigError(f"{path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     from mig_batch.placement.multi import MULTI_POLICIES
 
-    policy = raw.get("policy", "mfi")  # checked before any str(): a value a user wrote may be long
+    policy = raw.get("policy", DEFAULT_POLICY)  # checked before any str(): a value a user wrote may be long
     if policy not in live_policies():
         raise ConfigError(f"{path}: policy {shown(policy)} is not one of {', '.join(live_policies())}")
     multi_policy = raw.get("multi_policy", "mfi")

@@ -201,7 +201,7 @@ def test_moldable_jobs_get_a_size_and_a_policy_name(site, batch):
     job = batch.add("mig-batch:v1;req=1g;moldable=1g:600,7g:60")
     c.step()
     d = store.decision(job)
-    assert d.policy == "moldable-mfi" and d.profile == "7g.80gb"
+    assert d.policy == f"moldable-{site.policy}" and d.profile == "7g.80gb"
 
 
 def test_a_chain_subjob_is_granted_with_its_window_and_its_next_job_linked(site, batch, tmp_path):
@@ -531,7 +531,8 @@ def test_when_mig_fits_on_none_of_the_least_loaded_nodes_another_full_node_takes
 def test_when_mig_fits_on_none_of_the_least_loaded_nodes_the_next_least_loaded_takes_the_job(tmp_path):
     """Every node full: n1 has the most room but no slice, n3 less room, n2 the least. MFI over every node
     would take n2 (the first of two GPUs alike); the job goes to n3, where the fewest wait after n1."""
-    site = SiteConfig(state=tmp_path / "state.db", nodes={n: ("A100-80GB",) for n in ("n1", "n2", "n3")})
+    site = SiteConfig(state=tmp_path / "state.db", nodes={n: ("A100-80GB",) for n in ("n1", "n2", "n3")},
+                      policy="mfi")  # fmt: skip
     batch = FakeBatch(["n1", "n2", "n3"], cpus_per_node=4)
     store = Store(site.state)
     c = Controller(site, store, batch)
@@ -567,12 +568,17 @@ def test_a_request_that_fits_on_no_node_is_tried_on_every_node_once_a_pass(site)
     assert len(calls) == 2 + 1 + 1  # most room first, then every node once; then most room alone
 
 
-def test_without_cpu_figures_placement_is_mfi_alone(site, batch):
+@pytest.mark.parametrize(("policy", "nodes"), [("mfi", ["n1", "n1", "n1", "n2"]), ("mix", ["n1"] * 4)])
+def test_without_cpu_figures_placement_is_the_policy_alone(site, batch, policy, nodes):
+    """MFI spreads the fourth 1g to the empty GPU; `mix` (the default) packs by best fit."""
+    import dataclasses
+
+    site = dataclasses.replace(site, policy=policy)
     store = Store(site.state)
     c = Controller(site, store, batch)
     jobs = [batch.add(RIGID) for _ in range(4)]
     c.step()
-    assert nodes_of(store, jobs) == ["n1", "n1", "n1", "n2"]
+    assert nodes_of(store, jobs) == nodes
 
 
 def test_gpus_an_agent_finds_with_mig_mode_off_take_no_placement_and_status_says_so(site, batch, capsys):

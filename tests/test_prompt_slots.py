@@ -77,7 +77,7 @@ def test_a_job_bound_to_a_slot_is_recorded_at_its_spot_without_a_pin_and_the_slo
     assert parse_slot(batch.job(job).admin_tag) == first.id and batch.job(job).state is JobState.PENDING
     assert c.step().placed == 1
     d = store.decision(job)
-    assert d.state == "released" and d.policy == "slot-mfi" and d.request == RIGID
+    assert d.state == "released" and d.policy == f"slot-{site.policy}" and d.request == RIGID
     assert spot(store, job) == (first.node, first.gpu, first.profile, first.start)
     assert not [call for call in batch.calls if call[0] == "pin" and call[1] == job]
     assert first.id not in {s.id for s in store.slots()} and len(store.slots()) == 3  # made again
@@ -200,7 +200,7 @@ def test_a_job_bound_from_the_file_before_a_withdrawal_keeps_its_spot_when_it_sh
     assert parse_slot(batch.job(job).admin_tag) in old
     c.step()
     d = store.decision(job)
-    assert d.state == "released" and d.policy == "slot-mfi" and not batch.job(job).held
+    assert d.state == "released" and d.policy == f"slot-{site.policy}" and not batch.job(job).held
     assert c.view.job_gpu[job] == c.gid[(d.node, d.gpu)] and not store.events(kind="view-conflict")
     assert spot(store, other) != spot(store, job)
 
@@ -210,7 +210,7 @@ def test_a_bound_job_held_before_the_pass_is_recorded_and_left_held(site, batch)
     job = batch.add_bound(RIGID, site.slots_file)
     batch.hold(job)  # its owner (Slurm shows it as an ordinary hold)
     c.step()
-    assert store.decision(job).state == "released" and store.decision(job).policy == "slot-mfi"
+    assert store.decision(job).state == "released" and store.decision(job).policy == f"slot-{site.policy}"
     assert batch.job(job).held and not [call for call in batch.calls if call[0] == "pin" and call[1] == job]
 
 
