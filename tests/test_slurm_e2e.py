@@ -147,6 +147,24 @@ def test_thirty_mixed_jobs_complete_each_with_one_mig_device(bed):
     never_drained(bed)
 
 
+def test_static_mig_forms_run_as_mig_jobs_on_their_own_instances(bed):
+    """What users of Slurm's own MIG support write, unchanged: sbatch --gres=gpu:<profile>[:n] and
+    --gpus=<profile>:n are MIG jobs (job_submit.lua reads them as mig: requests), each on its own instances."""
+    script = job_script(bed, "static", "", seconds=1)
+    one = bed.cluster.run("sbatch", "--parsable", "--gres=gpu:3g.40gb:1", str(script)).stdout.strip()
+    two = bed.cluster.run("sbatch", "--parsable", "--gpus=1g.10gb:2", str(script)).stdout.strip()
+    wait_done(bed, [one, two])
+    store = Store(bed.store_path)
+    assert store.decision(one).profile == "3g.40gb" and store.spots(one) == []
+    assert [profile for _, profile, _ in store.spots(two)] == ["1g.10gb", "1g.10gb"]
+    lives = by_mig_uuid(bed)
+    for job in (one, two):
+        cvd = job_runs(bed, [job])[job][0]  # the batch step's device: its (first) instance
+        assert cvd.startswith("MIG-") and "," not in cvd and lives[cvd].node == store.decision(job).node, cvd
+    assert_no_overlap_and_no_leak(bed)
+    never_drained(bed)
+
+
 def test_a_mig_job_whose_task_nothing_binds_sees_no_gpu_and_still_ends_clean(bed):
     """job_submit.lua gives a MIG batch job CUDA_VISIBLE_DEVICES=NoDevFiles, which its TaskProlog replaces
     with its instance. Where nothing replaces it (a TaskProlog that printed nothing: replaced, or missing

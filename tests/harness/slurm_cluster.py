@@ -510,7 +510,8 @@ class MigTestbed:
         if self.slurm_api and library in written:
             self.slurm_library = str(library)
             self.write_config()
-        gres_types, gres, accounting = "mig", {}, ""
+        # gpu: Slurm's own MIG forms (--gres=gpu:3g.40gb) reach job_submit.lua, as on a site that used them
+        gres_types, gres, accounting = "mig,gpu", {}, ""
         if self.slice_gres:  # the generated gres.conf as a site would append it; counts on the node lines
             (etc / "gres.conf").write_text(slice_accounting_conf(self.nodes, self.slice_gres)[1])
             gres_types += f",{self.slice_gres}"

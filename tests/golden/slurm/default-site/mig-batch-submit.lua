@@ -490,8 +490,52 @@ local function take_slot(tag, job_desc, part_list, other_tres)
 	return found
 end
 
+local function site_profile(name)
+	for _, model in pairs(MIG_MODELS) do
+		for _, p in ipairs(model.profiles) do
+			if p.name == name then
+				return true
+			end
+		end
+	end
+	return false
+end
+
+-- Slurm's own static-MIG forms name a profile as the GPU type: --gres=gpu:3g.40gb[:n] and
+-- --gpus-per-node=3g.40gb[:n] (a node's TRES), --gpus=3g.40gb[:n] (the job's). Where the type is one of the
+-- site's profiles, the job is a MIG job as mig:3g.40gb[:n] (several instances on its one node); gpu:1 and
+-- gpu:a100:1 keep their meaning. Returns the mig item and the list without that item, or nil.
+local function static_mig(list)
+	if list == nil or list == "" then
+		return nil
+	end
+	local found, rest = nil, {}
+	for item in string.gmatch(list, "[^,]+") do
+		local typ, n = string.match(item, "^gres[:/]gpu:([^:]+):?(%d*)$")
+		if found == nil and typ ~= nil and site_profile(string.lower(typ)) then
+			found = "gres:mig:" .. string.lower(typ) .. ":" .. (n ~= "" and n or "1")
+		else
+			table.insert(rest, item)
+		end
+	end
+	return found, table.concat(rest, ",")
+end
+
 local function mig_job_submit(job_desc, part_list, submit_uid)
 	local tres = job_desc.tres_per_node
+	if tres == nil or not string.find(tres, "mig", 1, true) then
+		local found, rest = static_mig(tres)
+		if found == nil then
+			found, rest = static_mig(job_desc.tres_per_job)
+			if found ~= nil then -- the job's one node holds them all: a node's request from here on
+				job_desc.tres_per_job = rest
+				rest = tres or ""
+			end
+		end
+		if found ~= nil then
+			tres = rest ~= "" and (rest .. "," .. found) or found
+		end
+	end
 	if job_desc.admin_comment ~= nil and string.sub(job_desc.admin_comment, 1, #PREFIX) == PREFIX then
 		job_desc.admin_comment = nil -- only this script may tag a job
 	end

@@ -1,0 +1,54 @@
+"""Slurm's static-MIG request forms (--gres=gpu:<profile>[:n], --gpus-per-node=<profile>[:n], --gpus=<profile>[:n])
+are MIG jobs in job_submit.lua wherever the profile is one of the site's; gpu:1 and gpu:<other type> keep their
+meaning. The generated script run in a Lua runtime (lupa) as slurmctld runs it."""
+
+import pytest
+
+from mig_batch.mig.models import get_model
+from mig_batch.slurm.install import job_submit_lua
+
+lupa = pytest.importorskip("lupa")
+NO_VAL, NO_VAL16 = 4294967294, 65534
+
+
+def submit(fields: dict) -> tuple[int, dict, str | None]:
+    lua = lupa.LuaRuntime(unpack_returned_tuples=True)
+    lua.execute("slurm = { SUCCESS = 0, ERROR = -1, log_info = function(f, ...) end, "
+                "log_user = function(f, ...) LOGGED = string.format(f, ...) end }")  # fmt: skip
+    lua.execute(job_submit_lua([get_model("A100-80GB")], {"n1": ["A100-80GB"], "n2": ["A100-80GB"]}, False))
+    job = lua.table_from({"ntasks_per_node": NO_VAL16, "num_tasks": NO_VAL, "min_nodes": NO_VAL,
+                          "max_nodes": NO_VAL, "priority": NO_VAL, **fields})  # fmt: skip
+    code = lua.globals().slurm_job_submit(job, None, 1000)
+    return code, dict(job), lua.globals().LOGGED
+
+
+@pytest.mark.parametrize("fields, tag, left", [
+    ({"tres_per_node": "gres:gpu:3g.40gb:1"}, "mig-batch:v1;req=3g.40gb", ("tres_per_node", "")),
+    ({"tres_per_node": "gres/gpu:3g.40gb"}, "mig-batch:v1;req=3g.40gb", ("tres_per_node", "")),
+    ({"tres_per_node": "gres:gpu:1g.10gb:2", "num_tasks": 2}, "mig-batch:v1;req=1g.10gb;n=2", ("tres_per_node", "")),
+    ({"tres_per_job": "gres:gpu:1g.10gb:2", "num_tasks": 2}, "mig-batch:v1;req=1g.10gb;n=2", ("tres_per_job", "")),
+    ({"tres_per_node": "gres:gpu:3G.40GB:1,gres:tmpdisk:1"}, "mig-batch:v1;req=3g.40gb",
+     ("tres_per_node", "gres:tmpdisk:1")),
+])  # fmt: skip
+def test_a_static_mig_form_is_a_mig_job(fields, tag, left):
+    code, job, logged = submit(fields)
+    assert code == 0, logged
+    assert job["admin_comment"] == tag and job["priority"] == 0  # tagged and held for mig-batchd
+    assert job[left[0]] == left[1]  # the gpu GRES gone: mig_batch makes the instance
+
+
+@pytest.mark.parametrize("fields", [
+    {"tres_per_node": "gres:gpu:1"},  # a whole GPU, as the site has it
+    {"tres_per_node": "gres:gpu:a100:1"},
+    {"tres_per_job": "gres:gpu:2"},
+    {"tres_per_node": "gres:gpu:9g.90gb:1"},  # no such profile here: Slurm's own GRES answer
+])  # fmt: skip
+def test_other_gpu_requests_keep_their_meaning(fields):
+    code, job, _ = submit(fields)
+    assert code == 0 and job.get("admin_comment") is None and job.get("priority") == NO_VAL
+    assert all(job[k] == v for k, v in fields.items())
+
+
+def test_a_static_form_of_zero_instances_is_refused():
+    code, _, logged = submit({"tres_per_node": "gres:gpu:1g.10gb:0"})
+    assert code != 0 and "at least one instance" in logged
