@@ -279,6 +279,11 @@ def test_the_node_agent_makes_and_destroys_an_instance_from_a_node_install(node_
     assert nvml_emu.live_instances(tmp_path / "gpus") == []
     probe = _node_run(node_venv, "mig-batch", "node", "probe", "--json", env=driver)
     assert probe.returncode == 0 and "A100" in probe.stdout, probe.stdout + probe.stderr
+    # the hooks' slow path gets past the driver to Slurm (which does not know job 7 here): no import on its way fails
+    hook = _node_run(node_venv, "python", "-I", "-m", "mig_batch.slurm.hooks", "prolog",
+                     env={**driver, "MIG_BATCH_CONFIG": str(config), "SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n1"})
+    assert hook.returncode == 0 and "GpuBackendError" not in hook.stderr, hook.stdout + hook.stderr
+    assert "ModuleNotFoundError" not in hook.stderr and "ImportError" not in hook.stderr, hook.stderr
 
 
 @pytest.mark.parametrize(("command", "extra"), [
