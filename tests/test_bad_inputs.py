@@ -559,6 +559,27 @@ def test_an_alias_bomb_is_refused_in_well_under_a_second(tmp_path):
     assert time.monotonic() - started < 1.0
 
 
+def test_what_is_accepted_is_read_a_bom_crlf_and_a_pipe(tmp_path):
+    """The other side of the refusals: UTF-8 with a byte-order mark and CRLF lines (a file saved on Windows)
+    reads, a trace's first column keeps its name, and a config given through a pipe (``--config <(...)``)
+    or as /dev/null (no settings) is read, not refused for not being a regular file."""
+    from mig_batch.config import load_config
+    from mig_batch.sim.traces import read_nodes
+
+    (tmp_path / "nodes.csv").write_bytes(b"\xef\xbb\xbfsn,gpu\r\nnode-1,8\r\nnode-2,0\r\n")
+    assert [(n.name, n.gpus) for n in read_nodes(tmp_path / "nodes.csv")] == [("node-1", 8)]
+    (tmp_path / "site.yaml").write_bytes(b"\xef\xbb\xbfpolicy: mfi\r\nnodes: {gpu01: [A100-80GB]}\r\n# caf\xc3\xa9\r\n")
+    assert load_config(tmp_path / "site.yaml").nodes == {"gpu01": ("A100-80GB",)}
+    read, write = os.pipe()
+    os.write(write, b"policy: mfi\nnodes: {gpu02: [A30-24GB]}\n")
+    os.close(write)
+    try:
+        assert load_config(f"/dev/fd/{read}").nodes == {"gpu02": ("A30-24GB",)}
+    finally:
+        os.close(read)
+    assert load_config("/dev/null").nodes == {}
+
+
 def test_shown_cuts_long_values_and_keeps_short_ones():
     assert shown("spread") == "'spread'" and shown(2.7) == "2.7" and shown([1, 2]) == "[1, 2]"
     assert shown(LONG) == f"'{'x' * 27}...{'x' * 28}'... (text of 5,000 characters)"
