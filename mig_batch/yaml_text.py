@@ -32,7 +32,7 @@ class YAMLError(MigBatchError, ValueError):
 
 
 class NotTextError(MigBatchError, ValueError):
-    """A file that is not what its kind must be: UTF-8 text, under its size limit, a regular file."""
+    """A file that is not what its kind must be: UTF-8 text without NUL bytes, under its size limit."""
 
 
 def size_text(size: int) -> str:
