@@ -41,7 +41,7 @@ def task_sets(draw, scheme=A100):
 @settings(max_examples=60, deadline=None)
 @given(task_sets(), st.sampled_from(sorted(PLANNERS)))
 def test_every_planner_returns_a_valid_plan_not_below_the_bound(tasks, planner):
-    plan = make_plan(planner, A100, tasks)
+    plan = make_plan(planner, A100, tasks) if planner != "auto" else plan_auto(A100, tasks, evaluations=1500)
     makespan = check_plan(A100, tasks, plan)
     assert makespan >= lower_bound(A100, tasks) - 1e-9
 
@@ -50,7 +50,8 @@ def test_every_planner_returns_a_valid_plan_not_below_the_bound(tasks, planner):
 @given(task_sets(A30))
 def test_a30_plans_are_valid(tasks):
     for planner in PLANNERS:
-        check_plan(A30, tasks, make_plan(planner, A30, tasks))
+        plan = make_plan(planner, A30, tasks) if planner != "auto" else plan_auto(A30, tasks, evaluations=1500)
+        check_plan(A30, tasks, plan)
 
 
 def test_auto_is_never_worse_than_the_baselines():

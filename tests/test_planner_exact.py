@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mig_batch.planner.auto import plan_auto
 from mig_batch.planner.bounds import lower_bound
 from mig_batch.planner.exact import solve_exact
 from mig_batch.planner.plan import check_plan
@@ -53,7 +54,8 @@ def test_optimum_is_valid_between_the_bound_and_every_planner(tasks):
     assert lower_bound(A100, tasks) <= optimum + 1e-9
     assert result.lower_bound <= optimum + 1e-9
     for name in PLANNERS:
-        assert optimum <= make_plan(name, A100, tasks).makespan + 1e-9
+        plan = make_plan(name, A100, tasks) if name != "auto" else plan_auto(A100, tasks, evaluations=1500)
+        assert optimum <= plan.makespan + 1e-9
 
 
 @settings(max_examples=8, deadline=None)
