@@ -153,7 +153,10 @@ def test_static_mig_forms_run_as_mig_jobs_on_their_own_instances(bed):
     script = job_script(bed, "static", "", seconds=1)
     one = bed.cluster.run("sbatch", "--parsable", "--gres=gpu:3g.40gb:1", str(script)).stdout.strip()
     two = bed.cluster.run("sbatch", "--parsable", "--gpus=1g.10gb:2", str(script)).stdout.strip()
-    wait_done(bed, [one, two])
+    rounded = bed.cluster.run("sbatch", "--parsable", "--gres=mig:20G", str(script))  # told, and accepted
+    told = rounded.stderr
+    assert "mig-batch: mig:20G rounds up: " in told and "A100-80GB: 20.00 GiB GPU memory asked, 3g.40gb" in told, told
+    wait_done(bed, [one, two, rounded.stdout.strip()])
     store = Store(bed.store_path)
     assert store.decision(one).profile == "3g.40gb" and store.spots(one) == []
     assert [profile for _, profile, _ in store.spots(two)] == ["1g.10gb", "1g.10gb"]

@@ -52,3 +52,28 @@ def test_other_gpu_requests_keep_their_meaning(fields):
 def test_a_static_form_of_zero_instances_is_refused():
     code, _, logged = submit({"tres_per_node": "gres:gpu:1g.10gb:0"})
     assert code != 0 and "at least one instance" in logged
+
+
+@pytest.mark.parametrize("model", ["A100-80GB", "A100-40GB", "H100-80GB", "A30-24GB"])
+def test_the_lua_tells_the_same_round_up_as_migsub(model):
+    """job_submit.lua's round-up note (slurm.log_user at submission) is request.py's, word for word, for every
+    whole-GiB memory request a model can hold: one rule (ROUND_UP_RULE) on both sides."""
+    from mig_batch.request import MigRequest, round_up, translate
+
+    gpu = get_model(model)
+    lua = lupa.LuaRuntime(unpack_returned_tuples=True)
+    lua.execute("slurm = { SUCCESS = 0, ERROR = -1, log_info = function(f, ...) end, "
+                "log_user = function(f, ...) LOGGED = string.format(f, ...) end }")  # fmt: skip
+    lua.execute(job_submit_lua([gpu], {"n1": [model]}, False))
+    told = 0
+    for gib in range(1, gpu.largest_profile.memory_mib // 1024 + 1):
+        lua.globals().LOGGED = None
+        job = lua.table_from({"ntasks_per_node": NO_VAL16, "num_tasks": NO_VAL, "min_nodes": NO_VAL,
+                              "max_nodes": NO_VAL, "priority": NO_VAL, "tres_per_node": f"gres:mig:{gib}G"})  # fmt: skip
+        assert lua.globals().slurm_job_submit(job, None, 1000) == 0
+        request = MigRequest(memory_mib=gib * 1024)
+        expected = round_up(request, gpu, translate(request, gpu))
+        logged = lua.globals().LOGGED
+        assert logged == (f"mig-batch: mig:{gib}G rounds up: {expected.message()}" if expected else None), gib
+        told += expected is not None
+    assert told > 0  # the rule acts on every model's ladder

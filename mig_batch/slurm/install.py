@@ -141,8 +141,11 @@ def profile_table(models: Iterable[GpuModel], nodes: Mapping[str, Sequence[str]]
     from mig_batch.leaves import leaf_profiles
     from mig_batch.mig.tables import tables_for
     from mig_batch.placement.multi import max_per_gpu
+    from mig_batch.request import ROUND_UP_RULE
 
-    lines = [f"MIG_LEAF_REQUESTS = {'true' if leaf_requests else 'false'}", "MIG_MODELS = {"]
+    lines = [f"MIG_LEAF_REQUESTS = {'true' if leaf_requests else 'false'}",
+             f"MIG_ROUND_UP = {ROUND_UP_RULE['factor']!r}  -- a profile over this times the memory asked is told",
+             "MIG_MODELS = {"]  # fmt: skip
     for model in sorted(models, key=lambda m: m.name):
         one, many = leaf_profiles(model)
         lines.append(f'\t["{model.name}"] = {{ compute_slices = {model.compute_slices}, leaf_one = "{one.name}", '

@@ -27,6 +27,7 @@ if MIG_BATCH_CHAINED ~= nil and slurm_job_submit == MIG_BATCH_CHAINED.ours_submi
 end
 
 MIG_LEAF_REQUESTS = true
+MIG_ROUND_UP = 1.5  -- a profile over this times the memory asked is told
 MIG_MODELS = {
 	["A100-80GB"] = { compute_slices = 7, leaf_one = "1g.10gb", leaf = "1g.10gb", profiles = {
 		{ name = "1g.10gb", memory_mib = 9933, compute = 1, slices = 1, per_gpu = 7 },
@@ -461,6 +462,54 @@ local function take_slot(tag, job_desc, part_list, other_tres)
 	return found
 end
 
+local function mib_text(mib) -- as mig_batch/request.py's format_mib
+	if mib >= 1024 then
+		return string.format("%.2f GiB", mib / 1024)
+	end
+	return string.format("%d MiB", mib)
+end
+
+local function smaller(a, b) -- request.py's size_order
+	if a.slices ~= b.slices then
+		return a.slices < b.slices
+	elseif a.compute ~= b.compute then
+		return a.compute < b.compute
+	elseif a.memory_mib ~= b.memory_mib then
+		return a.memory_mib < b.memory_mib
+	end
+	return a.name < b.name
+end
+
+-- A request by memory alone whose profile holds over MIG_ROUND_UP times what was asked (request.py's
+-- ROUND_UP_RULE, round_up): told to its owner, with the profile just below and how far it falls short. One
+-- line per model, sorted; none when nothing smaller exists.
+local function round_ups(models, mib)
+	local notes = {}
+	for name, model in pairs(models) do
+		local chosen, near = nil, nil
+		for _, p in ipairs(model.profiles) do
+			if p.memory_mib >= mib and (chosen == nil or smaller(p, chosen)) then
+				chosen = p
+			end
+		end
+		if chosen ~= nil and chosen.memory_mib > MIG_ROUND_UP * mib then
+			for _, p in ipairs(model.profiles) do
+				if smaller(p, chosen) and (near == nil or smaller(near, p)) then
+					near = p
+				end
+			end
+		end
+		if near ~= nil and near.memory_mib < mib then
+			table.insert(notes, string.format("%s: %s GPU memory asked, %s (%s, %d/%d compute) chosen (%.1fx the memory); "
+				.. "%s holds %s, %s short", name, mib_text(mib), chosen.name, mib_text(chosen.memory_mib), chosen.compute,
+				model.compute_slices, chosen.memory_mib / mib, near.name, mib_text(near.memory_mib),
+				mib_text(mib - near.memory_mib)))
+		end
+	end
+	table.sort(notes)
+	return notes
+end
+
 local function site_profile(name)
 	for _, model in pairs(MIG_MODELS) do
 		for _, p in ipairs(model.profiles) do
@@ -610,6 +659,12 @@ local function mig_job_submit(job_desc, part_list, submit_uid)
 	if why ~= nil then
 		slurm.log_user("mig-batch: rejected mig:%s: %s%s", spec, why, leaf_hint)
 		return slurm.ERROR
+	end
+	if mib > 0 and count == 1 and not over_leaves and compute_text == nil then
+		local notes = round_ups(models_for(model), mib)
+		if #notes > 0 then -- sbatch prints it; the job is accepted (migsub --strict refuses instead)
+			slurm.log_user("mig-batch: mig:%s rounds up: %s", spec, table.concat(notes, "; "))
+		end
 	end
 	local tag = PREFIX .. "v1;req=" .. spec
 	if count > 1 then
