@@ -247,6 +247,10 @@ CAUSE_ROWS: list[tuple[str, list[str], tuple[str, ...], dict[str, str]]] = [
                                 "give a text file"), {}),
     ("mig-batch", ["simulate", "atomize", "--workload", "alibaba", "--trace-dir", "{t}/trace_binary", "--out",
                    "{t}/out"], ("not text (UTF-8)", "give a text file"), {}),
+    ("mig-batch", ["bench", "planner", "--workloads", "rodinia-a100", "--rodinia-dir", "{t}/rodinia_binary"],
+     ("3g_A100.csv: a Rodinia task-time file (CSV) is not text (UTF-8)", "give a text file"), {}),
+    ("mig-batch", ["bench", "planner", "--workloads", "rodinia-a100", "--rodinia-dir", "{t}/rodinia_short"],
+     ("3g_A100.csv:3: expected a benchmark name (prueba) and its times (t1, t2...)",), {}),
     # a YAML alias bomb: refused at once, not a MemoryError after 40 s
     ("mig-batch", ["slurm", "gen-lua", "--config", "{t}/cfg_bomb.yaml"], ("cfg_bomb.yaml: at line 7, column 4: its "
      "aliases (*name) expand this value to over 1,000,000 values", "give the values themselves"), {}),
@@ -463,6 +467,9 @@ def cause_files(t: Path) -> None:
             sparse(folder / pods, MAX_TRACE_BYTES + 1)
         else:
             (folder / pods).write_text(pod_text or "")
+    for kind, data in {"binary": BINARY, "short": b"prueba,t1,t2\nBackprop,0.4,0.5\nbfs\n"}.items():
+        (t / f"rodinia_{kind}").mkdir()
+        (t / f"rodinia_{kind}" / "3g_A100.csv").write_bytes(data)
     other = t / "other.db"
     db = sqlite3.connect(other)
     db.execute("CREATE TABLE accounts (name TEXT, balance REAL)")

@@ -14,6 +14,7 @@ docs/planner.md.)
 from __future__ import annotations
 
 import csv
+import io
 import random
 import statistics
 from collections.abc import Mapping
@@ -21,6 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mig_batch.planner.problem import Task
+from mig_batch.yaml_text import read_text
+
+RODINIA_MAX_BYTES = 16 << 20  # the Rodinia A100 files are a few KiB each
 
 
 @dataclass(frozen=True)
@@ -102,9 +106,18 @@ def read_rodinia(folder: Path, gpu: str) -> list[Task]:
     if not files:
         raise ValueError(f"no <size>g_{gpu}.csv files in {folder}")
     for path in files:
-        size = int(path.name.split("g_")[0])
-        with path.open(newline="") as fh:
-            for row in csv.DictReader(fh):
-                samples = [float(v) for k, v in row.items() if k.startswith("t") and v]
-                per.setdefault(row["prueba"], {})[size] = statistics.fmean(samples)
+        size_text = path.name.split("g_")[0]
+        if not size_text.isdigit() or len(size_text) > 2:
+            raise ValueError(f"{path.name}: expected <size>g_{gpu}.csv, e.g. 3g_{gpu}.csv")
+        # read as every input file is (UTF-8 or refused naming the file, at most RODINIA_MAX_BYTES)
+        reader = csv.DictReader(io.StringIO(read_text(path, "a Rodinia task-time file (CSV)", RODINIA_MAX_BYTES),
+                                            newline=""))  # fmt: skip
+        try:
+            for line, row in enumerate(reader, 2):
+                samples = [float(v) for k, v in row.items() if isinstance(k, str) and k.startswith("t") and v]
+                if not samples or not row.get("prueba"):
+                    raise ValueError(f"{path}:{line}: expected a benchmark name (prueba) and its times (t1, t2...)")
+                per.setdefault(row["prueba"], {})[int(size_text)] = statistics.fmean(samples)
+        except csv.Error as exc:  # a field over csv's limit, a quote never closed
+            raise ValueError(f"{path}:{reader.line_num}: not CSV: {exc}") from None
     return [Task(name, times) for name, times in per.items()]
