@@ -189,6 +189,7 @@ def test_cli_bench_planner_runs_a_small_case(capsys):
         g["mean_gap"] >= 0 for g in gaps if g["planner"] != "lower bound"
     )
     assert next(g for g in gaps if g["planner"] == "lower bound")["mean_gap"] <= 0
+    assert all(0 < g["mean_plan_s"] <= g["max_plan_s"] for g in gaps if g["planner"] != "lower bound")
 
 
 @settings(max_examples=25, deadline=None)

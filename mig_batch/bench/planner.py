@@ -96,6 +96,8 @@ class GapRow:
     proven: int  # batches whose optimum the exact solver proved
     mean_gap: float  # mean (makespan / optimum - 1) x 100 over proven batches
     max_gap: float
+    mean_plan_s: float = 0.0  # the planner's time per batch (0 for the lower bound)
+    max_plan_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,7 @@ def bench_gaps(
     for workload, make in workloads.items():
         gaps: dict[str, list[float]] = {p: [] for p in [*planners, "lower bound"]}
         solve_s: list[float] = []
+        plan_s: dict[str, list[float]] = {p: [] for p in planners}
         count = proven = 0
         for d in range(datasets):
             tasks = make(d)[:batch]
@@ -130,7 +133,11 @@ def bench_gaps(
                 progress()
                 continue
             count += 1
-            plans = {name: make_plan(name, scheme, tasks) for name in planners}
+            plans = {}
+            for name in planners:
+                t0 = time.perf_counter()
+                plans[name] = make_plan(name, scheme, tasks)
+                plan_s[name].append(time.perf_counter() - t0)
             incumbent = min(plans.values(), key=lambda p: p.makespan)
             result = solve_exact(scheme, tasks, time_limit_s=time_limit_s, incumbent=incumbent)
             solve_s.append(result.wall_s)
@@ -138,14 +145,17 @@ def bench_gaps(
             if not result.optimal:
                 continue
             proven += 1
+            assert result.plan is not None  # proven optimal: the solver returned its plan
             optimum = check_plan(scheme, tasks, result.plan)
             for name, plan in plans.items():
                 gaps[name].append((plan.makespan / optimum - 1) * 100)
             gaps["lower bound"].append((lower_bound(scheme, tasks) / optimum - 1) * 100)
         for name, values in gaps.items():
+            times = plan_s.get(name, [])
             rows.append(
                 GapRow(workload, name, count, proven, statistics.fmean(values) if values else float("nan"),
-                       max(values, default=float("nan")))
+                       max(values, default=float("nan")), statistics.fmean(times) if times else 0.0,
+                       max(times, default=0.0))
             )  # fmt: skip
         stats.append(
             ExactStats(
