@@ -69,7 +69,8 @@ def test_the_lua_tells_the_same_round_up_as_migsub(model):
     for gib in range(1, gpu.largest_profile.memory_mib // 1024 + 1):
         lua.globals().LOGGED = None
         job = lua.table_from({"ntasks_per_node": NO_VAL16, "num_tasks": NO_VAL, "min_nodes": NO_VAL,
-                              "max_nodes": NO_VAL, "priority": NO_VAL, "tres_per_node": f"gres:mig:{gib}G"})  # fmt: skip
+                              "max_nodes": NO_VAL, "priority": NO_VAL,
+                              "tres_per_node": f"gres:mig:{gib}G"})  # fmt: skip
         assert lua.globals().slurm_job_submit(job, None, 1000) == 0
         request = MigRequest(memory_mib=gib * 1024)
         expected = round_up(request, gpu, translate(request, gpu))
