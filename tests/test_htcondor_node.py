@@ -134,6 +134,54 @@ def test_the_wrapper_exports_the_agents_instance_and_asks_to_destroy_it_after_th
     assert agent.asked[1][2] <= ended
 
 
+MULTI = {"CUDA_VISIBLE_DEVICES": "MIG-a", "MIG_BATCH_INSTANCE": "nodeb/0/1g.10gb@6",
+         "MIG_BATCH_INSTANCES": "MIG-a,MIG-b,MIG-c", "MIG_BATCH_INSTANCE_COUNT": "3",
+         "MIG_BATCH_SPOTS": "nodeb/0/1g.10gb@6,nodeb/0/1g.10gb@5,nodeb/1/1g.10gb@6"}  # fmt: skip
+RANKS = """for r in 0 1 2; do LOCAL_RANK=$r "$MIG_BATCH_BIND" --rank sh -c \
+'echo "$LOCAL_RANK $MIG_BATCH_RANK $CUDA_VISIBLE_DEVICES $MIG_BATCH_INSTANCE"'; done
+echo "job $CUDA_VISIBLE_DEVICES $MIG_BATCH_INSTANCE_COUNT"
+"""
+
+
+def test_each_rank_process_of_a_job_over_several_instances_binds_to_its_own(tmp_path):
+    agent = FakeAgent(tmp_path / "nodeb.sock", MULTI)
+    proc = wrapper(tmp_path, MANAGED, ["/bin/sh", "-c", RANKS])
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert out.splitlines() == ["0 0 MIG-a nodeb/0/1g.10gb@6", "1 1 MIG-b nodeb/0/1g.10gb@5",
+                                "2 2 MIG-c nodeb/1/1g.10gb@6", "job MIG-a 3"]  # fmt: skip
+    assert [op for op, _, _ in agent.asked] == ["prolog", "epilog"]  # the rank processes asked nobody
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"OMPI_COMM_WORLD_LOCAL_RANK": "2"}, "ok MIG-c"), ({"MPI_LOCALRANKID": "1"}, "ok MIG-b"),
+    ({"MIG_BATCH_RANK": "0"}, "ok MIG-a"), ({"LOCAL_RANK": "1", "MIG_BATCH_RANK": "0"}, "ok MIG-b"),
+    ({"LOCAL_RANK": "3"}, "LOCAL_RANK=3 is not a rank of this job's 3 MIG instance(s)"),
+    ({"LOCAL_RANK": "x"}, "LOCAL_RANK=x is not a rank"), ({}, "no local rank in the environment"),
+])  # fmt: skip
+def test_the_rank_mode_reads_the_launchers_local_rank_and_refuses_what_is_no_rank(tmp_path, env, says):
+    path = tmp_path / "wrapper"
+    path.write_text(wrapper_text(sys.executable, str(tmp_path / "{node}.sock")))
+    path.chmod(0o755)
+    proc = subprocess.run([str(path), "--rank", "/bin/sh", "-c", "echo ok $CUDA_VISIBLE_DEVICES"],
+                          env={"PATH": os.environ["PATH"], **MULTI, **env}, capture_output=True, text=True,
+                          timeout=30)  # fmt: skip
+    assert says in proc.stdout + proc.stderr
+    assert proc.returncode == (0 if says.startswith("ok") else 2)
+
+
+def test_the_rank_mode_of_a_job_of_one_instance_runs_rank_0_on_it(tmp_path):
+    path = tmp_path / "wrapper"
+    path.write_text(wrapper_text(sys.executable, str(tmp_path / "{node}.sock")))
+    path.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "CUDA_VISIBLE_DEVICES": "MIG-a", "MIG_BATCH_INSTANCE": "n/0/1g.10gb@6"}
+    ran = [subprocess.run([str(path), "--rank", "/bin/sh", "-c", "echo $CUDA_VISIBLE_DEVICES $MIG_BATCH_INSTANCE"],
+                          env={**env, "LOCAL_RANK": rank}, capture_output=True, text=True, timeout=30)
+           for rank in ("0", "1")]  # fmt: skip
+    assert (ran[0].returncode, ran[0].stdout.strip()) == (0, "MIG-a n/0/1g.10gb@6")
+    assert ran[1].returncode == 2 and "not a rank of this job's 1 MIG instance(s)" in ran[1].stderr
+
+
 def test_the_wrapper_passes_signals_on_and_still_asks_for_the_epilog(tmp_path):
     agent = FakeAgent(tmp_path / "nodeb.sock", {"CUDA_VISIBLE_DEVICES": "MIG-abc"})
     proc = wrapper(tmp_path, MANAGED, ["/bin/sh", "-c", "echo started; sleep 30"])
@@ -370,15 +418,61 @@ def test_a_restarted_agent_still_knows_which_slot_may_end_an_instance(tmp_path):
     assert sorted(p.name for p in (tmp_path / "slots").iterdir()) == ["8.0"]
 
 
-@pytest.mark.parametrize("spec, accepted", [
-    (None, True), ("20G", True), ("3g.40gb", True), ("mig:3g.40gb", True), ("mig:1g.10gb:1", True),
-    ("mig:1g.10gb:4", False), ("1g.10gb:2", False), ("mig:20G", True),
+@pytest.mark.parametrize("spec, moldable, accepted", [
+    (None, None, True), ("20G", None, True), ("3g.40gb", None, True), ("mig:3g.40gb", None, True),
+    ("1g.10gb:1", None, True), ("1g.10gb:4", None, True), ("20G:2", None, True), ("2g:3", None, True),
+    ("1g.10gb:0", None, False), ("1g.10gb:00", None, False), ("1g.10gb:", None, False),
+    ("20G", "1g:300,3g:110", True), ("20G:1", "1g:300,3g:110", True), ("20G:2", "1g:300,3g:110", False),
 ])  # fmt: skip
-def test_the_schedd_refuses_a_count_of_several_instances(spec, accepted):
-    from mig_batch.htcondor.attrs import ONE_INSTANCE
+def test_the_schedd_takes_a_count_of_instances_but_not_none_nor_with_moldable(spec, moldable, accepted):
+    from mig_batch.htcondor.attrs import INSTANCES
 
     ad = classad2.ClassAd()
     if spec is not None:
         ad["MigRequest"] = spec
-    ad["One"] = classad2.ExprTree(ONE_INSTANCE)
-    assert ad.eval("One") is accepted
+    if moldable is not None:
+        ad["MigMoldable"] = moldable
+    ad["Count"] = classad2.ExprTree(INSTANCES)
+    assert ad.eval("Count") is accepted
+
+
+@pytest.mark.parametrize("spec, fit", [
+    ("1g.10gb:4", True), ("7g.80gb:2", True), ("20G:3", True), ("2g:7", True), ("9g.90gb:2", False),
+    ("500G:2", False), ("8g:2", False),
+])  # fmt: skip
+def test_the_size_check_reads_the_request_without_its_count(spec, fit):
+    assert fits(spec) is fit
+
+
+def test_the_agents_rank_lines_become_the_spots_and_never_names_of_variables():
+    lines = ["export CUDA_VISIBLE_DEVICES=MIG-a", "export MIG_BATCH_INSTANCE=n/0/1g.10gb@6",
+             "export MIG_BATCH_INSTANCES=MIG-a,MIG-b", "export MIG_BATCH_INSTANCE_COUNT=2",
+             "#rank 0 export CUDA_VISIBLE_DEVICES=MIG-a", "#rank 0 export MIG_BATCH_INSTANCE=n/0/1g.10gb@6",
+             "#rank 1 export CUDA_VISIBLE_DEVICES=MIG-b",
+             "#rank 1 export MIG_BATCH_INSTANCE=n/0/1g.10gb@5"]  # fmt: skip
+    assert exports_env(lines) == {"CUDA_VISIBLE_DEVICES": "MIG-a", "MIG_BATCH_INSTANCE": "n/0/1g.10gb@6",
+                                  "MIG_BATCH_INSTANCES": "MIG-a,MIG-b", "MIG_BATCH_INSTANCE_COUNT": "2",
+                                  "MIG_BATCH_SPOTS": "n/0/1g.10gb@6,n/0/1g.10gb@5"}  # fmt: skip
+    assert exports_env(lines[:2]) == {"CUDA_VISIBLE_DEVICES": "MIG-a", "MIG_BATCH_INSTANCE": "n/0/1g.10gb@6"}
+
+
+def test_migsub_submits_a_job_over_several_instances_to_htcondor_as_one_count(tmp_path, monkeypatch, capsys):
+    from mig_batch.cli import migsub
+
+    site = tmp_path / "site.yaml"
+    site.write_text("nodes: {n1: [A100-80GB]}\n")
+    monkeypatch.setenv("MIG_BATCH_CONFIG", str(site))
+    job = tmp_path / "job.sh"
+    job.write_text("#!/bin/sh\n#SBATCH --ntasks=3\necho\n")  # Slurm's task count: not HTCondor's to read
+
+    def description(*args: str) -> dict:
+        assert migsub._run(["--backend", "htcondor", "--dry-run", "--json", *args, str(job)]) == 0
+        return json.loads(capsys.readouterr().out)["htcondor"]
+
+    assert description("--mig", "1g.10gb", "--instances", "4")["MY.MigRequest"] == '"1g.10gb:4"'
+    assert description("--gpu-mem", "5G", "--instances", "2")["MY.MigRequest"] == '"5120M:2"'
+    assert description("--gres=mig:1g.10gb:3")["MY.MigRequest"] == '"1g.10gb:3"'
+    assert description("--mig", "1g.10gb")["MY.MigRequest"] == '"1g.10gb"'
+    # more than a node of the site holds: refused at submission, as on Slurm
+    assert migsub._run(["--backend", "htcondor", "--dry-run", "--mig", "1g.10gb", "--instances", "8", str(job)]) == 2
+    assert "no node of this site holds 8 instances of 1g.10gb; the most is 7 (on n1)" in capsys.readouterr().err

@@ -767,25 +767,30 @@ def _run(argv: list[str]) -> int:
             options["atomize"], sources["atomize"] = "1", "--atomize"
         chain = chain_of(options, sources)
         tasks = []
+        try:
+            backend, no_backend = choose_backend(args.backend) if not args.dry_run or args.backend else "slurm", None
+        except DirectiveError as exc:  # said after the request's own errors, as before
+            backend, no_backend = "", exc
         if isinstance(request, MigRequest):
             instances_of(options, sources)  # --instances with --atomize
-            tasks = check_instances(request.count, sbatch_lines, request, models, passthrough)
+            # HTCondor reads no #SBATCH task counts: one process, which starts a rank per instance (docs/htcondor.md)
+            slurm_lines = [] if backend == "htcondor" else sbatch_lines
+            tasks = check_instances(request.count, slurm_lines, request, models, passthrough)
         check_passthrough(passthrough, options)
         spec = JobSpec(args.script, args.script_args, options, sources, passthrough, other_gres)
-        backend = choose_backend(args.backend) if not args.dry_run or args.backend else "slurm"
+        if no_backend is not None:
+            raise no_backend
         if backend == "htcondor":
             if chain is not None:
                 raise DirectiveError(f"{sources['atomize']}: --atomize (subjob chains) runs on Slurm only for now")
-            if isinstance(request, MigRequest) and request.count > 1:
-                raise DirectiveError(f"{sources.get('instances', '--instances')}: a job over several instances "
-                                     "runs on Slurm only for now; on HTCondor a job gets one instance")
             if passthrough or other_gres:
                 raise DirectiveError(f"{shlex.join(passthrough) or '--gres=' + other_gres}: options for sbatch; on "
                                      "HTCondor give submit commands as '#CONDOR key = value' lines in the script")
             description = condor_description(spec, sbatch_lines)
             if any(line.startswith("#SBATCH") for line in sbatch_lines):
-                console.print(f"note: {args.script}'s #SBATCH lines are Slurm's; HTCondor reads #CONDOR lines",
-                              highlight=False)  # fmt: skip
+                # on stderr: stdout holds the job id, or the JSON
+                err_console.print(f"note: {args.script}'s #SBATCH lines are Slurm's; HTCondor reads #CONDOR lines",
+                                  highlight=False)  # fmt: skip
             return _submit_condor(description, per_model, args)
         command = sbatch_command(spec, chain, tasks)
         stdin = chain_script(spec, chain, sbatch_lines) if chain is not None else None

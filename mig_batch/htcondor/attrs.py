@@ -61,8 +61,12 @@ def node_config(node: str, agent_file: str, prefix: str = "") -> str:
 
 # What a user writes in a submit file (+MigRequest = "20G"), and the tag field each becomes.
 REQUEST_ATTRS = {"MigRequest": "req", "MigCompute": "compute", "MigModel": "model", "MigMoldable": "moldable"}
-# a count after the request (mig:1g.10gb:4) asks for several instances, which only Slurm runs so far
-ONE_INSTANCE = '(MigRequest is undefined || !regexp(":[0-9]+$", MigRequest) || regexp(":0*1$", MigRequest))'
+# A count after the request (1g.10gb:4) asks for that many instances on one node, one per rank (docs/flex.md). The
+# agent serves any count of at least one, for a rigid request: not with MigMoldable (one instance of a size
+# mig-batchd chooses). Whether a node holds that many is the controller's to say (it keeps the job held, naming why).
+INSTANCES = ('(MigRequest is undefined || (!regexp(":0*$", MigRequest) && (MigMoldable is undefined '
+             '|| !regexp(":[0-9]+$", MigRequest) || regexp(":0*1$", MigRequest))))')  # fmt: skip
+SPEC = 'replaceall(":[0-9]*$", MigRequest, "")'  # the request without its count: 1g.10gb:4 -> 1g.10gb
 SAFE_VALUE = "^[A-Za-z0-9.:,_-]+$"  # no ';' or '=': a value cannot add fields (a place=) to the tag
 
 
@@ -82,13 +86,13 @@ def _fits_expression(models: Sequence[GpuModel]) -> str:
     slices = max(m.largest_profile.compute_slices for m in models)
     # one alternation of the profile names ('.' and '+' in brackets: no backslashes through two parsers)
     names = "|".join(sorted({p.name for m in models for p in m.profiles})).replace(".", "[.]").replace("+", "[+]")
-    number = 'real(replaceall("[^0-9.]", MigRequest, ""))'
-    clauses = [('regexp("^[0-9]+g$", MigRequest)', f"{number} <= {slices}"),  # lower-case g: compute slices
-               ('regexp("^[0-9]+g[.]", MigRequest)', f'regexp("^({names})$", toLower(MigRequest))')]
+    number = f'real(replaceall("[^0-9.]", {SPEC}, ""))'
+    clauses = [(f'regexp("^[0-9]+g$", {SPEC})', f"{number} <= {slices}"),  # lower-case g: compute slices
+               (f'regexp("^[0-9]+g[.]", {SPEC})', f'regexp("^({names})$", toLower({SPEC}))')]
     for power, letter in enumerate("KMGT", start=1):  # as request.parse_memory: 3G and 3GiB binary, 3GB decimal
         for suffix, base in (("(iB)?", 1024), ("B", 1000)):
             scale = base**power / 2**20  # MiB per unit
-            pattern = f'regexp("^[0-9.]+{letter}{suffix}$", MigRequest, "i")'
+            pattern = f'regexp("^[0-9.]+{letter}{suffix}$", {SPEC}, "i")'
             clauses.append((pattern, f"{number} * {scale!r} <= {mib}"))
     expression = "true"
     for condition, value in reversed(clauses):
@@ -137,11 +141,10 @@ def schedd_config(controller: str, models: Sequence[GpuModel] = (), agents: Sequ
         f"SUBMIT_REQUIREMENT_MigBatchRequest = {checks}",
         f'SUBMIT_REQUIREMENT_MigBatchRequest_REASON = "{", ".join(REQUEST_ATTRS)} may hold only letters, '
         'digits and . : , _ -"',
-        "SUBMIT_REQUIREMENT_NAMES = $(SUBMIT_REQUIREMENT_NAMES) MigBatchOneInstance",
-        f"SUBMIT_REQUIREMENT_MigBatchOneInstance = {ONE_INSTANCE}",
-        'SUBMIT_REQUIREMENT_MigBatchOneInstance_REASON = strcat("MigRequest ", MigRequest, " asks for several '
-        'instances; on HTCondor a job gets one MIG instance (leave the count out; jobs over several instances '
-        'run on Slurm)")',
+        "SUBMIT_REQUIREMENT_NAMES = $(SUBMIT_REQUIREMENT_NAMES) MigBatchInstances",
+        f"SUBMIT_REQUIREMENT_MigBatchInstances = {INSTANCES}",
+        'SUBMIT_REQUIREMENT_MigBatchInstances_REASON = strcat("MigRequest ", MigRequest, ": give at least one '
+        'instance (1g.10gb:4 is four on one node); a moldable job (MigMoldable) gets one")',
         *fits,
         "",
     ])  # fmt: skip

@@ -10,6 +10,15 @@ instance (``epilog``); a SIGKILL of this wrapper leaves that to the agent's swee
 could be made, the job does not run: the wrapper waits for the controller to requeue it (the agent
 reported the reason into the job's tag), and after ``REQUEUE_WAIT_S`` gives up through HTCondor's
 wrapper error file, which holds the job with the reason.
+
+A job over several instances (``+MigRequest = "1g.10gb:4"``) gets every instance: ``CUDA_VISIBLE_DEVICES`` of
+rank 0, ``MIG_BATCH_INSTANCES`` (every UUID in rank order), ``MIG_BATCH_INSTANCE_COUNT`` and ``MIG_BATCH_SPOTS``
+as the agent answers, and ``MIG_BATCH_BIND``, this wrapper's path. HTCondor starts one process and has no
+TaskProlog, so the job starts one process per instance and binds each to its own: ``"$MIG_BATCH_BIND" --rank
+CMD...`` reads the process's local rank (torchrun's ``LOCAL_RANK``, Open MPI's ``OMPI_COMM_WORLD_LOCAL_RANK``,
+MPICH's ``MPI_LOCALRANKID``, else ``MIG_BATCH_RANK``), sets ``CUDA_VISIBLE_DEVICES`` and ``MIG_BATCH_INSTANCE``
+to that rank's and execs CMD. It only reads the job's own environment and never asks the agent: each instance
+is fenced to the job's owner anyway.
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ SOCKET = "/run/mig-batch/agent.sock"  # filled in at install; "{node}" is the no
 AGENT_RETRY_S = 60.0  # the agent restarting (systemd: RestartSec=5) is waited for this long
 REQUEUE_WAIT_S = 300.0
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+RANK_FLAG = "--rank"  # "$MIG_BATCH_BIND" --rank CMD...: one rank process bound to its own instance
+RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MIG_BATCH_RANK")  # the first set wins
 
 
 def read_ad(path: str | None) -> dict[str, str]:
@@ -130,8 +141,38 @@ def wait_for_requeue(detail: str) -> int:
     return give_up(f"no MIG instance and no requeue within {REQUEUE_WAIT_S:.0f}s: {detail}")
 
 
+def bind_rank(command: list[str]) -> int:
+    """Exec ``command`` on its local rank's instance (see the module's text); 2 with a message when it has
+    no rank or the job no instance of that rank."""
+    if not command:
+        say(f"{RANK_FLAG}: give the command to run on the rank's instance")
+        return 2
+    name = next((var for var in RANK_VARS if os.environ.get(var, "").strip()), "")
+    if not name:
+        say(f"{RANK_FLAG}: no local rank in the environment ({', '.join(RANK_VARS)})")
+        return 2
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    uuids = os.environ.get("MIG_BATCH_INSTANCES", visible if visible.startswith("MIG-") else "").split(",")
+    spots = os.environ.get("MIG_BATCH_SPOTS", os.environ.get("MIG_BATCH_INSTANCE", "")).split(",")
+    text = os.environ[name].strip()
+    if not text.isdigit() or int(text) >= len(uuids) or not uuids[int(text)].startswith("MIG-"):
+        say(f"{RANK_FLAG}: {name}={text} is not a rank of this job's {len([u for u in uuids if u])} MIG instance(s)")
+        return 2
+    rank = int(text)
+    os.environ.update({"CUDA_VISIBLE_DEVICES": uuids[rank], "MIG_BATCH_RANK": str(rank)})
+    if rank < len(spots) and spots[rank]:
+        os.environ["MIG_BATCH_INSTANCE"] = spots[rank]
+    try:
+        os.execvp(command[0], command)
+    except OSError as exc:
+        say(f"cannot run {command[0]}: {exc}")
+    return 127
+
+
 def main(argv: list[str]) -> int:
     command = argv[1:]
+    if command[:1] == [RANK_FLAG]:  # a rank process of the job, not the starter: bind it, ask nobody
+        return bind_rank(command[1:])
     if not command:
         say("no job command given")
         return 1
@@ -152,6 +193,7 @@ def main(argv: list[str]) -> int:
             return give_up(str(answer.get("detail")))
         return wait_for_requeue(answer.get("detail", ""))
     os.environ.update({str(k): str(v) for k, v in env.items()})
+    os.environ["MIG_BATCH_BIND"] = os.path.abspath(argv[0])  # "$MIG_BATCH_BIND" --rank CMD: a rank on its own
     status = run_child(command)
     done = ask_patiently(path, "epilog", job)
     if not done.get("ok"):

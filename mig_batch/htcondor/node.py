@@ -180,9 +180,24 @@ class SlotGuard:
         return self.batch._plain(ads[0]) if ads else None
 
 
+RANK_PREFIX = "#rank "  # the agent's per-rank lines (``#rank R export NAME=value``), which Slurm's TaskProlog reads
+SPOTS_VAR = "MIG_BATCH_SPOTS"  # every rank's MIG_BATCH_INSTANCE (node/gpu/profile@start), in rank order
+
+
 def exports_env(lines: Sequence[str]) -> dict[str, str]:
-    """``export NAME=value`` lines (the agent's job environment) as a mapping."""
-    return dict(line.removeprefix("export ").split("=", 1) for line in lines if "=" in line)
+    """``export NAME=value`` lines (the agent's job environment) as a mapping. A job over several instances
+    also gets ``MIG_BATCH_SPOTS`` from its ``#rank`` lines: with ``MIG_BATCH_INSTANCES`` (their UUIDs) it is
+    what the wrapper's ``--rank`` mode binds each rank process to (HTCondor has no TaskProlog)."""
+    env = dict(line.removeprefix("export ").split("=", 1) for line in lines
+               if line.startswith("export ") and "=" in line)  # fmt: skip
+    spots: dict[int, str] = {}
+    for line in lines:
+        rank, sep, export = line.removeprefix(RANK_PREFIX).partition(" export MIG_BATCH_INSTANCE=")
+        if line.startswith(RANK_PREFIX) and sep and rank.isdigit():
+            spots[int(rank)] = export
+    if spots:
+        env[SPOTS_VAR] = ",".join(spots[r] for r in sorted(spots))
+    return env
 
 
 def _job_constraint(job: str) -> str:
