@@ -181,3 +181,12 @@ def test_counts_the_agent_cannot_serve_are_refused_at_submission(bed):
         assert proc.returncode != 0 and says in proc.stdout + proc.stderr, (request, proc.stdout + proc.stderr)
     proc = bed.migsub(script(bed, "eight", "#MIG --mig 1g.10gb --instances 8", 0), check=False)
     assert proc.returncode == 2 and "no node of this site holds 8 instances of 1g.10gb; the most is 7" in proc.stderr
+    # the schedd has no inventory: a count no node holds is taken, and waits unpinned with the controller's reason
+    eight = plain_submit(bed, "eight", "1g.10gb:8", path)
+    tag = wait_for(lambda: "waits=" in (t := bed.pool.run("condor_q", eight, "-af", "MigBatchTag",
+                                                           user=bed.pool.user).stdout) and t, 30)  # fmt: skip
+    print(f"\n{eight}: {tag.strip()}")
+    assert decided(bed, eight) is None and "8 x 1g.10gb" in tag, tag
+    assert bed.pool.run("condor_q", eight, "-af", "MigBatchNode").stdout.strip() == "undefined"
+    bed.pool.run("condor_rm", eight, user=bed.pool.user)
+    assert nvml_emu.live_instances(bed.gpu_dir(NODE)) == []

@@ -4,6 +4,7 @@ the installer and migsub's submit description. The real pool is in test_htcondor
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -476,3 +477,19 @@ def test_migsub_submits_a_job_over_several_instances_to_htcondor_as_one_count(tm
     # more than a node of the site holds: refused at submission, as on Slurm
     assert migsub._run(["--backend", "htcondor", "--dry-run", "--mig", "1g.10gb", "--instances", "8", str(job)]) == 2
     assert "no node of this site holds 8 instances of 1g.10gb; the most is 7 (on n1)" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None, reason="no torchrun")
+def test_torchrun_starts_one_process_per_instance_each_bound_through_the_wrapper(tmp_path):
+    """The line docs/htcondor.md gives: torchrun --no-python "$MIG_BATCH_BIND" --rank CMD."""
+    path = tmp_path / "wrapper"
+    path.write_text(wrapper_text(sys.executable, str(tmp_path / "{node}.sock")))
+    path.chmod(0o755)
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node=3", "--no-python", str(path), "--rank",
+                           "/bin/sh", "-c", "echo \"rank $LOCAL_RANK $CUDA_VISIBLE_DEVICES $MIG_BATCH_INSTANCE\""],
+                          env={"PATH": os.environ["PATH"], **MULTI}, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(line for line in proc.stdout.splitlines() if line.startswith("rank")) == [
+        "rank 0 MIG-a nodeb/0/1g.10gb@6", "rank 1 MIG-b nodeb/0/1g.10gb@5", "rank 2 MIG-c nodeb/1/1g.10gb@6"]
