@@ -477,6 +477,13 @@ def test_migsub_submits_a_job_over_several_instances_to_htcondor_as_one_count(tm
     # more than a node of the site holds: refused at submission, as on Slurm
     assert migsub._run(["--backend", "htcondor", "--dry-run", "--mig", "1g.10gb", "--instances", "8", str(job)]) == 2
     assert "no node of this site holds 8 instances of 1g.10gb; the most is 7 (on n1)" in capsys.readouterr().err
+    # Flex-MIG's finer request over leaves, where the site allows it: the leaves' count, and the model where
+    # another has the same leaf in another count (1g.10gb: 9,933 MiB on an A100-80GB, 9,984 on an H100-80GB)
+    site.write_text("nodes: {n1: [A100-80GB], n2: [H100-80GB]}\nflex: {leaf_requests: true}\n")
+    leaves = description("--gpu-mem", "19900M", "--instances", "auto")
+    assert (leaves["MY.MigRequest"], leaves.get("MY.MigModel")) == ('"1g.10gb:2"', '"H100-80GB"')
+    leaves = description("--gpu-compute", "5g", "--gpu-mem", "25G", "--instances", "auto")
+    assert (leaves["MY.MigRequest"], leaves.get("MY.MigModel")) == ('"1g.10gb:5"', None)
 
 
 @pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None, reason="no torchrun")
