@@ -120,6 +120,24 @@ def test_a_job_that_ran_without_its_instance_and_ended_unseen_goes_back_to_the_q
         assert store.count_decisions(job) == 2 and store.decision(job).state == "released"
 
 
+def test_a_job_that_keeps_running_without_its_instance_is_requeued_a_bounded_number_of_times(site, batch):
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    job = batch.add(RIGID)
+    runs = 0
+    for _ in range(6):
+        c.step()
+        if store.decision(job).state != "released":
+            break
+        batch.start(job, NodeReport("requeue", reason="the GPU is sick"))
+        batch.finish(job)
+        runs += 1
+        c.step()
+        batch._set(job, not_before=time.time() - 1)
+    assert runs == 3 and store.decision(job).state == "ended" and store.count_decisions(job) == 3
+    assert "not requeued again" in store.events(job=job, kind="ran-without-instance")[-1]["error"]
+
+
 def test_a_job_that_ran_without_its_instance_and_was_forgotten_stays_ended_with_the_event(site, batch):
     store = Store(site.state)
     c = Controller(site, store, batch)
@@ -1269,12 +1287,16 @@ def test_wait_notes_are_written_a_few_per_pass_and_again_when_refused(site, batc
     jobs = [batch.add(RIGID, not_before=later) for _ in range(NOTES_PER_PASS + 5)]
     written = batch.set_job_tag
 
+    tries = []
+
     def down(job, tag):
+        tries.append(job)
         raise BatchError("slurmctld not answering")
 
     batch.set_job_tag = down
     c.step()
     assert not any(wait_note(batch.job(j).admin_tag) for j in jobs)
+    assert len(tries) == 1  # one failed note stops the others (an unanswering Slurm would stall the pass)
     batch.set_job_tag = written
     c.step()
     assert sum(bool(wait_note(batch.job(j).admin_tag)) for j in jobs) == NOTES_PER_PASS

@@ -78,3 +78,49 @@ def test_the_lua_tells_the_same_round_up_as_migsub(model):
         assert logged == (f"mig-batch: mig:{gib}G rounds up: {expected.message()}" if expected else None), gib
         told += expected is not None
     assert told > 0  # the rule acts on every model's ladder
+
+
+def submit_with_slices(fields: dict, modify: dict | None = None, uid: int = 1000) -> tuple[int, str | None]:
+    """slurm_job_submit (or, with ``modify``, slurm_job_modify of an untagged job) on a site counting slices."""
+    lua = lupa.LuaRuntime(unpack_returned_tuples=True)
+    lua.execute("slurm = { SUCCESS = 0, ERROR = -1, log_info = function(f, ...) INFO = string.format(f, ...) end, "
+                "log_user = function(f, ...) LOGGED = string.format(f, ...) end }")  # fmt: skip
+    lua.execute(job_submit_lua([get_model("A100-80GB")], {"n1": ["A100-80GB"]}, False, slice_gres="mig_slices"))
+    job = lua.table_from({"ntasks_per_node": NO_VAL16, "num_tasks": NO_VAL, "min_nodes": NO_VAL,
+                          "max_nodes": NO_VAL, "priority": NO_VAL, **fields})  # fmt: skip
+    if modify is None:
+        return lua.globals().slurm_job_submit(job, None, uid), lua.globals().LOGGED
+    record = lua.table_from({"admin_comment": None, "priority": 1, "job_id": 7})
+    update = lua.table_from({"ntasks_per_node": NO_VAL16, "num_tasks": NO_VAL, "min_nodes": NO_VAL,
+                             "max_nodes": NO_VAL, "priority": NO_VAL, **modify})  # fmt: skip
+    return lua.globals().slurm_job_modify(update, record, None, uid), lua.globals().INFO
+
+
+@pytest.mark.parametrize("fields", [
+    {"tres_per_node": "gres:mig:1g.10gb,gres:gpu:1"},
+    {"tres_per_node": "gres:mig:1g.10gb", "tres_per_job": "gres:gpu:2"},
+    {"tres_per_node": "gres:mig:1g.10gb", "tres_per_task": "gres/gpu:1"},
+    {"tres_per_node": "gres:mig:1g.10gb", "tres_per_socket": "gres:mig_slices:4"},
+    {"tres_per_node": "gres:gpu:1g.10gb:1", "tres_per_job": "gres:gpu:1"},
+])  # fmt: skip
+def test_a_mig_job_cannot_also_hold_whole_gpus_or_the_slice_count(fields):
+    code, logged = submit_with_slices(fields)
+    assert code != 0 and "a MIG job's GPUs are its MIG instances" in logged, logged
+
+
+@pytest.mark.parametrize("fields", [
+    {"tres_per_task": "gres/mig_slices:16"},
+    {"tres_per_node": "gres:mig_slices:8"},
+    {"tres_per_job": "gres:mig:1g.10gb"},  # only --gres (per node) is read as a MIG request
+])  # fmt: skip
+def test_a_job_without_a_mig_decision_cannot_take_mig_gres(fields):
+    code, logged = submit_with_slices(fields)
+    assert code != 0 and "is mig_batch's to set" in logged, logged
+
+
+def test_an_owner_cannot_add_the_slice_count_to_a_job_later_but_an_operator_can():
+    update = {"tres_per_node": "gres/mig_slices:8"}
+    code, info = submit_with_slices({}, modify=update, uid=1000)
+    assert code == 2002 and "only mig-batchd sets it" in info  # ESLURM_ACCESS_DENIED
+    assert submit_with_slices({}, modify=update, uid=0)[0] == 0
+    assert submit_with_slices({}, modify={"tres_per_node": "gres/gpu:1"}, uid=1000)[0] == 0

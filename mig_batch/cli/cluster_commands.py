@@ -118,7 +118,8 @@ def cmd_gen_lua(args: argparse.Namespace) -> int:
     config = None if args.all_models else _maybe_config(args.config)
     sys.stdout.write(job_submit_lua(_models(config, args.all_models), config.nodes if config else None,
                                     bool(config and config.flex.leaf_requests),
-                                    str(config.slots_file) if config and config.prompt_slots else ""))  # fmt: skip
+                                    str(config.slots_file) if config and config.prompt_slots else "",
+                                    config.slice_gres if config else ""))  # fmt: skip
     return 0
 
 
@@ -196,7 +197,7 @@ def cmd_htcondor_install(args: argparse.Namespace) -> int:
     report = Report()
     install(args.dest.absolute(), _models(config, False), args.controller, agents, args.python,
             str(config.agent_socket), config.htcondor_agent_file, args.wrapper_dir, force=args.force,
-            dry_run=args.dry_run, report=report)  # fmt: skip
+            dry_run=args.dry_run, report=report, nodes=config.nodes)  # fmt: skip
     _print_report(report, args.dry_run)
     return 0
 

@@ -31,6 +31,9 @@ TAKE_BACK_AFTER_S = 60.0
 # a released subjob waiting for a begin time this far ahead was requeued by the batch system (Slurm moves it
 # cred_expire + 1 s ahead, and cred_expire is at least 5 s); its pin had set it to its release
 REQUEUE_BEGIN_MARGIN_S = 5.0
+# a job that ran without its instance (its prolog could not make it) and ended unseen goes back to the queue
+# until it has been decided this many times: a prolog failing wherever it lands must not rerun it for ever
+RUNS_WITHOUT_INSTANCE = 3
 
 
 class Follower:
@@ -160,6 +163,10 @@ class Follower:
         instance; not a chain's subjob (its runner went on) nor a job its owner cancelled. Whether it went
         back (the batch system may have forgotten it, or refuse: it stays ended, with the event)."""
         if d.tag.atomize is not None or job.cancelled:
+            return False
+        if self.store.count_decisions(d.job) >= RUNS_WITHOUT_INSTANCE:  # its prolog fails wherever it goes
+            self.store.event(d.job, "ran-without-instance", node=d.node,
+                             error=f"not requeued again: decided {RUNS_WITHOUT_INSTANCE} times")  # fmt: skip
             return False
         try:
             self.batch.requeue_hold(d.job, reason)

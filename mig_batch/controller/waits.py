@@ -14,6 +14,7 @@ log = logging.getLogger("mig-batchd")
 # notes written in one pass at most (one batch-system call each): a burst of waiting jobs gets them over a few
 # passes instead of slowing the pass that places the burst
 NOTES_PER_PASS = 50
+NOTES_BUDGET_S = 1.0  # and no more time than this on them (a note is one call: a process where Slurm has no helper)
 
 
 class WaitNotes:
@@ -48,11 +49,11 @@ class WaitNotes:
     def publish(self, batch: BatchSystem, jobs: Mapping[str, BatchJob], decided: Collection[str]) -> None:
         """Show each waiting job's reason in its tag, where its owner reads it (Slurm: AdminComment in squeue
         and scontrol; HTCondor: MigBatchTag), when the tag does not show it yet (``NOTES_PER_PASS`` at most,
-        the longest noted first); the jobs decided this pass have theirs written again without a note by their
-        pin."""
+        the longest noted first, within ``NOTES_BUDGET_S``, and none after a call that failed); the jobs decided
+        this pass have theirs written again without a note by their pin."""
         for job in decided:
             self._why.pop(job, None)
-        written = 0
+        written, deadline = 0, time.monotonic() + NOTES_BUDGET_S
         for job, reason in self._why.items():
             listed = jobs.get(job)
             if listed is None or not listed.held or PLACE_FIELD in listed.admin_tag:
@@ -60,13 +61,14 @@ class WaitNotes:
             tag = with_wait_note(listed.admin_tag, reason)
             if tag == listed.admin_tag:
                 continue
-            if written == NOTES_PER_PASS:
+            if written == NOTES_PER_PASS or time.monotonic() > deadline:
                 return
             written += 1
             try:
                 batch.set_job_tag(job, tag)
-            except BatchError as exc:  # shown on a later pass
-                log.info("job %s: its wait note was not written: %s", job, exc)
+            except BatchError as exc:  # the batch system is slow or refusing: the others wait for a later pass
+                log.info("job %s: its wait note was not written (%s); the notes wait for the next pass", job, exc)
+                return
 
 
 def why_not_yet(job: BatchJob, awaited: Callable[[After], list[BatchJob]], now: float,

@@ -164,10 +164,12 @@ def profile_table(models: Iterable[GpuModel], nodes: Mapping[str, Sequence[str]]
 
 
 def job_submit_lua(models: Iterable[GpuModel], nodes: Mapping[str, Sequence[str]] | None = None,
-                   leaf_requests: bool = False, slots_file: str = "") -> str:  # fmt: skip
-    """The generated job_submit.lua; ``slots_file``: where it reads mig-batchd's prompt slots ("": it takes none)."""
+                   leaf_requests: bool = False, slots_file: str = "", slice_gres: str = "") -> str:  # fmt: skip
+    """The generated job_submit.lua; ``slots_file``: where it reads mig-batchd's prompt slots ("": it takes none);
+    ``slice_gres``: the GRES mig-batchd counts slices in (no job may ask for it)."""
     template = resource_path("plugins", "slurm", "job_submit.lua.in").read_text()
     text = template.replace("--@PROFILES@", profile_table(models, nodes, leaf_requests))
+    text = text.replace("nil --@SLICE_GRES@", lua_string(slice_gres) + " --" if slice_gres else "nil --")
     return text.replace("nil --@SLOTS_FILE@", json.dumps(slots_file) if slots_file else "nil")
 
 
@@ -365,7 +367,8 @@ def _wanted(dest: Path, staging: Path, python: str, config: str, job_dir: str, a
             text = text.replace(key, value)
         wanted.append(site_files.Wanted(name, text.encode(), 0o755))
     module = dest / SUBMIT_MODULE
-    wanted.append(site_files.Wanted(SUBMIT_MODULE, job_submit_lua(models, nodes, leaf_requests, slots_file).encode()))
+    submit_rules = job_submit_lua(models, nodes, leaf_requests, slots_file, slice_gres)
+    wanted.append(site_files.Wanted(SUBMIT_MODULE, submit_rules.encode()))
     wanted.append(site_files.Wanted("job_submit.lua", for_current=functools.partial(with_loader, module=module)))
     library, why_not = build_slurm_library(staging, slurm_bin=slurm_bin)
     if library is not None:

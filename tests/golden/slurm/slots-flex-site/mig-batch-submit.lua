@@ -363,6 +363,7 @@ end
 -- taken once (this script's state lasts as long as slurmctld has it loaded), and a file made from a
 -- listing of the jobs older than that load is not trusted: slots taken before it could be offered again.
 local SLOTS_FILE = "/run/mig-batch/prompt-slots"
+local SLICE_GRES = nil -- (the site's slice_gres: only mig-batchd sets it, on the jobs it pins)
 local LOADED_AT = os.time()
 local slots_taken, slots_taken_count = {}, 0
 
@@ -510,6 +511,30 @@ local function round_ups(models, mib)
 	return notes
 end
 
+local TRES_LISTS = { "tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket" }
+
+-- The first GRES item in any of the job's TRES lists whose name ``wanted(name, type)`` accepts, and its list.
+local function gres_item(job_desc, wanted)
+	for _, field in ipairs(TRES_LISTS) do
+		local list = job_desc[field]
+		if list ~= nil then
+			for item in string.gmatch(list, "[^,]+") do
+				local name, typ = string.match(item, "^gres[:/]([%w_]+):?([^:]*)")
+				if name ~= nil and wanted(name, typ) then
+					return item, field
+				end
+			end
+		end
+	end
+	return nil
+end
+
+-- GRES only mig_batch gives: the mig request (read by this script from tres_per_node alone) and the slice count
+-- mig-batchd sets when it pins a job
+local function ours_only(name)
+	return name == "mig" or (SLICE_GRES ~= nil and name == SLICE_GRES)
+end
+
 local function site_profile(name)
 	for _, model in pairs(MIG_MODELS) do
 		for _, p in ipairs(model.profiles) do
@@ -543,7 +568,8 @@ end
 
 local function mig_job_submit(job_desc, part_list, submit_uid)
 	local tres = job_desc.tres_per_node
-	if tres == nil or not string.find(tres, "mig", 1, true) then
+	local asks_mig = gres_item({ tres_per_node = tres }, function(name) return name == "mig" end) ~= nil
+	if not asks_mig then
 		local found, rest = static_mig(tres)
 		if found == nil then
 			found, rest = static_mig(job_desc.tres_per_job)
@@ -559,7 +585,13 @@ local function mig_job_submit(job_desc, part_list, submit_uid)
 	if job_desc.admin_comment ~= nil and string.sub(job_desc.admin_comment, 1, #PREFIX) == PREFIX then
 		job_desc.admin_comment = nil -- only this script may tag a job
 	end
-	if tres == nil or not string.find(tres, "mig", 1, true) then
+	if tres == nil or not gres_item({ tres_per_node = tres }, function(name) return name == "mig" end) then
+		local item = gres_item(job_desc, ours_only)
+		if item ~= nil then -- a slice count taken without a decision would starve the jobs pinned there
+			slurm.log_user("mig-batch: %s is mig_batch's to set; ask for a MIG instance with --gres=mig:<profile> "
+				.. "(or --gres=gpu:<profile>)", item)
+			return slurm.ERROR
+		end
 		local environment = job_desc.script ~= nil and job_desc.environment or nil
 		if environment ~= nil and environment.MIG_BATCH_JOB ~= nil then
 			environment.MIG_BATCH_JOB = "" -- submitted from a MIG job: not one itself
@@ -594,7 +626,7 @@ local function mig_job_submit(job_desc, part_list, submit_uid)
 	end
 	local rest, spec, count = {}, nil, 1
 	for item in string.gmatch(tres, "[^,]+") do
-		local name, value = string.match(item, "^gres[:/](%a+):?(.*)$")
+		local name, value = string.match(item, "^gres[:/]([%w_]+):?(.*)$")
 		if name == "mig" then
 			local typ, n = string.match(value, "^([^:]+):(%d+)$")
 			if typ then
@@ -608,6 +640,15 @@ local function mig_job_submit(job_desc, part_list, submit_uid)
 	end
 	if spec == nil or spec == "" then
 		slurm.log_user("mig-batch: say what the job needs: --gres=mig:3g.40gb, --gres=mig:20G or --gres=mig:3g")
+		return slurm.ERROR
+	end
+	-- its GPUs are its instances: a whole GPU beside them would be one mig-batchd is slicing
+	local also = gres_item({ tres_per_node = table.concat(rest, ","), tres_per_job = job_desc.tres_per_job,
+		tres_per_task = job_desc.tres_per_task, tres_per_socket = job_desc.tres_per_socket },
+		function(name) return name == "gpu" or ours_only(name) end)
+	if also ~= nil then
+		slurm.log_user("mig-batch: rejected mig:%s with %s: a MIG job's GPUs are its MIG instances; ask for several "
+			.. "with mig:%s:N", spec, also, spec)
 		return slurm.ERROR
 	end
 	-- One node: mig-batchd decides one node's instances. Each further node's Prolog would make an instance no
@@ -858,6 +899,12 @@ end
 local function mig_job_modify(job_desc, job_rec, part_list, modify_uid)
 	local tag = job_rec.admin_comment
 	if tag == nil or string.sub(tag, 1, #PREFIX) ~= PREFIX then
+		local item = not OPERATORS[modify_uid] and gres_item(job_desc, ours_only) or nil
+		if item ~= nil then
+			slurm.log_info("mig-batch: refused %s for job %d by uid %d: only mig-batchd sets it", item,
+				job_rec.job_id, modify_uid)
+			return ACCESS_DENIED
+		end
 		return slurm.SUCCESS
 	end
 	if not OPERATORS[modify_uid] then
