@@ -309,6 +309,9 @@ def _refuse_unless_ours(path: Path) -> None:
         raise StateError(f"{path} is not a mig_batch store ({why}), left as it was; {NOT_A_STORE}")
 
 
+IN_MEMORY = ":memory:"
+
+
 class Store:
     def __init__(self, path: Path | str, create: bool = True):
         """Open the store at ``path``; ``create=False`` (readers such as ``mig-batch status``) opens it read-only
@@ -322,8 +325,9 @@ class Store:
             _refuse_unless_ours(self.path)
         try:
             if create:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                _private(self.path)
+                if str(path) != IN_MEMORY:  # SQLite's name for a store in memory (tests): no file to make
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                    _private(self.path)
                 self.db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
                 self.db.execute("PRAGMA journal_mode=WAL")
             else:
