@@ -244,18 +244,194 @@ def test_the_module_loaded_twice_runs_the_sites_rule_and_ours_once(tmp_path):
 def test_the_install_never_writes_through_a_link_or_over_a_directory(tmp_path, capsys):
     etc, config = tmp_path / "etc", site_config(tmp_path)
     etc.mkdir()
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.write_text("not yours\n")
-    (etc / "job_submit.lua").symlink_to(elsewhere)
+    (etc / "site-prolog.sh").write_text("#!/bin/sh\nexit 0\n")
+    (etc / "mig-batch-prolog").symlink_to("site-prolog.sh")  # a link of the site's under one of our names
     (etc / "mig-batch-subjob").mkdir()
     code, _out, err = cli(capsys, *slurm_args(etc, config), "--force")
-    assert code == 2 and "mig-batch-subjob is not a file" in err and elsewhere.read_text() == "not yours\n"
+    assert code == 2 and "mig-batch-subjob is not a file" in err
     (etc / "mig-batch-subjob").rmdir()
+    before = snapshot(etc)
     assert cli(capsys, *slurm_args(etc, config), "--force")[0] == 0
-    assert elsewhere.read_text() == "not yours\n" and not (etc / "job_submit.lua").is_symlink()
-    assert os.readlink(etc / "job_submit.lua.mig-batch-old~") == str(elsewhere)
+    assert (etc / "site-prolog.sh").read_text() == "#!/bin/sh\nexit 0\n" and not (etc / "mig-batch-prolog").is_symlink()
+    assert os.readlink(etc / "mig-batch-prolog.mig-batch-old~") == "site-prolog.sh"
     assert cli(capsys, "slurm", "uninstall", str(etc))[0] == 0
-    assert os.readlink(etc / "job_submit.lua") == str(elsewhere)
+    assert snapshot(etc) == before
+
+
+def test_a_symlinked_job_submit_lua_is_refused_even_with_force_until_it_loads_the_module(tmp_path, capsys):
+    """--force over a link used to replace it with the plain file (the site's rules gone from what Slurm runs):
+    refused, saying which two lines to add to the file it points at; once they are there the link is the site's,
+    left as it is by install and uninstall."""
+    etc, config = tmp_path / "etc", site_config(tmp_path)
+    etc.mkdir()
+    elsewhere = tmp_path / "site-submit.lua"
+    elsewhere.write_text(SITE_RULE)
+    (etc / "job_submit.lua").symlink_to(elsewhere)
+    module = etc / slurm_installing.SUBMIT_MODULE
+    before = snapshot(etc)
+    for extra in ("--force", "--dry-run", ""):
+        code, _out, err = cli(capsys, *slurm_args(etc, config), *([extra] if extra else []))
+        assert code == 2 and snapshot(etc) == before and elsewhere.read_text() == SITE_RULE, err
+        assert f"{etc / 'job_submit.lua'} is a symbolic link to {elsewhere}" in err
+        assert f'dofile("{module}")' in err and "by hand" in err and "Traceback" not in err
+    site = SITE_RULE[: SITE_RULE.rindex("return slurm.SUCCESS")] + slurm_installing.loader_lines(module) + \
+        "return slurm.SUCCESS\n"  # fmt: skip
+    elsewhere.write_text(site)  # the two lines added by hand, in the file the link points at
+    code, out, err = cli(capsys, *slurm_args(etc, config))
+    assert code == 0 and f"unchanged {etc / 'job_submit.lua'}" in out, err
+    assert os.readlink(etc / "job_submit.lua") == str(elsewhere) and elsewhere.read_text() == site
+    assert json.loads((etc / site_files.MANIFEST).read_text())["files"]["job_submit.lua"]["written"] is False
+    assert cli(capsys, "slurm", "uninstall", str(etc))[0] == 0
+    assert snapshot(etc) == before and elsewhere.read_text() == site
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_job_submit_lua_rewritten_with_the_loader_keeps_the_sites_mode_and_owner(tmp_path, capsys):
+    etc, config = tmp_path / "etc", site_config(tmp_path)
+    etc.mkdir()
+    job_submit = etc / "job_submit.lua"
+    job_submit.write_text(SITE_RULE)
+    os.chown(job_submit, 4321, 8765)
+    job_submit.chmod(0o640)
+    before = snapshot(etc)
+    assert cli(capsys, *slurm_args(etc, config), "--force")[0] == 0
+    st = os.lstat(job_submit)
+    assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o640, 4321, 8765)
+    assert 'dofile("' in job_submit.read_text()
+    code, out, err = cli(capsys, *slurm_args(etc, config))  # installed again: nothing to do, its mode stays
+    assert code == 0 and f"unchanged {job_submit}" in out, err
+    assert cli(capsys, "slurm", "uninstall", str(etc))[0] == 0
+    assert snapshot(etc) == before
+    st = os.lstat(job_submit)
+    assert (st.st_uid, st.st_gid) == (4321, 8765)
+
+
+def forged(etc: Path, files: dict) -> None:
+    etc.mkdir(exist_ok=True)
+    (etc / site_files.MANIFEST).write_text(json.dumps({"format": site_files.MANIFEST_FORMAT, "files": files}))
+    (etc / site_files.MANIFEST).chmod(0o644)
+
+
+@pytest.mark.parametrize("files, why", [
+    ({"{victim}/important": {"sha256": "{sha}", "before": None}}, "not a name in the folder"),
+    ({"../victim/important": {"sha256": "{sha}", "before": None}}, "not a name in the folder"),
+    ({"..": {"sha256": "{sha}", "before": None}}, "not a name in the folder"),
+    ({".": {"sha256": "{sha}", "before": None}}, "not a name in the folder"),
+    ({"": {"sha256": "{sha}", "before": None}}, "not a name in the folder"),
+    ({site_files.MANIFEST: {"sha256": "{sha}", "before": None}}, "not a name in the folder"),
+    ({"new_file": {"sha256": "{newsha}", "before": {"kept": "../evil"}}}, "not a name the install keeps"),
+    ({"new_file": {"sha256": "{newsha}", "before": {"kept": "{victim}/important"}}}, "not a name the install keeps"),
+    ({"new_file": {"sha256": "{newsha}", "before": {"kept": "evil"}}}, "not a name the install keeps"),
+    ({"new_file": {"sha256": "{newsha}", "before": {"kept": "new_file.mig-batch-old~/../../evil"}}},
+     "not a name the install keeps"),
+    ({"new_file": {"sha256": "{newsha}", "changed_kept": "../evil", "before": None}}, "not a name the install keeps"),
+    ({"new_file": ["not", "a", "record"]}, "not a record"),
+    ({"new_file": {"sha256": "{newsha}", "before": "../evil"}}, "not a record"),
+])  # fmt: skip
+def test_a_forged_manifest_never_reaches_outside_the_folder(tmp_path, capsys, files, why):
+    """A manifest naming a path outside the folder (absolute, ``..``) or a kept file the install never writes: both
+    install and uninstall refuse it before touching anything (they used to remove the victim's file and rename the
+    attacker's over another)."""
+    etc, config, victim = tmp_path / "etc", site_config(tmp_path), tmp_path / "victim"
+    victim.mkdir()
+    (victim / "important").write_text("the victim's\n")
+    (tmp_path / "evil").write_text("the attacker's\n")
+    sha = site_files.sha256(b"the victim's\n")
+    text = json.dumps(files).replace("{victim}", str(victim)).replace("{sha}", sha)
+    text = text.replace("{newsha}", site_files.sha256(b"x\n"))  # new_file is ours as far as the manifest says
+    forged(etc, json.loads(text))
+    (etc / "new_file").write_text("x\n")
+    before, outside = snapshot(etc), (snapshot(victim), (tmp_path / "evil").read_text())
+    for args in (["slurm", "uninstall", str(etc)], ["slurm", "uninstall", str(etc), "--force"],
+                 ["htcondor", "uninstall", str(etc)], [*slurm_args(etc, config), "--force"]):  # fmt: skip
+        code, _out, err = cli(capsys, *args)
+        assert code == 2 and why in err and "Traceback" not in err, (args, err)
+        assert snapshot(etc) == before and (snapshot(victim), (tmp_path / "evil").read_text()) == outside
+
+
+def test_the_manifest_and_the_folder_must_be_writable_by_root_alone(tmp_path, capsys):
+    etc, config = tmp_path / "etc", site_config(tmp_path)
+    assert cli(capsys, *slurm_args(etc, config))[0] == 0
+    manifest = etc / site_files.MANIFEST
+    files = snapshot(etc)
+    manifest.chmod(0o666)  # anyone could have written it
+    for args in (slurm_args(etc, config), ["slurm", "uninstall", str(etc)]):
+        code, _out, err = cli(capsys, *args)
+        assert code == 2 and f"{manifest} is writable by group or others" in err and "Traceback" not in err, err
+    manifest.chmod(0o644)
+    if os.geteuid() == 0:
+        os.chown(manifest, 4321, 4321)  # another user's
+        for args in (slurm_args(etc, config), ["slurm", "uninstall", str(etc)]):
+            code, _out, err = cli(capsys, *args)
+            assert code == 2 and f"{manifest} is owned by uid 4321" in err, err
+        os.chown(manifest, os.geteuid(), os.getegid())
+    etc.chmod(0o777)  # another user could put a manifest (or anything) there
+    for args in (slurm_args(etc, config), ["slurm", "uninstall", str(etc)], ["htcondor", "uninstall", str(etc)]):
+        code, _out, err = cli(capsys, *args)
+        assert code == 2 and "writable by group or others" in err and str(etc) in err, err
+    etc.chmod(0o755)
+    link = tmp_path / "etc-link"
+    link.symlink_to(etc)
+    code, _out, err = cli(capsys, "slurm", "uninstall", str(link))
+    assert code == 2 and "symbolic link" in err, err
+    assert snapshot(etc) == files  # nothing was touched
+    assert cli(capsys, "slurm", "uninstall", str(etc))[0] == 0 and not etc.exists()
+
+
+def test_uninstall_refuses_up_front_when_a_kept_file_is_gone(tmp_path, capsys):
+    etc, config = tmp_path / "etc", site_config(tmp_path)
+    etc.mkdir()
+    (etc / "job_submit.lua").write_text(SITE_RULE)
+    (etc / "mig-batch-subjob").write_text("the site's\n")
+    assert cli(capsys, *slurm_args(etc, config), "--force")[0] == 0
+    kept = [etc / "job_submit.lua.mig-batch-old~", etc / "mig-batch-subjob.mig-batch-old~"]
+    for path in kept:
+        os.rename(path, tmp_path / path.name)
+    files = snapshot(etc)
+    code, _out, err = cli(capsys, "slurm", "uninstall", str(etc))
+    assert code == 2 and all(str(path) in err for path in kept) and snapshot(etc) == files, err
+    assert "nothing was removed" in err
+    for path in kept:
+        os.rename(tmp_path / path.name, path)
+    assert cli(capsys, "slurm", "uninstall", str(etc))[0] == 0
+    assert sorted(p.name for p in etc.iterdir()) == ["job_submit.lua", "mig-batch-subjob"]
+
+
+def test_an_uninstall_that_fails_half_way_is_finished_by_the_next(tmp_path, capsys, monkeypatch):
+    """Each entry undone is dropped from the manifest at once: an uninstall stopped after some (an error, a crash)
+    is finished by running it again, and one stopped between renaming a kept file back and recording it sees the
+    site's file back in place and goes on."""
+    etc, config = tmp_path / "etc", site_config(tmp_path)
+    etc.mkdir()
+    (etc / "job_submit.lua").write_text(SITE_RULE)
+    (etc / "mig-batch-subjob").write_text("the site's\n")
+    before = snapshot(etc)
+    assert cli(capsys, *slurm_args(etc, config), "--force")[0] == 0
+    real, calls = site_files._remove_one, []
+
+    def failing(*args, **kwargs):
+        calls.append(args[1])
+        if len(calls) == 3:
+            raise OSError(5, "Input/output error")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(site_files, "_remove_one", failing)
+    with pytest.raises(OSError):
+        site_files.uninstall_files(etc)
+    monkeypatch.setattr(site_files, "_remove_one", real)
+    left = json.loads((etc / site_files.MANIFEST).read_text())["files"]
+    assert calls[0] == "job_submit.lua" and not set(calls[:2]) & set(left) and calls[2] in left
+    assert (etc / "job_submit.lua").read_text() == SITE_RULE
+    code, _out, err = cli(capsys, "slurm", "uninstall", str(etc))
+    assert code == 0, err
+    assert snapshot(etc) == before
+
+    # stopped right after renaming the kept job_submit.lua back, before the manifest said so
+    assert cli(capsys, *slurm_args(etc, config), "--force")[0] == 0
+    os.replace(etc / "job_submit.lua.mig-batch-old~", etc / "job_submit.lua")
+    code, _out, err = cli(capsys, "slurm", "uninstall", str(etc))
+    assert code == 0, err
+    assert snapshot(etc) == before
 
 
 def test_a_broken_manifest_is_refused_by_name(tmp_path, capsys):
