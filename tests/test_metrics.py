@@ -1,11 +1,16 @@
-"""mig-batchd's metrics (OpenMetrics over the standard library's http.server) and the node agent's
-(a node-exporter textfile): the text is well formed, the numbers are the snapshot's, a scrape while the batch
-system is down still answers with the last good pass; bad settings are refused (exit 2)."""
+"""mig-batchd's metrics (OpenMetrics from its own small HTTP server) and the node agent's (a node-exporter
+textfile): the text is well formed, the numbers are the snapshot's, a scrape while the batch system is down
+still answers with the last good pass; bad settings are refused (exit 2); slow or many clients can neither take
+the daemon's file descriptors nor keep a scrape out, and a scrape renders nothing."""
 
+import contextlib
 import json
+import os
 import re
 import socket
 import stat
+import threading
+import time
 import urllib.request
 
 import pytest
@@ -194,6 +199,206 @@ def test_a_scrape_shows_the_jobs_slices_and_passes_and_the_last_good_pass_while_
         server.server_close()
 
 
+def test_the_line_cache_renders_as_render_does_when_numbers_change():
+    from mig_batch.controller.metrics import LineCache
+
+    cache = LineCache()
+    up = {(("node", f"n{i}"),): 1.0 for i in range(5)}
+    for change in range(4):  # the same again, one number changed and a node more, a node gone
+        families = [gauge("x_up", "up\nnow", up), counter("x_events", "e", {(("kind", 'a"b'),): 3}),
+                    Histogram((0.1,)).family("x_seconds", "s")]  # fmt: skip
+        assert cache.text(families) + "# EOF\n" == render(families)
+        if change == 1:
+            up[(("node", "n3"),)] = 0.0
+            up[(("node", "n9"),)] = float("nan")
+        elif change == 2:
+            del up[(("node", "n0"),)]
+
+
+# --- the HTTP edge under attack (anyone on the host can connect) ------------------------------------------
+
+
+def published(tmp_path):
+    """A ControllerMetrics after one pass of a controller on the FakeBatch (jobs, slices and nodes counted)."""
+    from mig_batch.controller.health import Health
+
+    m = ControllerMetrics()
+    c = Controller(SiteConfig(nodes={"n1": ("A100-80GB",)}), Store(tmp_path / "state.db"), FakeBatch(["n1"]),
+                   metrics=m)  # fmt: skip
+    c.step()
+    m.count_snapshot(0.0, c.snapshot.jobs.values(), {}, c.view, c.snapshot.nodes, c.snapshot.inventory)
+    m.publish(Health(1.0), None)
+    return m
+
+
+def open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+class Trickle:
+    """Slowloris: sockets connected to the server, each sent one byte of a request that never ends each period."""
+
+    def __init__(self, port, n, period=0.5):
+        self.socks = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(n)]
+        self.period, self.stop = period, threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        prefix = b"GET /metrics HTTP/1.1\r\nX-Slow: "
+        sent = 0
+        while not self.stop.is_set():
+            byte = prefix[sent:sent + 1] or b"a"
+            sent += 1
+            for s in self.socks:
+                with contextlib.suppress(OSError):  # the server closed it: expected
+                    s.send(byte)
+            self.stop.wait(self.period)
+
+    def close(self):
+        self.stop.set()
+        self.thread.join()
+        for s in self.socks:
+            s.close()
+
+
+def test_slow_clients_can_neither_take_the_fds_nor_keep_a_scrape_out(tmp_path):
+    from mig_batch.controller.metrics import MAX_CONNECTIONS
+
+    server = MetricsServer("127.0.0.1", 0, published(tmp_path))
+    server.start()
+    before = open_fds()
+    trickle = None
+    try:
+        trickle = Trickle(server.server_address[1], 3 * MAX_CONNECTIONS + 4)
+        time.sleep(1.2)  # every connection accepted, two bytes each
+        held = open_fds() - before - len(trickle.socks)  # the server's side of them
+        assert held <= MAX_CONNECTIONS + 2, f"the server holds {held} sockets"
+        for _ in range(3):  # a scrape, while the slow ones keep coming
+            started = time.monotonic()
+            s = scrape(server)
+            assert time.monotonic() - started < 2.0
+            assert s["mig_batch_slices"] and s["mig_batch_passes_total"]
+        assert open_fds() - before - len(trickle.socks) <= MAX_CONNECTIONS + 2
+    finally:
+        if trickle is not None:
+            trickle.close()
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_trickled_request_is_closed_at_its_deadline_not_kept_by_each_byte(tmp_path):
+    server = MetricsServer("127.0.0.1", 0, published(tmp_path), request_deadline_s=1.0)
+    server.start()
+    try:
+        slow = socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=0.2)
+        started = time.monotonic()
+        closed = None
+        for byte in (b"GET /metrics HTTP/1.1\r\nX-Slow: " + b"a" * 100)[:25]:  # a byte every 0.2 s: 5 s
+            try:
+                slow.send(bytes([byte]))
+                if slow.recv(1) == b"":
+                    closed = time.monotonic() - started
+                    break
+            except TimeoutError:
+                continue
+            except OSError:
+                closed = time.monotonic() - started
+                break
+        slow.close()
+        assert closed is not None and 0.9 <= closed < 2.0, closed
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+_OUT_OF_FDS = """
+import os, resource, sys, time
+from mig_batch.controller.metrics import ControllerMetrics, MetricsServer
+server = MetricsServer("127.0.0.1", 0, ControllerMetrics())
+server.start()
+resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8,
+                                            resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+hog = []
+try:
+    while True:
+        hog.append(os.open("/dev/null", os.O_RDONLY))
+except OSError:
+    pass
+print(server.server_address[1], flush=True)
+sys.stdin.readline()  # a client is waiting: the server cannot accept it
+started = time.process_time()
+time.sleep(1.5)
+print(time.process_time() - started, flush=True)
+for fd in hog:
+    os.close(fd)
+sys.stdin.readline()
+"""
+
+
+def test_out_of_fds_the_server_waits_without_spinning_and_answers_after(tmp_path):
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", _OUT_OF_FDS], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        port = int(child.stdout.readline())
+        client = socket.create_connection(("127.0.0.1", port), timeout=5)  # the kernel's backlog takes it
+        client.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert float(child.stdout.readline()) < 0.25  # CPU seconds in 1.5 s: paused, not spinning on accept
+        answer = b""
+        while chunk := client.recv(65536):  # accepted once fds are free again
+            answer += chunk
+        client.close()
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n") and answer.endswith(b"# EOF\n")
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.wait(timeout=10) == 0
+        assert child.stderr.read().count("cannot accept connections: [Errno 24]") == 1
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def test_a_scrape_sends_the_text_rendered_once_per_publish(tmp_path, monkeypatch):
+    import mig_batch.controller.metrics as metrics_module
+    from mig_batch.controller.health import Health
+
+    m = published(tmp_path)
+    calls = []
+
+    def spy(families, *args, **kwargs):
+        families = list(families)
+        calls.append([f.name for f in families])
+        return render(families, *args, **kwargs)
+
+    monkeypatch.setattr(metrics_module, "render", spy)
+    server = MetricsServer("127.0.0.1", 0, m)
+    server.start()
+    try:
+        m.publish(Health(1.0), None)  # a pass: its text rendered now, the snapshot's kept from its counting
+        assert calls and not any("mig_batch_slices" in names for names in calls)
+        published_text = m.text()
+        calls.clear()
+        for _ in range(3):
+            url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+            with urllib.request.urlopen(url, timeout=10) as answer:
+                assert answer.read() == published_text
+        assert calls == []  # a scrape renders nothing
+        assert parse(published_text.decode())["mig_batch_slices"]
+        request = urllib.request.Request(url, data=b"x", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 405
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 # --- the settings ----------------------------------------------------------------------------------------
 
 
@@ -289,7 +494,7 @@ def test_the_grafana_dashboard_graphs_only_metrics_that_exist(tmp_path):
     m.publish(Health(1.0), None)
     agent = render(AgentMetrics().families("n1", 0.0, 0.0, 0, 0))
     served = set()  # every family declared (some have no sample yet), by the names its samples take
-    for line in (m.text() + agent).splitlines():
+    for line in (m.text().decode() + agent).splitlines():
         if line.startswith("# TYPE "):
             _, _, name, kind = line.split(" ")
             served |= {name + suffix for suffix in _SUFFIXES[kind]}
