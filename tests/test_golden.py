@@ -84,7 +84,7 @@ def htcondor_install(config: SiteConfig, dest: Path) -> dict[str, str]:
     """What `mig-batch htcondor install DEST --config ... --agent-identity ...` writes for ``config``."""
     written = htcondor_installing.install(dest, site_models(config), HTCONDOR_CONTROLLER, [HTCONDOR_AGENT_IDENTITY],
                                           HTCONDOR_PYTHON, str(config.agent_socket), config.htcondor_agent_file,
-                                          HTCONDOR_WRAPPER_DIR)  # fmt: skip
+                                          HTCONDOR_WRAPPER_DIR, nodes=config.nodes)  # fmt: skip
     return {path.name: path.read_text() for path in written}
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from mig_batch.batch.system import BatchError, BatchJob, BatchSystem, JobState, NodeStatus, Pin
 from mig_batch.htcondor import versions
+from mig_batch.htcondor.accounting import SLICES_ATTR
 from mig_batch.htcondor.attrs import AGENT_ATTR, NODE_NAME_ATTR, PIN_ATTR, TAG_ATTR, TIME_LIMIT_ATTR
 from mig_batch.safe_files import write_file
 
@@ -254,6 +255,8 @@ class HTCondorBatch:
                     if p.time_limit_min is not None:
                         self.schedd.edit(waiting, TIME_LIMIT_ATTR, str(p.time_limit_min * 60))
                     self.schedd.edit(waiting, TAG_ATTR, self._quote(p.admin_tag))
+                    if p.slices:  # what accounting counts, where the site turns it on (accounting.py)
+                        self.schedd.edit(waiting, SLICES_ATTR, str(int(p.slices)))
                     self.schedd.edit(waiting, PIN_ATTR, self._quote(p.node))  # last: it ends "waiting"
                     result = self.schedd.act(self.htcondor.JobAction.Release, p.job_id, ("mig-batch: placed", 0))
                 if int(result.get("TotalSuccess", 0)) + int(result.get("TotalBadStatus", 0)) != 1:
