@@ -189,7 +189,8 @@ def test_doctor_says_how_mig_batchds_passes_go_from_its_health_file(tmp_path):
 
 def test_doctor_scrapes_the_metrics_endpoint_when_one_is_set(tmp_path):
     from mig_batch.controller.health import Health
-    from mig_batch.controller.metrics import ControllerMetrics, MetricsServer
+    from mig_batch.controller.metrics import ControllerMetrics
+    from mig_batch.controller.metrics_server import MetricsServer
 
     assert ops_commands.check_metrics(SiteConfig()) == []  # off: no check
     metrics = ControllerMetrics()

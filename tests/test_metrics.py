@@ -20,7 +20,8 @@ from mig_batch.batch.system import BatchError, BatchJob, JobState
 from mig_batch.batch.tags import NodeReport, parse_place
 from mig_batch.config import ConfigError, SiteConfig, listen_address, load_config
 from mig_batch.controller.daemon import Controller
-from mig_batch.controller.metrics import ControllerMetrics, EventTally, MetricsServer, job_counts, wait_category
+from mig_batch.controller.metrics import ControllerMetrics, EventTally, job_counts, wait_category
+from mig_batch.controller.metrics_server import MetricsServer
 from mig_batch.node.metrics import AgentMetrics, Histogram, counter, gauge, render, write_textfile
 from mig_batch.safe_files import UnsafePath
 from mig_batch.state import Store
@@ -263,7 +264,7 @@ class Trickle:
 
 
 def test_slow_clients_can_neither_take_the_fds_nor_keep_a_scrape_out(tmp_path):
-    from mig_batch.controller.metrics import MAX_CONNECTIONS
+    from mig_batch.controller.metrics_server import MAX_CONNECTIONS
 
     server = MetricsServer("127.0.0.1", 0, published(tmp_path))
     server.start()
@@ -314,7 +315,8 @@ def test_a_trickled_request_is_closed_at_its_deadline_not_kept_by_each_byte(tmp_
 
 _OUT_OF_FDS = """
 import os, resource, sys, time
-from mig_batch.controller.metrics import ControllerMetrics, MetricsServer
+from mig_batch.controller.metrics import ControllerMetrics
+from mig_batch.controller.metrics_server import MetricsServer
 server = MetricsServer("127.0.0.1", 0, ControllerMetrics())
 server.start()
 resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8,

@@ -96,7 +96,8 @@ def _batchd(argv: list[str]) -> int:
 def serve_metrics(listen: str) -> ControllerMetrics:
     """mig-batchd's OpenMetrics endpoint on ``listen`` (``[host:]port``), in a thread; what the passes fill."""
     from mig_batch.config import ConfigError, listen_address
-    from mig_batch.controller.metrics import ControllerMetrics, MetricsServer
+    from mig_batch.controller.metrics import ControllerMetrics
+    from mig_batch.controller.metrics_server import MetricsServer
 
     host, port = listen_address(listen)
     metrics = ControllerMetrics()
