@@ -85,7 +85,8 @@ def pin(controller, job_id, node, start):
 def job_attrs(pool, job_id, *attrs):
     """The owner's view of the job (condor_q -af, one value per attribute)."""
     out = pool.run("condor_q", job_id, "-af:t", *attrs, user=pool.user).stdout.strip("\n")
-    return dict(zip(attrs, out.split("\t"), strict=True))
+    # stripped: 23.9's negotiator ends its reasons with a space
+    return dict(zip(attrs, (value.strip() for value in out.split("\t")), strict=True))
 
 
 def usage(pool):
@@ -95,11 +96,12 @@ def usage(pool):
     return {ad["Name"].strip('"'): float(ad["WeightedResourcesUsed"]) for ad in ads if "Name" in ad}
 
 
-def wait_until(what, probe, timeout=60.0):
+def wait_until(what, probe, done=bool, timeout=60.0):
+    """``probe()`` once ``done`` says so of it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = probe()
-        if value:
+        if done(value):
             return value
         time.sleep(0.5)
     raise AssertionError(f"{what}: not after {timeout:.0f}s (last: {probe()!r})")
@@ -138,8 +140,8 @@ def test_usage_grows_by_the_slices_held_and_the_cap_keeps_a_second_job_idle_nami
 
         pin(controller, second, "nodeb", 0)  # room on nodeb, but 4 + 4 slices are over the cap of 6
         reason = f"concurrency limit {accounting.LIMIT}.{pool.user} reached"
-        why = wait_until("the second job's reason", lambda: job_attrs(pool, second, "JobStatus", "LastRejMatchReason")
-                         if job_attrs(pool, second, "LastRejMatchReason")["LastRejMatchReason"] == reason else None)
+        why = wait_until("the second job's reason", lambda: job_attrs(pool, second, "JobStatus", "LastRejMatchReason"),
+                         lambda seen: seen["LastRejMatchReason"] == reason)  # fmt: skip
         assert why["JobStatus"] == "1"  # idle: pinned, and waiting for the user's slices
         time.sleep(10)  # two more negotiation cycles: still idle, for the same reason
         assert job_attrs(pool, second, "JobStatus", "LastRejMatchReason") == why
