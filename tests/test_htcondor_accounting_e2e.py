@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY_NOT is not None, reason=s
 A100 = get_model("A100-80GB")
 SLICES_3G = A100.profile("3g.40gb").memory_slices  # 4 of the GPU's 8
 CAP = 6  # the job owner's MIG slices (MIG_SLICES.CIUSER_LIMIT): one 3g.40gb fits, two do not
+GROUP = "group_mig"
 DEFAULT_CAP = 2  # every other user's (CONCURRENCY_LIMIT_DEFAULT_MIG_SLICES): were it the owner's, nothing would run
 # the config install writes, each node's count by its name: the first startd's $(HOSTNAME) is the pool's host
 # name; the second startd (local name NODEB) takes its own count, as a second host would by its name
@@ -34,6 +35,8 @@ ACCOUNTING = "\n".join([
     "NODEB.MACHINE_RESOURCE_MigSlices = $(MIG_BATCH_SLICES_nodeb)",
     f"CONCURRENCY_LIMIT_DEFAULT_{accounting.LIMIT.upper()} = {DEFAULT_CAP}",
     f"{accounting.LIMIT.upper()}.{LocalPool.user.upper()}_LIMIT = {CAP}",
+    f"GROUP_NAMES = {GROUP}",  # an accounting group with a quota: its use is counted in slot weight, so slices
+    f"GROUP_QUOTA_{GROUP} = {SLICES_3G}",
 ])  # fmt: skip
 JOB = """executable = /bin/sh
 arguments = "-c 'sleep {seconds}'"
@@ -154,3 +157,18 @@ def test_usage_grows_by_the_slices_held_and_the_cap_keeps_a_second_job_idle_nami
         for job_id in (first, second):
             with contextlib.suppress(BatchError):  # already removed
                 controller.cancel(job_id)
+
+
+def test_an_accounting_groups_use_counts_the_slices_too(pool, controller):
+    for leftover in (j for j in controller.jobs() if not j.finished):
+        controller.cancel(leftover.job_id)
+    member = f"{GROUP}.{pool.user}@migpool.local"  # the submitter: the group and its user
+    wait_until("no usage left", lambda: not any(usage(pool).get(name) for name in (GROUP, member)))
+    job_id = submit(pool, "grouped", extra=f"accounting_group = {GROUP}")
+    try:
+        pin(controller, job_id, "nodeb", 0)
+        wait_until("the group's use of the slices held",
+                   lambda: (usage(pool).get(GROUP), usage(pool).get(member)) == (SLICES_3G, SLICES_3G))  # fmt: skip
+        assert job_attrs(pool, job_id, "JobStatus", "AcctGroup") == {"JobStatus": "2", "AcctGroup": GROUP}
+    finally:
+        controller.cancel(job_id)
