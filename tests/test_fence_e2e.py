@@ -3,12 +3,10 @@ MIG jobs with plain sbatch; each job runs as its user, gets its instance from th
 and opens MIG devices as CUDA would (the emulated node's ``cuda-open``): its own instance, and the other
 user's once it points CUDA_VISIBLE_DEVICES at it. One node, one A100-40GB (emulated libnvidia-ml)."""
 
-import json
 import os
 import pwd
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -17,6 +15,7 @@ import pytest
 from harness.slurm_cluster import NODE_GPU_DIR, LocalCluster, MigTestbed
 
 from mig_batch.batch.tags import wait_note
+from mig_batch.cli.migsub_status import SQUEUE_FORMAT, parse_records, status_row
 from mig_batch.gpu import nvml_emu
 
 USERS = ("mig-batch-alice", "mig-batch-bob")
@@ -172,6 +171,14 @@ def test_an_ordinary_user_reads_why_their_job_waits(bed):
     the note off."""
     testbed, (alice, bob), shared = bed
     whole = submit(testbed, alice, shared, HOLDS, "--gres=mig:7g.40gb")
+    try:
+        saw_why_it_waits(testbed, alice, bob, shared, whole)
+    finally:  # a failure must not leave its jobs holding the GPU for the next test
+        for user in (alice, bob):
+            testbed.cluster.run("scancel", "-u", user.pw_name, check=False)
+
+
+def saw_why_it_waits(testbed, alice, bob, shared, whole):
     wait_for(lambda: state(testbed, whole) == "RUNNING", why="the whole-GPU job to run")
     waiting = submit(testbed, alice, shared, HOLDS, "--gres=mig:1g.5gb")
     after = submit(testbed, bob, shared, "#!/bin/sh\ntrue\n", "--gres=mig:1g.5gb", f"--dependency=afterany:{waiting}")
@@ -184,8 +191,9 @@ def test_an_ordinary_user_reads_why_their_job_waits(bed):
     shown = as_user(testbed, alice, "scontrol", "show", "job", waiting)
     assert ";waits=no room: every GPU that could hold 1g.5gb" in shown, shown
     wait_for(lambda: note(bob, after) == f"job {waiting} to end", why=f"bob's job {after} to show its dependency")
-    rows = {r["job"]: r for r in json.loads(as_user(testbed, alice, sys.executable, "-m", "mig_batch.cli.migsub",
-                                                    "status", "--json"))}  # fmt: skip
+    # migsub status's own reading, as alice (its squeue call; the checkout's Python may be out of her reach)
+    queue = as_user(testbed, alice, "env", "SLURM_TIME_FORMAT=%s", "squeue", "-h", "-O", SQUEUE_FORMAT, "--me")
+    rows = {r["job"]: r for r in (status_row(*rec) for rec in parse_records(queue)) if r is not None}
     assert set(rows) == {whole, waiting}  # hers only
     assert rows[waiting]["waits"].startswith("no room: every GPU that could hold 1g.5gb is busy"), rows
     (spot,) = rows[whole]["placement"]["instances"]
@@ -203,6 +211,7 @@ def test_an_interactive_allocation_gets_its_own_instance_and_gives_it_back(bed):
     """salloc --gres=mig:<profile> as an ordinary user: held until mig-batchd places it, like a batch job; its
     step sees exactly one MIG device, the instance made for it, which CUDA opens; gone once the allocation ends."""
     testbed, (alice, _), shared = bed
+    wait_for(lambda: nvml_emu.live_instances(testbed.gpu_dir("n1")) == [], 60, "earlier jobs' instances to go")
     end = shared / f"salloc-{time.monotonic_ns()}.end"
     step = (f"echo own $CUDA_VISIBLE_DEVICES; sh {NODE_GPU_DIR}/cuda-open; echo own-rc $?; "
             f"n=0; while [ ! -f {end} ] && [ $n -lt 600 ]; do sleep 0.2; n=$((n + 1)); done")  # fmt: skip
