@@ -8,12 +8,11 @@ command-line tools inside the chroot, and ``condor_userprio`` runs there as root
 """
 
 import contextlib
-import os
 import re
 import time
 
 import pytest
-from harness.htcondor_pool import LocalPool
+from harness.htcondor_pool import LocalPool, controller_batch
 
 from mig_batch.batch.system import BatchError, Pin
 from mig_batch.htcondor import accounting
@@ -60,14 +59,8 @@ def pool(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def controller(pool):
-    from mig_batch.htcondor.adapter import HTCondorBatch
-
-    before = os.environ.get("CONDOR_CONFIG")
-    yield HTCondorBatch(pool.client_config(pool.controller), agent_file=str(pool.agent_file("{node}")))
-    if before is None:
-        os.environ.pop("CONDOR_CONFIG", None)
-    else:
-        os.environ["CONDOR_CONFIG"] = before
+    with controller_batch(pool) as batch:
+        yield batch
 
 
 def submit(pool, name, seconds=300, extra=""):

@@ -7,12 +7,11 @@ run as that user inside the chroot, so the two identities never share a process 
 one security session per process).
 """
 
-import os
 import re
 import time
 
 import pytest
-from harness.htcondor_pool import LocalPool
+from harness.htcondor_pool import LocalPool, controller_batch
 
 from mig_batch.batch.system import JobState, Pin
 from mig_batch.batch.tags import AgentTag, parse_agent_tag, parse_place
@@ -47,14 +46,8 @@ def pool(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def controller(pool):
-    from mig_batch.htcondor.adapter import HTCondorBatch
-
-    before = os.environ.get("CONDOR_CONFIG")
-    yield HTCondorBatch(pool.client_config(pool.controller), agent_file=str(pool.agent_file("{node}")))
-    if before is None:
-        os.environ.pop("CONDOR_CONFIG", None)
-    else:
-        os.environ["CONDOR_CONFIG"] = before
+    with controller_batch(pool) as batch:
+        yield batch
 
 
 def submit_as_owner(pool, name, seconds=1, held=True, check=True, **request):

@@ -43,8 +43,8 @@ from typing import Any
 from mig_batch.mig.models import get_model
 from mig_batch.placement.cluster import Cluster
 from mig_batch.placement.policies import make_policy
-from mig_batch.sim.engine import run_online, run_timeline
-from mig_batch.sim.robust import FILL_DEMAND, FILL_MODEL, POD_PREFIX, judge_cell, summarise, trace_variants
+from mig_batch.sim.engine import run_timeline
+from mig_batch.sim.robust import FILL_DEMAND, FILL_MODEL, POD_PREFIX, fill_runs, judge_cell, summarise, trace_variants
 from mig_batch.sim.trace_experiment import (
     HOUR,
     NODE_FILE,
@@ -55,7 +55,7 @@ from mig_batch.sim.trace_experiment import (
 )
 from mig_batch.sim.traces import TraceNode, read_nodes, read_pods, read_variant_pods, trace_arrivals
 from mig_batch.sim.verdict import REFERENCE_POLICY, acceptance_by_profile, mark_starvation
-from mig_batch.sim.workloads import MFI_DISTRIBUTIONS, Arrival, mfi_arrivals
+from mig_batch.sim.workloads import MFI_DISTRIBUTIONS, Arrival
 
 FAMILIES = ("fill-seeds", "fill-mixes", "fill-a30", "synth-trace", "trace-load", "trace-window", "trace-a30")
 FILL_SEEDS = range(101, 201)  # the suite's fill cells use seeds 1..100
@@ -165,28 +165,10 @@ class HeldoutSetup:
 def fill_cell(
     model_name: str, mix: Mapping[str, float], gpus: int, policy: str, seeds: Sequence[int]
 ) -> dict[str, Any]:
-    """One policy on one fill cell: means over ``seeds``, per-profile acceptance pooled."""
-    model = get_model(model_name)
-    served, accepted = [], []
-    arrived_by: dict[str, int] = {}
-    accepted_by: dict[str, int] = {}
-    for seed in seeds:
-        arrivals = mfi_arrivals(model, gpus, mix, seed, FILL_DEMAND, departures=False)
-        (snap,) = run_online(
-            Cluster.homogeneous(model.name, gpus), make_policy(policy), model.name, arrivals, (FILL_DEMAND,)
-        )
-        served.append(snap.accepted_slices)
-        accepted.append(snap.accepted)
-        for profile, n in snap.arrived_by_profile.items():
-            arrived_by[profile] = arrived_by.get(profile, 0) + n
-        for profile, n in snap.accepted_by_profile.items():
-            accepted_by[profile] = accepted_by.get(profile, 0) + n
-    return {
-        "gpus": gpus,
-        "served": statistics.fmean(served),
-        "accepted": statistics.fmean(accepted),
-        "acceptance_by_profile": acceptance_by_profile(arrived_by, accepted_by),
-    }
+    """One policy on one fill cell: means over ``seeds``, per-profile acceptance pooled (the suite's own run)."""
+    cell = fill_runs(model_name, mix, gpus, policy, seeds)
+    cell.pop("migrations")  # the held-out results never listed them
+    return cell
 
 
 def _fill_task(args: tuple[str, dict[str, float], int, str, list[int]]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ The judging (``judge_cell``, ``summarise``) is pure; ``run_robust`` reads the tr
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -127,12 +127,19 @@ def _trace_task(args: tuple[list[Arrival], list[TraceNode], int, str, dict[str, 
 
 def fill_cell(mix: str, gpus: int, policy: str, runs: int) -> dict[str, Any]:
     """One policy on one fill cell: means over seeds 1..runs, per-profile acceptance pooled."""
-    model = get_model(FILL_MODEL)
+    return fill_runs(FILL_MODEL, MFI_DISTRIBUTIONS[mix], gpus, policy, range(1, runs + 1))
+
+
+def fill_runs(model_name: str, mix: Mapping[str, float], gpus: int, policy: str,
+              seeds: Iterable[int]) -> dict[str, Any]:  # fmt: skip
+    """One policy filling ``gpus`` GPUs of a model with requests drawn from ``mix``: means over ``seeds``,
+    per-profile acceptance pooled (the suite's fill cells and the held-out ones)."""
+    model = get_model(model_name)
     served, accepted, migrations = [], [], []
     arrived_by: dict[str, int] = {}
     accepted_by: dict[str, int] = {}
-    for seed in range(1, runs + 1):
-        arrivals = mfi_arrivals(model, gpus, MFI_DISTRIBUTIONS[mix], seed, FILL_DEMAND, departures=False)
+    for seed in seeds:
+        arrivals = mfi_arrivals(model, gpus, mix, seed, FILL_DEMAND, departures=False)
         (snapshot,) = run_online(Cluster.homogeneous(model.name, gpus), make_policy(policy), model.name, arrivals,
                                  (FILL_DEMAND,))  # fmt: skip
         served.append(snapshot.accepted_slices)

@@ -30,9 +30,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from mig_batch.htcondor.attrs import execute_config, node_config, schedd_config
 from mig_batch.mig.models import get_model
@@ -365,3 +366,19 @@ class LocalPool:
     def _pids(self) -> list[int]:
         """Processes whose root is this pool's chroot: only ours live there."""
         return pids_rooted_at(self.chroot)
+
+
+@contextlib.contextmanager
+def controller_batch(pool: LocalPool) -> Iterator[Any]:
+    """The controller's HTCondorBatch on ``pool`` (its identity's client config); CONDOR_CONFIG, which that
+    sets, is put back after."""
+    from mig_batch.htcondor.adapter import HTCondorBatch
+
+    before = os.environ.get("CONDOR_CONFIG")
+    try:
+        yield HTCondorBatch(pool.client_config(pool.controller), agent_file=str(pool.agent_file("{node}")))
+    finally:
+        if before is None:
+            os.environ.pop("CONDOR_CONFIG", None)
+        else:
+            os.environ["CONDOR_CONFIG"] = before
