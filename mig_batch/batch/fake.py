@@ -106,21 +106,43 @@ class FakeBatch:
     def submit(self, argv: Sequence[str], script: str | None = None) -> str:
         return self.add(" ".join(argv))
 
+    def split_array(self, job: BatchJob, tasks: Sequence[int]) -> None:
+        """As Slurm splits pending tasks off an array's record when they are updated apart from the rest;
+        an update of every pending task changes the record itself and splits nothing."""
+        self.calls.append(("split", job.job_id, *map(str, tasks)))
+        record = self._jobs.get(job.job_id)
+        if record is None or not record.held or job.job_id in self.refuse:
+            raise BatchError(f"Job is no longer pending execution for job {job.job_id}")
+        pending = [t for r in record.array_tasks for t in r]
+        if not set(tasks) <= set(pending):
+            raise BatchError(f"Invalid job id specified for job {job.job_id}_{tasks}")
+        if set(tasks) == set(pending):
+            return
+        for task in tasks:
+            new = str(self._next)
+            self._next += 1
+            self._jobs[new] = dataclasses.replace(record, job_id=new, array_tasks=(range(task, task + 1),),
+                                                  array_limit=0)  # fmt: skip
+        left = [t for t in pending if t not in set(tasks)]
+        self._set(job.job_id, array_tasks=tuple(range(t, t + 1) for t in left))
+
     # the scheduler's side, for tests
     def add(self, tag: str, user_id: int = 1000, time_limit_s: float = 3600.0, cpus: int = 1,
             partitions: Sequence[str] = (), not_before: float = 0.0, after: Sequence[After] = (),
-            job_id: str | None = None, array: str = "", array_tasks: Sequence[range] = ()) -> str:  # fmt: skip
+            job_id: str | None = None, array: str = "", array_tasks: Sequence[range] = (),
+            array_limit: int = 0) -> str:  # fmt: skip
         """A job as submitted: held when ``tag`` is a managed job's (as job_submit.lua holds it), else pending.
         ``job_id``: the record's id (default: the next number; Slurm gives an array's pending tasks one record
         with the array's id, and each started task a record of its own), ``array`` and ``array_tasks``: the
-        array and its tasks the record stands for."""
+        array and its tasks the record stands for, ``array_limit`` its %N."""
         job = job_id or str(self._next)
         self._next += 1
         self.clock += 1
         state = JobState.HELD if tag.startswith(MANAGED_PREFIX) else JobState.PENDING
         self._jobs[job] = BatchJob(job, state, tag, user_id, submit_time=self.clock, time_limit_s=time_limit_s,
                                    cpus=cpus, partitions=tuple(partitions), not_before=not_before,
-                                   after=tuple(after), array=array, array_tasks=tuple(array_tasks))  # fmt: skip
+                                   after=tuple(after), array=array, array_tasks=tuple(array_tasks),
+                                   array_limit=array_limit)  # fmt: skip
         return job
 
     def add_bound(self, tag: str, slots_file: Path, cpus: int = 1, partitions: Sequence[str] = ()) -> str:

@@ -13,7 +13,7 @@ import enum
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from mig_batch.errors import MigBatchError
 
@@ -74,6 +74,12 @@ class BatchJob:
     after: tuple[After, ...] = ()  # the jobs it depends on, all of them (one of several alternatives: none)
     array: str = ""  # the id of the job array this record belongs to ("": none)
     array_tasks: tuple[range, ...] = ()  # the array's tasks this record stands for (Slurm: one running, or all pending)
+    array_limit: int = 0  # how many of the array's tasks may run at once (Slurm's --array=...%N); 0: no limit
+
+    @property
+    def task_count(self) -> int:
+        """How many of its array's tasks this record stands for (1 for a job that is no array's)."""
+        return sum(len(r) for r in self.array_tasks) if self.array_tasks else 1
 
     def on(self, node: str) -> bool:
         """Whether it holds ``node`` (one of several too)."""
@@ -139,6 +145,16 @@ class Pin:
     admin_tag: str
     time_limit_min: int | None = None
     slices: int = 0  # memory slices the MIG instance holds, for the batch system's accounting; 0: none
+
+
+@runtime_checkable
+class SplitsArrays(Protocol):
+    """A batch system whose record can stand for several pending tasks of a job array (Slurm): those tasks
+    share one record until some are split off into records of their own, each then a job like any other."""
+
+    def split_array(self, job: BatchJob, tasks: Sequence[int]) -> None:
+        """Split ``tasks`` of ``job`` (a record of several pending tasks) off into records of their own, held
+        and tagged as ``job`` is. ``BatchError`` when the batch system refuses or does not answer."""
 
 
 class BatchSystem(Protocol):

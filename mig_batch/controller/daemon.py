@@ -14,7 +14,8 @@ room of its own under controller/:
   place   rigid and multi-instance jobs (place.py), moldable jobs (moldable.py) and subjob chains in
           gaps (chain_jobs.py, chains.py) on the timelines (timelines.py); each decision is recorded in
           the store before the batch system hears of it
-  act     pin and release (act.py); prompt slots refilled and published (slots.py)
+  act     pin and release (act.py); prompt slots refilled and published (slots.py); an array's next
+          tasks split off its record, to be placed next pass (arrays.py)
 
 Crash-safe by construction: a decision is recorded before it is acted on, and every step is idempotent,
 so after a crash (or SIGKILL) a restart resumes from the store. The in-memory view (a placement
@@ -36,6 +37,7 @@ from mig_batch.batch.system import BatchError, BatchJob, BatchSystem
 from mig_batch.batch.tags import JobTag, parse_tag
 from mig_batch.config import SiteConfig
 from mig_batch.controller.act import Pinning
+from mig_batch.controller.arrays import ArrayTasks
 from mig_batch.controller.chain_jobs import ChainJobs
 from mig_batch.controller.chains import ChainDriver
 from mig_batch.controller.fences import Fences, PinRefusals
@@ -102,6 +104,7 @@ class Controller:
                                        config.moldable, config.policy)  # fmt: skip
         self.planned = Timelines(self.ledger, store, config.atomize)
         self.pinning = Pinning(store, batch, self.ledger, self.chains, self.refusals)
+        self.arrays = ArrayTasks(store, batch)
         self._pruned = -math.inf  # when the store was last pruned to the end
         self._jobs: Mapping[str, BatchJob] = {}  # the last pass's listing (pruning keeps their records)
         self.snapshot: PassSnapshot | None = None  # the last pass's (what the metrics count)
@@ -133,6 +136,7 @@ class Controller:
         decided += self._place_planned(snapshot, queue, stats)
         stats.placed += self.pinning.pin_and_release([*pins, *decided], snapshot.now, stats.errors)
         self.waits.publish(self.batch, snapshot.jobs, [d.job for d in decided])
+        self.arrays.split(snapshot, stats.errors)  # the next pass places the tasks split off
         self.slots.refill(snapshot, crowded=stats.waiting > 0 or bool(queue.chains))
         stats.seconds = time.perf_counter() - t0
         return stats
@@ -150,9 +154,10 @@ class Controller:
 
     def _place_rigid(self, snapshot: PassSnapshot, stats: PassStats) -> tuple[list[Decision], Queue]:
         """The rigid jobs placed in queue order; the chains and moldable jobs sorted out for the planners."""
+        back = self.arrays.held_back(snapshot)
         waiting = sorted((j for j in snapshot.jobs.values()
-                          if j.managed and j.held and not j.held_by_user and self._needs_decision(j.job_id)),
-                         key=lambda j: j.order)  # fmt: skip
+                          if j.managed and j.held and not j.held_by_user and j.job_id not in back
+                          and self._needs_decision(j.job_id)), key=lambda j: j.order)  # fmt: skip
         decided: list[Decision] = []
         queue = Queue()
         with self.fences.confinement(snapshot.now) as confine:
