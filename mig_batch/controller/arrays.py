@@ -48,7 +48,8 @@ class ArrayTasks:
         """Split off the tasks that may be placed next; how many were split."""
         if not isinstance(self.batch, SplitsArrays):
             return 0
-        several = [j for j in snapshot.jobs.values() if several_tasks(j) and j.managed and j.held and not j.held_by_user]
+        several = [j for j in snapshot.jobs.values()
+                   if several_tasks(j) and j.managed and j.held and not j.held_by_user]  # fmt: skip
         if not several:
             return 0
         siblings = _live_tasks(snapshot)
