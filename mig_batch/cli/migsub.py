@@ -781,12 +781,18 @@ def _run(argv: list[str]) -> int:
         if no_backend is not None:
             raise no_backend
         if backend == "htcondor":
-            if chain is not None:
-                raise DirectiveError(f"{sources['atomize']}: --atomize (subjob chains) runs on Slurm only for now")
             if passthrough or other_gres:
                 raise DirectiveError(f"{shlex.join(passthrough) or '--gres=' + other_gres}: options for sbatch; on "
                                      "HTCondor give submit commands as '#CONDOR key = value' lines in the script")
             description = condor_description(spec, sbatch_lines)
+            if chain is not None:  # one HTCondor job runs the chain's subjobs in turn (docs/htcondor.md)
+                from mig_batch.htcondor.attrs import chain_description
+
+                try:
+                    description = chain_description(description, str(chain.checkpoint_dir), chain.min_s, chain.max_s,
+                                                    chain.deadline)  # fmt: skip
+                except ValueError as exc:
+                    raise DirectiveError(f"{sources['atomize']}: {exc}") from None
             if any(line.startswith("#SBATCH") for line in sbatch_lines):
                 # on stderr: stdout holds the job id, or the JSON
                 err_console.print(f"note: {args.script}'s #SBATCH lines are Slurm's; HTCondor reads #CONDOR lines",

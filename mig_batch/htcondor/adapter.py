@@ -31,7 +31,15 @@ from typing import Any
 from mig_batch.batch.system import BatchError, BatchJob, BatchSystem, JobState, NodeStatus, Pin
 from mig_batch.htcondor import versions
 from mig_batch.htcondor.accounting import SLICES_ATTR
-from mig_batch.htcondor.attrs import AGENT_ATTR, NODE_NAME_ATTR, PIN_ATTR, TAG_ATTR, TIME_LIMIT_ATTR
+from mig_batch.htcondor.attrs import (
+    AGENT_ATTR,
+    CHAIN_HOLD_SUBCODE,
+    JOB_POLICY_HOLD,
+    NODE_NAME_ATTR,
+    PIN_ATTR,
+    TAG_ATTR,
+    TIME_LIMIT_ATTR,
+)
 from mig_batch.safe_files import write_file
 
 
@@ -43,7 +51,8 @@ class HTCondorError(BatchError):
 IDLE, RUNNING, REMOVED, COMPLETED, HELD, TRANSFERRING_OUTPUT, SUSPENDED = 1, 2, 3, 4, 5, 6, 7
 PROJECTION = ["ClusterId", "ProcId", "JobStatus", "Owner", TAG_ATTR, "RemoteHost", "LastRemoteHost", "QDate",
               "JobCurrentStartDate", TIME_LIMIT_ATTR, "ExitCode", "ExitBySignal", "ExitSignal", "HoldReason",
-              "LastRejMatchReason", "EnteredCurrentStatus", PIN_ATTR]  # fmt: skip
+              "LastRejMatchReason", "EnteredCurrentStatus", PIN_ATTR, "HoldReasonCode",
+              "HoldReasonSubCode"]  # fmt: skip
 MANAGED = f"{TAG_ATTR} =!= undefined"
 WAITING = f"(JobStatus == {HELD} || (JobStatus == {IDLE} && {PIN_ATTR} =?= undefined))"  # the seam's HELD
 
@@ -88,10 +97,21 @@ def _host(slot: str) -> str:
     return slot.partition("@")[2] if "@" in slot else slot
 
 
+def subjob_ended(ad: Mapping[str, Any]) -> bool:
+    """A chain's subjob that ended (any exit but 0) and is held by the chain's exit policy (``attrs``), still
+    pinned: to the seam it has finished, with its exit status, until mig-batchd's requeue-hold unpins it (then it
+    waits, held, for the chain's next grant). A hold by the owner or an operator has another HoldReasonCode."""
+    held = int(ad.get("JobStatus", IDLE)) == HELD and isinstance(ad.get(PIN_ATTR), str)
+    return held and ad.get("HoldReasonCode") == JOB_POLICY_HOLD and ad.get("HoldReasonSubCode") == CHAIN_HOLD_SUBCODE
+
+
 def to_batch_job(ad: Mapping[str, Any], nodes_by_startd: dict[str, str] | None = None) -> BatchJob:
     """A job ad (without undefined values: ``HTCondorBatch._plain``) as the seam's record. ``node`` is the startd's
-    ``MigBatchNodeName`` when ``nodes_by_startd`` knows it, else the startd's name."""
+    ``MigBatchNodeName`` when ``nodes_by_startd`` knows it, else the startd's name. A chain's subjob that ended and
+    waits for mig-batchd, held, is finished (:func:`subjob_ended`)."""
     status = int(ad.get("JobStatus", IDLE))
+    if subjob_ended(ad):
+        status = COMPLETED
     state = job_state(status)
     if state is JobState.PENDING and ad.get(TAG_ATTR) and not isinstance(ad.get(PIN_ATTR), str):
         state = JobState.HELD  # managed and unpinned: START lets it match no node until the controller pins it

@@ -20,6 +20,9 @@ The ``MigBatch`` prefix keeps clear of HTCondor's own attributes and of a site's
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from collections.abc import Sequence
 
 from mig_batch.batch.system import MANAGED_PREFIX
@@ -69,13 +72,43 @@ INSTANCES = ('(MigRequest is undefined || (!regexp(":0*$", MigRequest) && (MigMo
 SPEC = 'replaceall(":[0-9]*$", MigRequest, "")'  # the request without its count: 1g.10gb:4 -> 1g.10gb
 SAFE_VALUE = "^[A-Za-z0-9.:,_-]+$"  # no ';' or '=': a value cannot add fields (a place=) to the tag
 
+# A subjob chain (``migsub --atomize``, docs/htcondor.md "Subjob chains"): the user's attributes, and the tag field
+# each becomes. The schedd's transform turns them into the tag's atomize fields, as job_submit.lua does on Slurm.
+CHAIN_ATTRS = {"MigCheckpointDir": "ckpt", "MigSubjobMin": "smin", "MigSubjobMax": "smax", "MigDeadline": "deadline"}
+CHAIN_DEFAULTS = {"MigSubjobMin": 60, "MigSubjobMax": 3600}  # as migsub's --subjob-min, --subjob-max
+SAFE_DIR = "^/[A-Za-z0-9._/+-]*$"  # absolute; no ';', '=' or space: the folder cannot add fields to the tag
+# A chain is one HTCondor job that runs each of its subjobs in turn: one that ends otherwise than with 0 (75:
+# checkpointed, more to do; anything else: failed or killed) is held by this policy, with this reason and subcode
+# (HoldReasonCode 3, JobPolicy), and stays in the queue until mig-batchd grants its next subjob.
+CHAIN_HOLD_REASON = "mig-batch: subjob ended"
+CHAIN_HOLD_SUBCODE = 75
+JOB_POLICY_HOLD = 3  # HoldReasonCode of a hold by the job's policy expressions (OnExitHold)
+
 
 def _tag_expression() -> str:
     """The ClassAd expression that builds the tag from the user's request attributes."""
     parts = [f'"{MANAGED_PREFIX}v1;req=", MigRequest']
     for attr, name in list(REQUEST_ATTRS.items())[1:]:
         parts.append(f'ifThenElse({attr} isnt undefined, strcat(";{name}=", {attr}), "")')
+    chain = ['";atomize=1;ckpt=", MigCheckpointDir']
+    for attr, default in CHAIN_DEFAULTS.items():
+        chain.append(f'";{CHAIN_ATTRS[attr]}=", ifThenElse({attr} isnt undefined, {attr}, {default})')
+    chain.append('ifThenElse(MigDeadline isnt undefined, strcat(";deadline=", MigDeadline), "")')
+    parts.append(f'ifThenElse(MigCheckpointDir isnt undefined, strcat({", ".join(chain)}), "")')
     return f"strcat({', '.join(parts)})"
+
+
+def _chain_expression() -> str:
+    """True for a job that is no chain, or a well-formed one: a request of one instance, not moldable; an
+    absolute checkpoint folder of safe characters; whole seconds, 0 < MigSubjobMin <= MigSubjobMax; a whole
+    epoch for MigDeadline."""
+    none = " && ".join(f"{a} is undefined" for a in CHAIN_ATTRS)
+    whole = [f"({a} is undefined || (isInteger({a}) && {a} > 0))" for a in (*CHAIN_DEFAULTS, "MigDeadline")]
+    low, high = (f"ifThenElse({a} isnt undefined, {a}, {d})" for a, d in CHAIN_DEFAULTS.items())
+    return (f'(({none}) || (MigRequest isnt undefined && MigMoldable is undefined '
+            f'&& (!regexp(":[0-9]*$", MigRequest) || regexp(":0*1$", MigRequest)) '
+            f'&& isString(MigCheckpointDir) && regexp("{SAFE_DIR}", MigCheckpointDir) && {" && ".join(whole)} '
+            f"&& {low} <= {high}))")
 
 
 def _fits_expression(models: Sequence[GpuModel]) -> str:
@@ -98,6 +131,25 @@ def _fits_expression(models: Sequence[GpuModel]) -> str:
     for condition, value in reversed(clauses):
         expression = f"ifThenElse({condition}, {value}, {expression})"
     return f"(MigRequest is undefined || {expression})"
+
+
+def chain_description(description: dict[str, str], checkpoint_dir: str, min_s: float, max_s: float,
+                      deadline: float | None) -> dict[str, str]:  # fmt: skip
+    """``description`` (migsub's submit description) with a subjob chain's attributes: whole seconds (the schedd
+    takes only those), the durations rounded up so that 0 < min <= max holds as it did. ValueError naming what a
+    ``#CONDOR`` line already set, and the folder when the schedd would refuse it."""
+    ours = {a.lower() for a in CHAIN_ATTRS}
+    taken = [k for k in description if k.lower().removeprefix("my.").removeprefix("+") in ours]
+    if taken:
+        raise ValueError(f"{taken[0]} is migsub's to write for --atomize (from --checkpoint-dir, --subjob-min, "
+                         "--subjob-max, --deadline)")  # fmt: skip
+    if not re.fullmatch(SAFE_DIR.strip("^$"), checkpoint_dir):
+        raise ValueError(f"the checkpoint directory {checkpoint_dir!r} must be absolute and hold only letters, "
+                         "digits and . _ / + - on HTCondor")  # fmt: skip
+    values = {"MigCheckpointDir": checkpoint_dir, "MigSubjobMin": math.ceil(min_s), "MigSubjobMax": math.ceil(max_s)}
+    if deadline is not None:
+        values["MigDeadline"] = math.ceil(deadline)
+    return {**description, **{f"MY.{attr}": json.dumps(value) for attr, value in values.items()}}
 
 
 def largest_profile_text(models: Sequence[GpuModel]) -> str:
@@ -128,7 +180,7 @@ def schedd_config(controller: str, models: Sequence[GpuModel] = (), agents: Sequ
     return "\n".join([
         f"QUEUE_SUPER_USERS = $(QUEUE_SUPER_USERS), {superusers}",
         f"PROTECTED_JOB_ATTRS = $(PROTECTED_JOB_ATTRS) {TAG_ATTR} {PIN_ATTR}",
-        "JOB_TRANSFORM_NAMES = $(JOB_TRANSFORM_NAMES) MigBatchClear MigBatchTag",
+        "JOB_TRANSFORM_NAMES = $(JOB_TRANSFORM_NAMES) MigBatchClear MigBatchTag MigBatchChain",
         "JOB_TRANSFORM_MigBatchClear @=end",
         f"   DELETE {TAG_ATTR}",
         f"   DELETE {PIN_ATTR}",
@@ -137,10 +189,21 @@ def schedd_config(controller: str, models: Sequence[GpuModel] = (), agents: Sequ
         "   REQUIREMENTS MigRequest isnt undefined",
         f"   EVALSET {TAG_ATTR} {_tag_expression()}",
         "@end",
+        "JOB_TRANSFORM_MigBatchChain @=end",  # a chain's subjob that did not finish it stays queued, held
+        "   REQUIREMENTS MigCheckpointDir isnt undefined",
+        "   SET OnExitHold (ExitBySignal =?= true) || (ExitCode =!= 0)",
+        f'   SET OnExitHoldReason "{CHAIN_HOLD_REASON}"',
+        f"   SET OnExitHoldSubCode {CHAIN_HOLD_SUBCODE}",
+        "@end",
         "SUBMIT_REQUIREMENT_NAMES = $(SUBMIT_REQUIREMENT_NAMES) MigBatchRequest",
         f"SUBMIT_REQUIREMENT_MigBatchRequest = {checks}",
         f'SUBMIT_REQUIREMENT_MigBatchRequest_REASON = "{", ".join(REQUEST_ATTRS)} may hold only letters, '
         'digits and . : , _ -"',
+        "SUBMIT_REQUIREMENT_NAMES = $(SUBMIT_REQUIREMENT_NAMES) MigBatchChain",
+        f"SUBMIT_REQUIREMENT_MigBatchChain = {_chain_expression()}",
+        f'SUBMIT_REQUIREMENT_MigBatchChain_REASON = "a subjob chain ({", ".join(CHAIN_ATTRS)}) needs MigRequest of one '
+        'instance, not MigMoldable; an absolute MigCheckpointDir of letters, digits and . _ / + -; whole seconds '
+        '0 < MigSubjobMin <= MigSubjobMax (defaults 60, 3600); MigDeadline in whole epoch seconds"',
         "SUBMIT_REQUIREMENT_NAMES = $(SUBMIT_REQUIREMENT_NAMES) MigBatchInstances",
         f"SUBMIT_REQUIREMENT_MigBatchInstances = {INSTANCES}",
         'SUBMIT_REQUIREMENT_MigBatchInstances_REASON = strcat("MigRequest ", MigRequest, ": give at least one '

@@ -19,6 +19,14 @@ CMD...`` reads the process's local rank (torchrun's ``LOCAL_RANK``, Open MPI's `
 MPICH's ``MPI_LOCALRANKID``, else ``MIG_BATCH_RANK``), sets ``CUDA_VISIBLE_DEVICES`` and ``MIG_BATCH_INSTANCE``
 to that rank's and execs CMD. It only reads the job's own environment and never asks the agent: each instance
 is fenced to the job's owner anyway.
+
+A subjob of a chain (``migsub --atomize``: ``atomize=1`` in the tag, and a window in the agent's answer,
+``MIG_BATCH_DEADLINE``) is run the way Slurm's subjob runner runs one (:mod:`mig_batch.subjob.runner`): in a
+process group of its own with USR1 ignored until the training installs its handler, warned with USR1
+``MIG_BATCH_CHECKPOINT_MARGIN`` seconds before the deadline, SIGTERM at the deadline plus ``SUBJOB_GRACE_S``
+and SIGKILL 5 s later; ``MIG_BATCH_CHECKPOINT_DIR`` is the tag's ``ckpt``. Its exit status goes to HTCondor
+as is: 0 ends the chain, any other is held by the chain's exit policy for mig-batchd (docs/htcondor.md,
+"Subjob chains"). It samples no GPU memory (the wrapper has no NVML): admission uses the declared size.
 """
 
 from __future__ import annotations
@@ -39,6 +47,9 @@ REQUEUE_WAIT_S = 300.0
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 RANK_FLAG = "--rank"  # "$MIG_BATCH_BIND" --rank CMD...: one rank process bound to its own instance
 RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MIG_BATCH_RANK")  # the first set wins
+SUBJOB_GRACE_S = 5.0  # a subjob still running this long after its deadline gets SIGTERM (the runner's --grace)
+SUBJOB_KILL_S = 5.0  # ... and SIGKILL this long after that
+POLL_S = 0.1
 
 
 def read_ad(path: str | None) -> dict[str, str]:
@@ -105,12 +116,22 @@ def give_up(reason: str) -> int:
     return 1
 
 
-def run_child(argv: list[str]) -> int:
-    """Run the job with the signals passed on; its wait status."""
+def tag_fields(tag: str) -> dict[str, str]:
+    """``name=value`` fields of a ``MigBatchTag`` (after its ``mig-batch:v1`` head)."""
+    return dict(f.split("=", 1) for f in tag.split(";")[1:] if "=" in f)
+
+
+def run_child(argv: list[str], deadline: float | None = None, margin: float = 0.0) -> int:
+    """Run the job with the signals passed on; its wait status. With a ``deadline`` (a subjob's window), the
+    job runs in a process group of its own, USR1 ignored until it installs a handler, and is warned, stopped
+    and killed as the module's text says."""
     pid = os.fork()
     if pid == 0:
         for sig in FORWARDED:
             signal.signal(sig, signal.SIG_DFL)
+        if deadline is not None:
+            os.setsid()  # the warning reaches the training under the job's shell
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # an early USR1 must not kill it while it starts
         try:
             os.execvp(argv[0], argv)
         except OSError as exc:
@@ -118,19 +139,35 @@ def run_child(argv: list[str]) -> int:
             os._exit(127)
 
     def forward(signum: int, _frame: FrameType | None) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signum)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if deadline is not None:
+                os.killpg(pid, signum)
+            else:
+                os.kill(pid, signum)
 
     for sig in FORWARDED:
         signal.signal(sig, forward)
+    warned = terminated = False
     while True:
         try:
-            _, status = os.waitpid(pid, 0)
-            return status
+            done, status = os.waitpid(pid, 0 if deadline is None else os.WNOHANG)
         except ChildProcessError:
             return 0
         except InterruptedError:
             continue
+        if done:
+            return status
+        assert deadline is not None
+        now = time.time()
+        if not warned and now >= deadline - margin:
+            warned = True
+            forward(signal.SIGUSR1, None)
+        if not terminated and now >= deadline + SUBJOB_GRACE_S:
+            terminated = True
+            forward(signal.SIGTERM, None)
+        if terminated and now >= deadline + SUBJOB_GRACE_S + SUBJOB_KILL_S:
+            forward(signal.SIGKILL, None)
+        time.sleep(POLL_S)
 
 
 def wait_for_requeue(detail: str) -> int:
@@ -194,7 +231,16 @@ def main(argv: list[str]) -> int:
         return wait_for_requeue(answer.get("detail", ""))
     os.environ.update({str(k): str(v) for k, v in env.items()})
     os.environ["MIG_BATCH_BIND"] = os.path.abspath(argv[0])  # "$MIG_BATCH_BIND" --rank CMD: a rank on its own
-    status = run_child(command)
+    deadline, margin = None, 0.0
+    fields = tag_fields(job_ad.get("MigBatchTag", ""))
+    if fields.get("atomize") == "1" and env.get("MIG_BATCH_DEADLINE"):  # a chain's subjob, in its window
+        try:
+            deadline, margin = float(env["MIG_BATCH_DEADLINE"]), float(env.get("MIG_BATCH_CHECKPOINT_MARGIN") or 0)
+        except ValueError:
+            say(f"no window kept: the agent's deadline {env['MIG_BATCH_DEADLINE']!r} is no number")
+        if fields.get("ckpt"):
+            os.environ["MIG_BATCH_CHECKPOINT_DIR"] = fields["ckpt"]
+    status = run_child(command, deadline, margin)
     done = ask_patiently(path, "epilog", job)
     if not done.get("ok"):
         say(f"epilog: {done.get('detail')}")

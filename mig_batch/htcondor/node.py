@@ -127,7 +127,6 @@ class SlotGuard:
     def check_prolog(self, caller: Caller, job: str) -> None:
         if caller.local_name != self.local_name:
             raise CallerRefused(f"caller in a slot of startd {caller.local_name or '(plain)'}, not of {self.node}")
-        self._count_prolog(job)
         recalled = self._recalled(job)
         if recalled is not None and recalled[0] == caller.slot and recalled[1] != caller.uid:
             raise CallerRefused(f"job {job}'s instance was made for uid {recalled[1]}, not uid {caller.uid}")
@@ -147,13 +146,18 @@ class SlotGuard:
                     raise CallerRefused(f"job {job} is not running in {want} (status {ad.get('JobStatus')}, "
                                         f"RemoteHost {ad.get('RemoteHost')})")  # fmt: skip
                 time.sleep(0.3)
+        # counted per grant: a chain's job (one HTCondor job for all its subjobs) asks once per subjob, and only the
+        # controller writes a new subjob number into the (protected) tag
+        subjob = _tag_field(str(ad.get("MigBatchTag", "")), "subjob")
+        self._count_prolog(job if subjob is None else f"{job}#{subjob}")
         expected = owner_uid(caller.pid, str(ad.get("Owner", "")))
         if expected is not None and expected != caller.uid:
             raise CallerRefused(f"caller uid {caller.uid} is not job {job}'s owner {ad.get('Owner')} ({expected})")
         self._remember(job, caller.slot, caller.uid)
 
     def _count_prolog(self, job: str) -> None:
-        """Refuse a job's prolog past PROLOGS_PER_WINDOW within PROLOG_WINDOW_S."""
+        """Refuse a job's prolog (``job``: its id, or ``id#subjob`` for a chain's subjob) past PROLOGS_PER_WINDOW
+        within PROLOG_WINDOW_S."""
         now = time.monotonic()
         with self._settle_lock:
             for old in [j for j, times in self._prologs.items() if times[-1] < now - PROLOG_WINDOW_S]:
@@ -176,7 +180,7 @@ class SlotGuard:
     def _ad(self, job: str) -> dict[str, Any] | None:
         with self.batch._call(f"read job {job}"):
             ads = self.batch.schedd.query(constraint=_job_constraint(job),
-                                          projection=["JobStatus", "RemoteHost", "Owner"])  # fmt: skip
+                                          projection=["JobStatus", "RemoteHost", "Owner", "MigBatchTag"])  # fmt: skip
         return self.batch._plain(ads[0]) if ads else None
 
 
@@ -198,6 +202,12 @@ def exports_env(lines: Sequence[str]) -> dict[str, str]:
     if spots:
         env[SPOTS_VAR] = ",".join(spots[r] for r in sorted(spots))
     return env
+
+
+def _tag_field(tag: str, name: str) -> str | None:
+    """One ``name=value`` field of a ``MigBatchTag``; None when it has none."""
+    fields = dict(part.split("=", 1) for part in tag.split(";") if "=" in part)
+    return fields.get(name)
 
 
 def _job_constraint(job: str) -> str:
