@@ -202,8 +202,9 @@ def test_impossible_request_is_rejected_at_submission_naming_the_largest(bed):
     script = job_script(bed, "huge", "#MIG --gpu-mem 500G")
     proc = bed.migsub(str(script), check=False)
     assert proc.returncode != 0 and "the largest is 7g.80gb" in proc.stderr
-    proc = bed.cluster.run("sbatch", "--array=1-2", "--gres=mig:1g.10gb", "--wrap", "true", check=False)
-    assert proc.returncode != 0 and "cannot be a job array (--array 1-2)" in proc.stderr
+    proc = bed.cluster.run("sbatch", "--array=1-2", "--gres=mig:1g.10gb:2", "--wrap", "true", check=False)
+    assert proc.returncode != 0
+    assert "a job over several MIG instances cannot be a job array (--array 1-2)" in proc.stderr, proc.stderr
     for first, second in (("--gres=mig:1g.10gb", "-n1"), ("-n1", "--gres=mig:1g.10gb")):
         het = bed.root / "het.sh"
         het.write_text(f"#!/bin/sh\n#SBATCH {first}\n#SBATCH hetjob\n#SBATCH {second}\ntrue\n")
@@ -211,6 +212,48 @@ def test_impossible_request_is_rejected_at_submission_naming_the_largest(bed):
         component = 0 if "mig" in first else 1
         assert proc.returncode != 0, proc.stdout
         assert f"cannot be a component of a heterogeneous job (component {component})" in proc.stderr, proc.stderr
+
+
+ARRAY_TASK = """#!/bin/bash
+#SBATCH --output={out}/array_%A_%a.out
+echo "$SLURM_ARRAY_JOB_ID|$SLURM_ARRAY_TASK_ID|$SLURM_JOB_ID|$CUDA_VISIBLE_DEVICES|$(date +%s.%N)"
+sleep 1.5
+echo "end|$(date +%s.%N)"
+"""
+
+
+def test_a_job_array_runs_each_task_on_its_own_instance_within_its_limit(bed):
+    script = bed.root / "array.sh"
+    script.write_text(ARRAY_TASK.format(out=bed.root / "out"))
+    array = bed.cluster.run("sbatch", "--parsable", "--array=1-40%8", "--gres=mig:1g.10gb", str(script)).stdout.strip()
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and bed.cluster.run("squeue", "-h", "-j", array).stdout.strip():
+        time.sleep(1)
+    assert not bed.cluster.run("squeue", "-h", "-j", array).stdout.strip(), bed.cluster.run("squeue").stdout
+    runs = {}
+    for task in range(1, 41):
+        lines = (bed.root / "out" / f"array_{array}_{task}.out").read_text().splitlines()
+        array_id, task_id, job, cvd, begin = lines[0].split("|")
+        assert (array_id, task_id) == (array, str(task)), lines
+        runs[task] = (job, cvd, float(begin), float(lines[-1].split("|")[1]))
+    lives = by_mig_uuid(bed)
+    store = Store(bed.store_path)
+    for task, (job, cvd, begin, end) in runs.items():
+        assert cvd.startswith("MIG-") and "," not in cvd, f"task {task} saw {cvd!r}"
+        life = lives[cvd]
+        assert life.created <= begin and end <= life.destroyed, f"task {task} ran outside its instance"
+        d = store.decision(job)
+        assert d is not None and d.state == "ended", (task, job, d)
+        assert (d.node, d.gpu, d.start, d.profile) == (life.node, life.gpu, life.start, "1g.10gb")
+    assert len({cvd for _, cvd, _, _ in runs.values()}) == 40  # an instance of its own for each task
+    edges = sorted([(begin, 1) for _, _, begin, _ in runs.values()] + [(end, -1) for *_, end in runs.values()])
+    at_once = most = 0
+    for _, step in edges:
+        at_once += step
+        most = max(most, at_once)
+    assert 2 <= most <= 8, most  # several at once, never more than the array's %8
+    assert_no_overlap_and_no_leak(bed)
+    never_drained(bed)
 
 
 def test_forged_placement_in_user_fields_has_no_effect(bed):

@@ -27,6 +27,7 @@ SPLIT_AHEAD = 32  # an array's split-off tasks waiting undecided, at most
 class ArrayTasks:
     def __init__(self, store: Store, batch: BatchSystem):
         self.store, self.batch = store, batch
+        self._refused: dict[str, str] = {}  # each array's last refused split, by the batch system's message
 
     def held_back(self, snapshot: PassSnapshot) -> frozenset[str]:
         """The records not to place this pass: those of several tasks, and an array's own record of its last
@@ -62,10 +63,13 @@ class ArrayTasks:
                 continue
             try:
                 self.batch.split_array(record, tasks)
-            except BatchError as exc:  # the next pass tries again
-                errors.append(f"array {record.array}: splitting tasks {tasks[0]}-{tasks[-1]} off: {exc}")
-                log.warning("array %s: splitting tasks off failed: %s", record.array, exc)
+            except BatchError as exc:  # the next pass tries again; said once while it keeps failing alike
+                if self._refused.get(record.array) != str(exc):
+                    self._refused[record.array] = str(exc)
+                    errors.append(f"array {record.array}: splitting tasks {tasks[0]}-{tasks[-1]} off: {exc}")
+                    log.warning("array %s: splitting tasks off failed: %s", record.array, exc)
                 continue
+            self._refused.pop(record.array, None)
             split += len(tasks)
         return split
 

@@ -42,7 +42,7 @@ FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NOD
 NODE_UP = {"IDLE", "MIXED", "ALLOCATED", "COMPLETING", "PLANNED"}
 NODE_TROUBLE = {"NOT_RESPONDING", "DRAIN", "FAIL", "POWERED_DOWN", "POWERING_DOWN", "REBOOT_REQUESTED"}
 log = logging.getLogger("mig-batch")
-_FAILED_JOB = re.compile(r"for job (\d+)")
+_FAILED_JOB = re.compile(r"for job (\d+(?:_\d+)?)")
 _STDIN_SAFE = re.compile(r"[!#-&(-~]{0,999}")  # printable ASCII but blanks and quotes, under 1000 characters
 # Every job of this cluster in any state. --local: a one-job read (the agent's, per job) skips the
 # federation read slurmctld would otherwise answer first.
@@ -187,6 +187,7 @@ def parse_job_line(line: str) -> BatchJob:
         after=parse_dependency(dependency) if pending else (),
         array=array if in_array else "",
         array_tasks=array_tasks(tasks) if in_array else (),
+        array_limit=array_limit(tasks) if in_array else 0,
     )
 
 
@@ -194,6 +195,30 @@ def parse_job_line(line: str) -> BatchJob:
 # record; %N: how many may run at once). Slurm cuts the pending tasks' text at 64 characters, ending it "...".
 _TASKS = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?")
 _LEADING_NUMBER = re.compile(r"\d*")
+
+
+def array_limit(text: str) -> int:
+    """How many of the array's tasks may run at once, from its pending tasks' text (``1-40%8``: 8); 0: no limit."""
+    limit = text.partition("%")[2]
+    return int(limit) if limit.isdigit() else 0
+
+
+def task_name(job: BatchJob) -> str:
+    """How Slurm names one task of an array to users (``12_3``); a job that is no array's task: its id."""
+    if job.array and len(job.array_tasks) == 1 and len(job.array_tasks[0]) == 1:
+        return f"{job.array}_{job.array_tasks[0][0]}"
+    return job.job_id
+
+
+def task_list(tasks: Sequence[int]) -> str:
+    """Tasks as Slurm's bracket list: [1-4,7]."""
+    runs: list[list[int]] = []
+    for t in sorted(tasks):
+        if runs and t == runs[-1][1] + 1:
+            runs[-1][1] = t
+        else:
+            runs.append([t, t])
+    return "[" + ",".join(f"{a}-{b}" if a != b else str(a) for a, b in runs) + "]"
 
 
 def array_tasks(text: str) -> tuple[range, ...]:
@@ -427,6 +452,9 @@ class SlurmCli:
         self._parsed: dict[str, BatchJob] = {}  # the last poll's jobs by their line
         self._jobs: list[BatchJob] = []  # the last poll's jobs, one per record
         self._jobs_stamp = 0  # slurmctld's stamp of the last poll through libslurm
+        # An array's own record once it stands for one task, by its id: the task's name (12_3), by which it is
+        # addressed. By the array's id Slurm would update, release or cancel every task of the array.
+        self._task_names: dict[str, str] = {}
         self._api_paused_until = 0.0
         self.slice_gres = slice_gres  # the GRES a pin sets to the job's MIG slices ("": none)
         self._session = ScontrolSession(self._exe("scontrol"), env, timeout) if session else None
@@ -497,7 +525,22 @@ class SlurmCli:
         for line in records(lines, JOB_HEAD):
             self._parsed[line] = seen.get(line) or parse_job_line(line)
         self._jobs = fold_array_lines(self._parsed.values())
+        self._task_names = {}
+        for job in self._jobs:
+            self._remember(job)
         return list(self._jobs)
+
+    def _remember(self, job: BatchJob) -> None:
+        if job.array == job.job_id:
+            name = task_name(job)
+            if name != job.job_id:
+                self._task_names[job.job_id] = name
+            else:
+                self._task_names.pop(job.job_id, None)
+
+    def _address(self, job: str) -> str:
+        """How to name ``job`` to Slurm's commands so that they act on that record alone."""
+        return self._task_names.get(job, job)
 
     def nodes(self) -> list[NodeStatus]:
         """Every node once, with all its partitions (sinfo -N lists a node once per partition)."""
@@ -515,6 +558,8 @@ class SlurmCli:
         its chunk is pinned and the first jobs of a long pass start while the rest are pinned."""
         if not pins:
             return {}
+        names = {self._address(p.job_id): p.job_id for p in pins}
+        pins = [replace(p, job_id=self._address(p.job_id)) for p in pins]
         tres = self._tres_per_node([p.job_id for p in pins if p.slices]) if self.slice_gres else {}
         updates = [self._pin_update(p, tres) for p in pins]
         failed: dict[str, str] = {}
@@ -522,7 +567,7 @@ class SlurmCli:
             updates = self._pins_through_api(api, updates, failed)
         for i in range(0, len(updates), PIN_CHUNK):
             failed.update(self._pin_chunk(updates[i : i + PIN_CHUNK]))
-        return failed
+        return {names.get(job, job): why for job, why in failed.items()}
 
     def _pin_update(self, pin: Pin, tres: dict[str, str]) -> JobUpdate:
         timed = pin.time_limit_min is not None
@@ -605,8 +650,8 @@ class SlurmCli:
         updates = [(u.job_id, u.args()) for u in job_updates]
         batched: list[tuple[str, list[str]]] = []
         alone: list[tuple[str, list[str]]] = []
-        for update in updates:
-            (batched if all(map(stdin_safe, update[1])) else alone).append(update)
+        for update in updates:  # an array's task alone: its error then needs no reading to be its own
+            (batched if all(map(stdin_safe, update[1])) and "_" not in update[0] else alone).append(update)
         if self._session is not None:
             batched = self._updates_in_session(batched, failed)
         if len(batched) == 1:
@@ -676,17 +721,21 @@ class SlurmCli:
         """Each job's TresPerNode now ("" for none): the pin replaces the whole list, so it keeps the rest."""
         if not jobs:
             return {}
-        out = self._squeue("-j", ",".join(jobs), "-O", "JobID:|,tres-per-node:|")
+        out = self._squeue("-j", ",".join(jobs), "-O", "JobID:|,ArrayJobID:|,ArrayTaskID:|,tres-per-node:|")
         found = {}
         for line in out.splitlines():
-            job, _, tres = line.partition("|")
+            job, array, task, tres = [*line.split("|", 3), "", "", ""][:4]
             tres = tres.rstrip("|").strip()
-            found[job.strip()] = "" if tres in ("N/A", "(null)") else tres
+            tres = "" if tres in ("N/A", "(null)") else tres
+            found[job.strip()] = tres
+            if task.strip().isdigit():  # an array's task, as the pins name it (12_3)
+                found[f"{array.strip()}_{task.strip()}"] = tres
         return {j: found.get(j, "") for j in jobs}
 
     def release(self, jobs: Sequence[str]) -> None:
         """Release held jobs: one scontrol call for many, or an RPC each through libslurm."""
         failed: dict[str, str] = {}
+        jobs = [self._address(j) for j in jobs]
         if (api := self._live_api()) is not None:
             jobs = [u.job_id for u in self._through_api(api, [JobUpdate(j) for j in jobs], failed, release=True)]
         for i in range(0, len(jobs), 200):
@@ -695,18 +744,24 @@ class SlurmCli:
             raise SlurmError("release failed: " + "; ".join(failed.values()))
 
     def requeue_hold(self, job: str, reason: str = "") -> None:
-        self._run("scontrol", "requeuehold", job)
+        self._run("scontrol", "requeuehold", self._address(job))
         self.hold(job)
 
     def hold(self, job: str) -> None:
-        self._run("scontrol", "hold", job)
+        self._run("scontrol", "hold", self._address(job))
 
     def cancel(self, job: str) -> None:
-        self._run("scancel", job)
+        self._run("scancel", self._address(job))
 
     def set_job_tag(self, job: str, admin_tag: str) -> None:
         """Thread-safe; concurrent calls share one ``scontrol`` process."""
-        self._job_tags.submit((job, admin_tag))
+        self._job_tags.submit((self._address(job), admin_tag))
+
+    def split_array(self, job: BatchJob, tasks: Sequence[int]) -> None:
+        """One update of the tasks apart from the rest of the array's record, which splits them off (with
+        the record's own tag: nothing else changes)."""
+        if tasks:
+            self._run("scontrol", "update", f"jobid={job.array}_{task_list(tasks)}", f"admincomment={job.admin_tag}")
 
     def _set_job_tags(self, tags: list[tuple[str, str]]) -> dict[int, Exception]:
         failed = self._update_jobs([JobUpdate(job, admin_comment=tag) for job, tag in tags])
@@ -731,13 +786,18 @@ class SlurmCli:
                     raise SlurmError(str(exc)) from None
                 self._pause_api(exc)
             else:
-                return job_in(lines, job)
+                return self._named(job_in(lines, job))
         try:
-            return job_in(self._squeue("-O", FORMAT, "-j", job, time_format="%s"), job)
+            return self._named(job_in(self._squeue("-O", FORMAT, "-j", job, time_format="%s"), job))
         except SlurmError as exc:
             if "Invalid job id" in str(exc):
                 return None
             raise
+
+    def _named(self, job: BatchJob | None) -> BatchJob | None:
+        if job is not None:
+            self._remember(job)
+        return job
 
     def jobs_named(self, jobs: Collection[str]) -> dict[str, BatchJob | None]:
         """One job-info RPC (or ``squeue -j``) a job: slurmctld's cost is that of the jobs asked about, where a
