@@ -453,3 +453,59 @@ def test_an_arrays_pending_tasks_printed_a_line_each_fold_into_its_record(tasks,
         assert [t for r in record for t in r] == pending
         assert all(a.stop < b.start for a, b in itertools.pairwise(record))  # as few ranges as can be
     assert job_in("\x1e\n".join(lines) + "\x1e\n", "9") == jobs.get("9")
+
+
+def test_an_arrays_task_records_are_named_so_that_slurm_acts_on_that_task_alone(tmp_path):
+    """Slurm's commands faked at the subprocess edge. Array 30's own record stands for its one task left
+    (7): by the id 30 Slurm would update, release or cancel every task of the array, so each call names it
+    30_7; a task split off into a record of its own (20) keeps its id; the array's record of pending tasks
+    (12: 5-9, at most 3 at once) has its next tasks split off by one update."""
+    from dataclasses import replace
+
+    from mig_batch.batch.system import Pin
+    from mig_batch.slurm.commands import RECORD_END, SlurmCli
+
+    def record(job, array, tasks, tag):
+        head = HELD.replace("4|4|N/A|", f"{job}|{array}|{tasks}|").rpartition("|")[0]
+        return f"{head}|{tag}{RECORD_END}"
+
+    listing = "\n".join([record(12, 12, "5-9%3", "mig-batch:v1;req=1g.10gb"), record(20, 12, 3, "mig-batch:v1;a"),
+                         record(30, 30, 7, "mig-batch:v1;b")]) + "\n"  # fmt: skip
+    (tmp_path / "listing").write_text(listing)
+    calls = tmp_path / "calls"
+    for command in ("scontrol", "scancel"):
+        (tmp_path / command).write_text(f'#!/bin/sh\necho "{command} $*" >> {calls}\ncat >> {calls}\n')
+        (tmp_path / command).chmod(0o755)
+    (tmp_path / "squeue").write_text(f"#!/bin/sh\ncat {tmp_path / 'listing'}\n")
+    (tmp_path / "squeue").chmod(0o755)
+    cli = SlurmCli(bin_dir=str(tmp_path))
+    jobs = {j.job_id: j for j in cli.jobs()}
+    assert jobs["12"].array_limit == 3 and jobs["12"].task_count == 5
+    assert jobs["20"].task_count == 1 and jobs["30"].task_count == 1
+    cli.set_job_tag("30", "mig-batch:v1;c")
+    cli.set_job_tag("20", "mig-batch:v1;d")
+    cli.cancel("30")
+    cli.hold("20")
+    cli.release(["30", "20"])
+    failed = cli.pin_and_release([Pin("30", "n1", "mig-batch:v1;b;place=n1/0/1g.10gb@0")])
+    cli.split_array(jobs["12"], [5, 6, 8])
+    said = calls.read_text().splitlines()
+    assert said[:5] == ["scontrol update jobid=30_7 admincomment=mig-batch:v1;c",
+                        "scontrol update jobid=20 admincomment=mig-batch:v1;d", "scancel 30_7", "scontrol hold 20",
+                        "scontrol release 30_7,20"]  # fmt: skip
+    assert "scontrol update jobid=30_7 nodelist=n1 admincomment=mig-batch:v1;b;place=n1/0/1g.10gb@0" in said
+    assert said[-1] == "scontrol update jobid=12_[5-6,8] admincomment=mig-batch:v1;req=1g.10gb"
+    assert failed == {}
+    # once the listing shows the array's record standing for several tasks again, it is no task's name
+    (tmp_path / "listing").write_text(listing.replace("30|30|7|", "30|30|7-8|"))
+    cli.jobs()
+    cli.set_job_tag("30", "mig-batch:v1;e")
+    assert calls.read_text().splitlines()[-1] == "scontrol update jobid=30 admincomment=mig-batch:v1;e"
+    assert replace(jobs["30"], array_tasks=(range(7, 9),)).task_count == 2
+
+
+@pytest.mark.parametrize("text, limit", [("1-40%8", 8), ("5-9", 0), ("3", 0), ("1-3,7%2", 2), ("4-9...", 0)])
+def test_an_arrays_limit_is_read_from_its_pending_tasks(text, limit):
+    from mig_batch.slurm.commands import array_limit
+
+    assert array_limit(text) == limit

@@ -124,3 +124,22 @@ def test_an_owner_cannot_add_the_slice_count_to_a_job_later_but_an_operator_can(
     assert code == 2002 and "only mig-batchd sets it" in info  # ESLURM_ACCESS_DENIED
     assert submit_with_slices({}, modify=update, uid=0)[0] == 0
     assert submit_with_slices({}, modify={"tres_per_node": "gres/gpu:1"}, uid=1000)[0] == 0
+
+
+@pytest.mark.parametrize("fields, accepted, said", [
+    ({"tres_per_node": "gres:mig:1g.10gb", "array_inx": "1-40%8"}, True, None),
+    ({"tres_per_node": "gres:gpu:3g.40gb:1", "array_inx": "1-4"}, True, None),
+    ({"tres_per_node": "gres:mig:1g.10gb", "array_inx": "1-4", "comment": "moldable=1g:300,3g:110"}, True, None),
+    ({"tres_per_node": "gres:mig:1g.10gb:2", "num_tasks": 2, "array_inx": "1-4"}, False,
+     "a job over several MIG instances cannot be a job array (--array 1-4)"),
+    ({"tres_per_node": "gres:mig:6144M", "array_inx": "1-4",
+      "comment": "atomize=1;ckpt=/tmp/c;smin=30;smax=300"}, False, "a subjob chain cannot be a job array"),
+])  # fmt: skip
+def test_a_mig_job_array_is_held_for_mig_batchd_and_the_forms_decided_as_one_are_refused(fields, accepted, said):
+    code, job, logged = submit(fields)
+    assert (code == 0) is accepted, logged
+    if accepted:  # held, tagged, and never bound to a prompt slot (one slot cannot serve every task)
+        assert job["admin_comment"].startswith("mig-batch:v1;req=") and job["priority"] == 0
+        assert ";place=" not in job["admin_comment"]
+    else:
+        assert said in logged

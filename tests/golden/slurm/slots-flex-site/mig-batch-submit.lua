@@ -603,11 +603,6 @@ local function mig_job_submit(job_desc, part_list, submit_uid)
 		end
 		return slurm.SUCCESS
 	end
-	if job_desc.array_inx ~= nil then -- one decision per job: an array's tasks would all get the same slice
-		slurm.log_user("mig-batch: a MIG job cannot be a job array (--array %s); submit one job per task",
-			job_desc.array_inx)
-		return slurm.ERROR
-	end
 	-- held at submission (sbatch -H): the job waits held for mig-batchd anyway, which could not tell the
 	-- owner's hold from its own (Slurm 22.05 shows both as JobHeldUser) and would release it when placed
 	if job_desc.priority == 0 then
@@ -748,11 +743,18 @@ local function mig_job_submit(job_desc, part_list, submit_uid)
 			tag = tag .. chain
 		end
 	end
+	-- An array's tasks are placed one by one as mig-batchd splits them off the array's record (docs/slurm.md
+	-- "Job arrays"); a chain's subjobs and a job's several instances are decided as one, which a task is not.
+	if job_desc.array_inx ~= nil and (count > 1 or string.find(tag, ";atomize=", 1, true)) then
+		slurm.log_user("mig-batch: a %s cannot be a job array (--array %s); submit one job per task",
+			count > 1 and "job over several MIG instances" or "subjob chain", job_desc.array_inx)
+		return slurm.ERROR
+	end
 	if model then
 		tag = tag .. ";model=" .. model
 	end
 	job_desc.tres_per_node = table.concat(rest, ",")
-	local slot = count == 1 and not string.find(tag, ";moldable=", 1, true)
+	local slot = count == 1 and job_desc.array_inx == nil and not string.find(tag, ";moldable=", 1, true)
 		and not string.find(tag, ";atomize=", 1, true) and not string.find(tag, ";model=", 1, true)
 		and take_slot(tag, job_desc, part_list, rest) or nil
 	if slot ~= nil then
