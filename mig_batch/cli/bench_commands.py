@@ -58,6 +58,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--load", type=float, default=0.9, help="share of memory slices preloaded")
     m.add_argument("--json", action="store_true")
     m.set_defaults(handler=cmd_bench_moldable)
+    lp = kinds.add_parser("live-planner", help="one live batch-planning pass (eft, far, auto) at cluster scale")
+    lp.add_argument("--gpus", type=int, default=1000, help="A100-80GB GPUs (default 1000)")
+    lp.add_argument("--jobs", type=int, default=500, help="queued moldable jobs (default 500)")
+    lp.add_argument("--budget-s", type=float, default=5.0, help="the pass budget in seconds (default 5)")
+    lp.add_argument("--planners", default="eft,far,auto", help="comma-separated live planners (default eft,far,auto)")
+    lp.add_argument("--json", action="store_true")
+    lp.set_defaults(handler=cmd_bench_live_planner)
     r = kinds.add_parser("pass", help="one mig-batchd pass against cluster size and queue length (in-memory "
                          "batch system)")  # fmt: skip
     r.add_argument("--sizes", default="1000,8000", help="cluster sizes in GPUs (A100-80GB)")
@@ -158,6 +165,30 @@ def cmd_bench_moldable(args: argparse.Namespace) -> int:
     for r in rows:
         table.add_row(f"{r.gpus:,}", f"{r.setup_ms:.1f}", f"{r.p50_us:.0f}", f"{r.p99_us:.0f}", f"{r.pass_ms:.0f}",
                       str(r.started), str(r.reserved), str(r.waiting))  # fmt: skip
+    console.print(table)
+    return 0
+
+
+def cmd_bench_live_planner(args: argparse.Namespace) -> int:
+    from mig_batch.bench.live_planner import bench_live
+    from mig_batch.planner.live import LIVE_PLANNERS
+
+    planners = tuple(p.strip() for p in args.planners.split(",") if p.strip())
+    if not planners or any(p not in LIVE_PLANNERS for p in planners):
+        raise ValueError(f"--planners takes some of {', '.join(LIVE_PLANNERS)}; got {args.planners!r}")
+    if args.gpus < 1 or args.jobs < 1 or not args.budget_s > 0:
+        raise ValueError("--gpus and --jobs must be at least 1, --budget-s above 0")
+    rows = bench_live(args.gpus, args.jobs, args.budget_s, planners)
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+        return 0
+    table = Table(title=f"one live planning pass: {args.jobs} queued moldable jobs on {args.gpus:,} A100-80GB GPUs, "
+                        f"budget {args.budget_s:g} s")  # fmt: skip
+    for col in ("planner", "wall s", "decodings", "ms/decoding", "start now", "mean end s", "makespan s", "valid"):
+        table.add_column(col, justify="left" if col == "planner" else "right")
+    for r in rows:
+        table.add_row(r.planner, f"{r.wall_s:.2f}", str(r.evaluations), f"{r.decode_ms:.0f}", str(r.start_now),
+                      f"{r.mean_end_s:.0f}", f"{r.makespan_s:.0f}", "yes" if r.valid else "NO")  # fmt: skip
     console.print(table)
     return 0
 

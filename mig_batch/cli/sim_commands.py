@@ -95,6 +95,31 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--out", type=Path, default=Path("out/atomize"), help="folder for atomize.json and the plot")
     a.add_argument("--json", action="store_true", help="print the numbers as JSON")
     a.set_defaults(handler=cmd_simulate_atomize)
+    m = kinds.add_parser("moldable", help="live batch planners (EFT, FAR-live, auto-live) on arriving moldable jobs")
+    m.add_argument("--workloads", default="migdrl-mixscalinguniform,rodinia,alibaba-mix",
+                   help="comma-separated: migdrl-<MIG-DRL type>, rodinia (needs --rodinia-dir), alibaba-mix (needs "
+                        "--trace-dir) (default migdrl-mixscalinguniform,rodinia,alibaba-mix)")  # fmt: skip
+    m.add_argument("--loads", default="0.8,1.2", help="offered loads of the cluster's slices (default 0.8,1.2)")
+    m.add_argument("--seeds", type=int, default=3, help="arrival sequences per cell (seeds 1..N, default 3)")
+    m.add_argument("--gpus", type=int, default=8, help="A100-80GB GPUs (default 8)")
+    m.add_argument("--jobs", type=int, default=150, help="arrivals per run (default 150)")
+    m.add_argument("--planners", default="eft,far,auto", help="comma-separated live planners (default eft,far,auto)")
+    m.add_argument("--max-hold-s", type=float, default=0.0,
+                   help="how long a plan may keep a waiting rigid job's reserved slices past its start (default 0)")
+    m.add_argument("--evaluations", type=int, default=24, help="decodings per planning pass (far, auto; default 24)")
+    m.add_argument("--window", type=int, default=24, help="queued moldable jobs planned per pass (default 24)")
+    m.add_argument("--rigid-share", type=float, default=0.25,
+                   help="migdrl/rodinia: share of rigid jobs, one size each (default 0.25)")  # fmt: skip
+    m.add_argument("--noise", type=float, default=0.1, help="sigma of the lognormal run-time noise (default 0.1)")
+    m.add_argument("--rodinia-dir", type=Path,
+                   default=Path(os.environ.get("MIG_BATCH_RODINIA_DIR", "../shared/data/mig-tasks/rodinia_A100")),
+                   help="rodinia: folder with <size>g_A100.csv (default $MIG_BATCH_RODINIA_DIR or "
+                        "../shared/data/mig-tasks/rodinia_A100)")  # fmt: skip
+    m.add_argument("--trace-dir", type=Path, default=Path(os.environ.get("MIG_BATCH_TRACE_DIR", DEFAULT_TRACE_DIR)),
+                   help=f"alibaba-mix: folder with {POD_FILE} (default: $MIG_BATCH_TRACE_DIR, ../shared)")  # fmt: skip
+    m.add_argument("--out", type=Path, default=Path("out/moldable"), help="folder for moldable.json")
+    m.add_argument("--json", action="store_true", help="print the means as JSON")
+    m.set_defaults(handler=cmd_simulate_moldable)
     from mig_batch.cli.flex_commands import register_flex
 
     register_flex(kinds)
@@ -417,4 +442,73 @@ def cmd_simulate_atomize(args: argparse.Namespace) -> int:
                                for m in result["mean"].values()))  # fmt: skip
     console.print(table)
     console.print(f"numbers: {args.out / 'atomize.json'}; plot: {plot}", highlight=False)
+    return 0
+
+
+def _floats(text: str, option: str) -> list[float]:
+    try:
+        values = [float(x) for x in _csv(text)]
+    except ValueError:
+        values = []
+    if not values or any(not v > 0 for v in values):
+        raise ValueError(f"{option} takes comma-separated positive numbers like 0.8,1.2; got {text!r}")
+    return values
+
+
+def cmd_simulate_moldable(args: argparse.Namespace) -> int:
+    from mig_batch.planner.live import LIVE_PLANNERS
+    from mig_batch.sim.data import RODINIA_FILES, RODINIA_SOURCE, MissingDataError
+    from mig_batch.sim.moldable_experiment import METRICS, run_live_matrix, verdict
+    from mig_batch.sim.moldable_live import LiveSimSetup
+    from mig_batch.sim.moldable_workloads import WORKLOADS
+
+    workloads, planners = list(_csv(args.workloads)), list(_csv(args.planners))
+    loads = _floats(args.loads, "--loads")
+    if not workloads or any(w not in WORKLOADS for w in workloads):
+        raise ValueError(f"--workloads takes some of {', '.join(WORKLOADS)}; got {args.workloads!r}")
+    if not planners or any(p not in LIVE_PLANNERS for p in planners):
+        raise ValueError(f"--planners takes some of {', '.join(LIVE_PLANNERS)}; got {args.planners!r}")
+    if min(args.seeds, args.gpus, args.jobs, args.evaluations, args.window) < 1:
+        raise ValueError("--seeds, --gpus, --jobs, --evaluations and --window must be at least 1")
+    if args.max_hold_s < 0 or not 0 <= args.rigid_share <= 1 or args.noise < 0:
+        raise ValueError("--max-hold-s and --noise must be >= 0, --rigid-share in [0, 1]")
+    make_out_dir(args.out)
+    rodinia = pods = None
+    if "rodinia" in workloads:
+        from mig_batch.planner.workloads import read_rodinia
+
+        if not args.rodinia_dir.is_dir() or not any(args.rodinia_dir.glob("*g_A100.csv")):
+            raise MissingDataError(
+                f"the rodinia workload needs the Rodinia task times {RODINIA_FILES} in {args.rodinia_dir}, which "
+                f"holds none; they were {RODINIA_SOURCE}; point --rodinia-dir (or $MIG_BATCH_RODINIA_DIR) at a copy "
+                "of that folder, or leave rodinia out of --workloads")  # fmt: skip
+        rodinia = read_rodinia(args.rodinia_dir, "A100")
+    if "alibaba-mix" in workloads:
+        if not (args.trace_dir / POD_FILE).is_file():
+            raise missing_trace("`mig-batch simulate moldable --workloads alibaba-mix`", POD_FILE, args.trace_dir)
+        pods = read_pods(args.trace_dir / POD_FILE)
+    setup = LiveSimSetup(gpus=args.gpus, window=args.window, evaluations=args.evaluations, max_hold_s=args.max_hold_s)
+    seeds = list(range(1, args.seeds + 1))
+    with _progress(args.json) as progress:
+        task = progress.add_task("runs", total=len(workloads) * len(loads) * len(seeds) * len(planners))
+        result = run_live_matrix(workloads, loads, seeds, setup, args.jobs, rodinia, pods, planners,
+                                 args.rigid_share, args.noise, lambda: progress.advance(task))  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "moldable.json").write_text(json.dumps(result, indent=2))
+    if args.json:
+        json.dump({"mean": result["mean"], "vs_eft": result["vs_eft"]}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    table = Table(title=f"live planners: {args.gpus} x A100-80GB, {args.jobs} arrivals, {args.seeds} seeds (means)")
+    for col in ("workload", "load", "planner", *METRICS):
+        table.add_column(col, justify="left" if col in ("workload", "planner") else "right")
+    for workload, per_load in result["mean"].items():
+        for load, per in per_load.items():
+            for planner, m in per.items():
+                table.add_row(workload, load, planner, *(f"{m[k]:.3f}" if k == "idle" else f"{m[k]:.1f}"
+                                                          for k in METRICS))  # fmt: skip
+    console.print(table)
+    for line in verdict(result):
+        console.print(line, highlight=False)
+    console.print(f"numbers: {args.out / 'moldable.json'}", highlight=False)
     return 0
