@@ -8,6 +8,9 @@ the first submission to the last job *completed*:
   slots     the same with prompt slots (``prompt_slots``): job_submit.lua binds most jobs to a slot
             mig-batchd decided ahead, and they start without the hold
 
+With ``array`` the burst is one job array of that many tasks (``sbatch --array=0-N``) instead of that many
+jobs, without the slots way (an array's tasks take no prompt slot).
+
 With ``rounds`` above one the three bursts run again, every other round in reverse order, so that a
 machine whose speed drifts during a run does not always favour the same way; the ratios are then
 reported per round and as their median.
@@ -102,23 +105,39 @@ def busy_cpu_s() -> float:
     return (user + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
-def _burst(run, script: Path, jobs: int, gres: list[str], timeout_s: float) -> tuple[int, float, float, float]:
-    """Submit ``jobs`` copies of ``script``; wait until none is queued. (completed, submit s, total s, CPU s)."""
+ARRAY_MODES = ("bare", "noop", "mig")
+
+
+def _burst(run, script: Path, jobs: int, gres: list[str], timeout_s: float,
+           array: bool = False) -> tuple[int, float, float, float]:  # fmt: skip
+    """Submit ``jobs`` copies of ``script`` (or one array of ``jobs`` tasks); wait until none is queued.
+    (completed, submit s, total s, CPU s)."""
     cpu0, t0 = busy_cpu_s(), time.perf_counter()
-    ids = [run("sbatch", "--parsable", *gres, "-o", "/dev/null", str(script)).stdout.strip() for _ in range(jobs)]
+    if array:
+        run("sbatch", "--parsable", f"--array=0-{jobs - 1}", *gres, "-o", "/dev/null", str(script))
+    else:
+        for _ in range(jobs):
+            run("sbatch", "--parsable", *gres, "-o", "/dev/null", str(script))
     submit_s = time.perf_counter() - t0
     while time.perf_counter() - t0 < timeout_s:
         if not run("squeue", "-h", "-o", "%i").stdout.split():
             break
         time.sleep(0.2)
     total_s, cpu_s = time.perf_counter() - t0, busy_cpu_s() - cpu0
-    left = len(run("squeue", "-h", "-o", "%i").stdout.split())
-    return len(ids) - left, submit_s, total_s, cpu_s
+    left = sum(len(_tasks(i)) for i in run("squeue", "-h", "-o", "%i").stdout.split())
+    return jobs - left, submit_s, total_s, cpu_s
+
+
+def _tasks(squeue_id: str) -> range:
+    """The tasks one squeue line stands for: ``12_[3-9%8]`` is 7, any other line 1."""
+    inside = squeue_id.partition("_[")[2].partition("%")[0].rstrip("]")
+    first, _, last = inside.partition("-")
+    return range(int(first), int(last or first) + 1) if first.isdigit() and (not last or last.isdigit()) else range(1)
 
 
 def bench_mode(mode: str, jobs: int, gpus_per_node: int, nodes: int, timeout_s: float = 900,
                prompt_slots: int = DEFAULT_PROMPT_SLOTS, fence: bool = True,
-               checkout: Path | None = None) -> BurstRun:  # fmt: skip
+               checkout: Path | None = None, array: bool = False) -> BurstRun:  # fmt: skip
     """One burst; ``fence``: the MIG modes' agents fence each job to its instance (docs/security.md);
     ``checkout``: where the test harness is (see :func:`find_checkout`)."""
     harness = load_slurm_harness(checkout)
@@ -143,7 +162,7 @@ def bench_mode(mode: str, jobs: int, gpus_per_node: int, nodes: int, timeout_s: 
                 extra = f"Prolog={hook}\nEpilog={hook}\n"
             cluster = harness.LocalCluster(root, nodes=tuple(names), extra_conf=extra).start()
             run, gres = cluster.run, []
-        completed, submit_s, total_s, cpu_s = _burst(run, script, jobs, gres, timeout_s)
+        completed, submit_s, total_s, cpu_s = _burst(run, script, jobs, gres, timeout_s, array)
         return BurstRun(mode, jobs, completed, submit_s, total_s, cpu_s)
     finally:
         slurm = bed.cluster if bed is not None else cluster
@@ -162,11 +181,11 @@ def round_order(index: int, modes: tuple[str, ...] = MODES) -> tuple[str, ...]:
 
 def bench_controller(jobs: int = 1000, gpus_per_node: int = 48, nodes: int = 3, modes: tuple[str, ...] = MODES,
                      rounds: int = 1, prompt_slots: int = DEFAULT_PROMPT_SLOTS, fence: bool = True,
-                     checkout: Path | None = None) -> Iterator[list[BurstRun]]:  # fmt: skip
+                     checkout: Path | None = None, array: bool = False) -> Iterator[list[BurstRun]]:  # fmt: skip
     """Each round's bursts as the round ends (in ``modes`` order whatever order they ran in)."""
     for index in range(rounds):
         ran = {mode: bench_mode(mode, jobs, gpus_per_node, nodes, prompt_slots=prompt_slots, fence=fence,
-                                checkout=checkout)
+                                checkout=checkout, array=array)
                for mode in round_order(index, modes)}  # fmt: skip
         yield [ran[mode] for mode in modes]
 

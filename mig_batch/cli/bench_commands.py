@@ -87,6 +87,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "pass's arrivals at the bench's rate)")  # fmt: skip
     c.add_argument("--fence", choices=("on", "off"), default="on",
                    help="the MIG bursts' agents fence each job to its instance (default on, as installed)")  # fmt: skip
+    c.add_argument("--array", action="store_true", help="submit the burst as one job array of --jobs tasks "
+                   "(bare, no-op hooks and MIG held: an array takes no prompt slot)")  # fmt: skip
     c.add_argument("--checkout", type=Path, metavar="DIR",
                    help="a checkout of the mig-batch repository: the local Slurm comes from its test harness "
                         "(tests/harness, not in the wheel; default: the checkout this package runs from, else "
@@ -351,7 +353,9 @@ def cmd_bench_startup(args: argparse.Namespace) -> int:
 @needs_extra("controller", "mig-batch bench controller")
 def cmd_bench_controller(args: argparse.Namespace) -> int:
     from mig_batch.bench.controller import (
+        ARRAY_MODES,
         DEFAULT_PROMPT_SLOTS,
+        MODES,
         BurstRun,
         bench_controller,
         load_slurm_harness,
@@ -363,6 +367,9 @@ def cmd_bench_controller(args: argparse.Namespace) -> int:
     if args.prompt_slots is None:
         args.prompt_slots = DEFAULT_PROMPT_SLOTS
 
+    if args.array and args.jobs > 1000:
+        raise ValueError(f"--array takes at most 1000 tasks (Slurm's default MaxArraySize is 1001; got --jobs "
+                         f"{args.jobs})")  # fmt: skip
     if not (1 <= args.jobs <= 100_000 and 1 <= args.nodes <= 64 and 1 <= args.gpus_per_node <= 1024
             and 1 <= args.rounds <= 100 and 1 <= args.prompt_slots <= MAX_PROMPT_SLOTS):  # fmt: skip
         raise ValueError(f"--jobs must be 1..100000, --nodes 1..64, --gpus-per-node 1..1024, --rounds 1..100 and "
@@ -374,8 +381,8 @@ def cmd_bench_controller(args: argparse.Namespace) -> int:
         raise ValueError(f"bench controller needs a local Slurm: {why}")
     rounds: list[list[BurstRun]] = []
     for runs in bench_controller(args.jobs, args.gpus_per_node, args.nodes, rounds=args.rounds,
-                                 prompt_slots=args.prompt_slots, fence=args.fence == "on",
-                                 checkout=args.checkout):  # fmt: skip
+                                 modes=ARRAY_MODES if args.array else MODES, prompt_slots=args.prompt_slots,
+                                 fence=args.fence == "on", checkout=args.checkout, array=args.array):  # fmt: skip
         rounds.append(runs)
         if args.json:
             continue
