@@ -14,6 +14,7 @@ import math
 import os
 import re
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -28,6 +29,7 @@ WHY_NOT = LocalPool.available()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))]
 
 NODE = "nodea"
+GPUS = ["A100-80GB", "A100-80GB"]
 SUBJOB_MIN_S, SUBJOB_MAX_S = 3, 10
 MARGIN_S = 2.0  # the site's checkpoint margin (the agent takes at most a quarter of the window)
 STEP_SLEEP = 0.05
@@ -112,13 +114,25 @@ def bed(tmp_path_factory):
             config["atomize"] = {"checkpoint_margin_s": MARGIN_S, "grace_s": 5.0, "live_defrag": True}
             self.config_path.write_text(yaml.safe_dump(config))
 
-    bed = ChainBed(tmp_path_factory.mktemp("htcondor-chain"), nodes={NODE: ["A100-80GB"]})
+        def start_controller(self) -> None:  # its debug log names the windows live defragmentation keeps
+            super().start_controller()
+            assert self.controller is not None and self.pool is not None
+            self.controller.terminate()
+            self.controller.wait(timeout=30)
+            argv = [sys.executable, "-m", "mig_batch.controller", "--config", str(self.config_path),
+                    "--log-level", "DEBUG"]  # fmt: skip
+            self.controller = self._spawn("mig-batchd", argv, self.pool.client_env(self.pool.controller))
+
+    bed = ChainBed(tmp_path_factory.mktemp("htcondor-chain"), nodes={NODE: GPUS})
     started = time.monotonic()
     try:
         bed.start()
         print(f"\ntestbed up in {time.monotonic() - started:.1f}s: pool {bed.pool.timings}")
         yield bed
     finally:
+        for flag in ("R", "F", "W"):  # a failed test leaves its rigid jobs running: end them before the pool stops
+            (bed.pool.shared / f"end-{flag}").touch()
+        time.sleep(1)
         bed.stop()
 
 
@@ -238,11 +252,115 @@ def test_a_chain_resumes_bit_exactly_and_a_killed_subjob_loses_only_its_own_work
             assert s.window_s <= SUBJOB_MAX_S + 1e-6 and s.profile
             if s.started_at is not None:  # a pass saw it run (HTCondor's start time is in whole seconds)
                 assert start["deadline"] == pytest.approx(s.started_at + s.window_s, abs=2.5), (s, start)
-            assert start["gpu"].startswith("MIG-") and start["instance"].startswith(f"{NODE}/0/"), start
+            assert start["gpu"].startswith("MIG-") and start["instance"].startswith(f"{NODE}/"), start
         granted = [o for o in store.offers(10_000) if o["granted"] == job]
         assert len(granted) == len(subjobs)
         assert store.instances() == []
         assert bed.pool.run("condor_q", job, "-af", "JobStatus").stdout.strip() == "", "the chain's job left the queue"
+    finally:
+        store.close()
+    wait_for(lambda: nvml_emu.live_instances(bed.gpu_dir(NODE)) == [], 30)
+
+
+def rigid(bed, name: str, profile: str) -> str:
+    """A rigid job that runs until its owner ends it (``end-<name>`` in the shared folder); its output names its
+    start."""
+    script = bed.pool.shared / f"{name}.sh"
+    script.write_text(f"#!/bin/sh\n#MIG --mig {profile}\ndate +%s.%N\n"
+                      f"while [ ! -e {bed.pool.shared}/end-{name} ]; do sleep 0.1; done\n")  # fmt: skip
+    script.chmod(0o755)
+    out = bed.migsub(script).stdout
+    job = out.strip().splitlines()[-1]
+    assert re.fullmatch(r"\d+\.0", job), out
+    return job
+
+
+def test_a_waiting_whole_gpu_job_runs_once_the_chains_next_subjobs_are_steered_elsewhere(bed):
+    """One node, two A100-80GB. R (4g) and F (3g) fill one GPU; chains A and B (1g each, B a little later) take
+    the other. W (7g) then waits: its GPU is held only by chain subjobs, so mig-batchd keeps that window from the
+    chains' next grants. F ends and leaves room beside R. The first chain to checkpoint gets its next subjob
+    there while the other still holds W's GPU; when that one checkpoints, W runs on the GPU they left. Nothing is
+    stopped for it, and both chains end with the uninterrupted run's weights (docs/atomize.md, the Slurm test's
+    case on HTCondor)."""
+    window = 24  # the chains' longest subjob: B starts, W is submitted and seen blocked, and F ends inside it
+    margin = min(MARGIN_S, window / 4)
+    # more than two windows' work: a chain still works when the other's checkpoint lets W start (B starts 5-10 s
+    # after A: migsub, a pass, HTCondor's start)
+    steps = 2 * (math.floor((window - margin) / STEP_SLEEP) + 1) + 1
+    files = {name: train_files(bed, f"defrag-{name}", steps) for name in "AB"}
+    reference = uninterrupted_digest(bed, files["A"][0], steps, str(files["A"][0].parent / "reference"))
+    store = Store(bed.store_path)
+
+    def state(job):
+        d = store.decision(job)
+        return d.state if d else None
+
+    def chain(name):
+        train, script, _ = files[name]
+        job = submit_chain(bed, script, train.parent / "ckpt", "--subjob-max", f"{window}s")
+        wait_for(lambda: state(job) == "running", 60)
+        return job
+
+    try:
+        r = rigid(bed, "R", "4g.40gb")
+        wait_for(lambda: state(r) == "running", 60)
+        f = rigid(bed, "F", "3g.40gb")
+        wait_for(lambda: state(f) == "running", 60)
+        full = store.decision(r).gpu
+        assert store.decision(f).gpu == full  # F fills R's GPU: only the other GPU has room
+        a = chain("A")
+        b = chain("B")  # later: when A checkpoints, B still holds the GPU W waits for
+        chain_gpu = store.decision(a).gpu
+        assert chain_gpu != full and store.decision(b).gpu == chain_gpu
+
+        w = rigid(bed, "W", "7g.80gb")  # fits on no GPU: blocked by the chains' 1g subjobs
+        time.sleep(5 * bed.poll_interval_s)  # mig-batchd's passes see W blocked
+        (bed.pool.shared / "end-F").touch()  # F's owner ends it: room beside R
+        wait_for(lambda: state(f) == "ended", 30)
+        assert all(s.ended_at is None for c in (a, b) for s in store.subjobs(c)), "a subjob ended before F: too slow"
+        assert state(w) is None, "W was decided while the chains held its GPU"
+
+        wait_for(lambda: state(w) == "running", 3 * window + 30)
+        out = bed.pool.shared / f"W.sh.{w.split('.')[0]}.out"
+        started = wait_for(lambda: out.exists() and re.search(r"^(\d+\.\d+)$", out.read_text(), re.M), 30)
+        w_started = float(started.group(1))
+        assert store.decision(w).gpu == chain_gpu  # the GPU the chains left
+        (bed.pool.shared / "end-W").touch()
+        records = [wait_for(lambda c=c: (rec := store.chain(c)) and rec.state in ("done", "failed") and rec,
+                            4 * window + 60) for c in (a, b)]  # fmt: skip
+        (bed.pool.shared / "end-R").touch()
+        wait_for(lambda: state(r) == "ended" and state(w) == "ended", 30)
+
+        for c, name, record in ((a, "A", records[0]), (b, "B", records[1])):
+            assert record.state == "done", store.events(c)
+            runs = progress(files[name][2]).values()
+            done = [run["end"] for run in runs if run["end"] and run["end"]["event"] == "done"]
+            assert len(done) == 1 and done[0]["sha256"] == reference  # the uninterrupted run's weights
+            subjobs = store.subjobs(c)
+            outcomes = [s.outcome for s in subjobs]
+            assert len(subjobs) >= 3 and outcomes == ["continue"] * (len(subjobs) - 1) + ["done"], outcomes
+            gpus = [e["gpu"] for e in store.events(c, kind="decided")]
+            assert len(gpus) == len(subjobs) and gpus[0] == chain_gpu and set(gpus[1:]) == {full}, gpus  # beside R
+            assert subjobs[0].ended_at <= w_started < subjobs[-1].ended_at  # W ran before the chain ended
+
+        # the first chain to checkpoint got its next subjob beside R while the other still held W's GPU, before W
+        # was decided: the window was kept from its grant
+        first, other = sorted((a, b), key=lambda c: store.subjobs(c)[0].ended_at)
+        granted = store.subjobs(first)[1].granted_at
+        w_decided = store.events(w, kind="decided")[0]["time"]
+        print(f"\n{first}'s next subjob granted {granted:.2f}, {other}'s first subjob ended "
+              f"{store.subjobs(other)[0].ended_at:.2f}, W decided {w_decided:.2f}, W started {w_started:.2f}")
+        assert granted < store.subjobs(other)[0].ended_at and granted < w_decided
+        log = bed.log_path("mig-batchd").read_text()
+        assert re.search(rf"live defrag: GPU {chain_gpu} window 0xff kept from chain grants", log)
+
+        # nothing was stopped to make room: every rigid job decided once, nothing cancelled or moved
+        for job in (r, f, w):
+            assert store.count_decisions(job) == 1, store.events(job)
+        kinds = {e["kind"] for e in store.events()}
+        assert not kinds & {"chain-job-cancelled", "node-replaced", "node-problem", "view-conflict"}, kinds
+        assert all(s.outcome != "failed" for c in (a, b) for s in store.subjobs(c))
+        assert store.instances() == []
     finally:
         store.close()
     wait_for(lambda: nvml_emu.live_instances(bed.gpu_dir(NODE)) == [], 30)
