@@ -177,3 +177,48 @@ def test_the_wrapper_reads_the_chains_folder_from_the_tag():
 
     fields = tag_fields("mig-batch:v1;req=6G;atomize=1;ckpt=/home/a/ck;smin=3;smax=16;place=n1/0/1g.10gb@2;window=16")
     assert (fields["atomize"], fields["ckpt"], fields["window"]) == ("1", "/home/a/ck", "16")
+
+
+class OneJob:
+    """The schedd as the agent's guard reads it: job 7.0 running in slot1_1 of nodeb, with ``tag``."""
+
+    def __init__(self, tag: str):
+        self.tag = tag
+        self.schedd = self
+
+    def _startds(self):
+        return [{"Name": "slot1@nodeb@pool", "MigBatchNodeName": "nodeb"}]
+
+    def _call(self, what):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def query(self, constraint, projection):
+        return [{"JobStatus": 2, "RemoteHost": "slot1_1@nodeb@pool", "Owner": "nobody-here", "MigBatchTag": self.tag}]
+
+    def _plain(self, ad):
+        return ad
+
+
+def test_the_agent_counts_a_chains_prologs_per_grant():
+    """One HTCondor job runs every subjob of its chain: a prolog per subjob is no loop. A new subjob number comes
+    only with the controller's grant (the tag is protected); within one grant the limit holds as for any job."""
+    from mig_batch.htcondor import node
+    from mig_batch.htcondor.peers import Caller, CallerRefused
+
+    chain = OneJob("mig-batch:v1;req=6G;atomize=1;ckpt=/c;smin=3;smax=16;place=nodeb/0/1g.10gb@0;window=16;subjob=0")
+    guard = node.SlotGuard(chain, "nodeb", settle_s=0.0)
+    caller = Caller(os.getpid(), os.getuid(), "slot1_1", "")
+    for subjob in range(node.PROLOGS_PER_WINDOW + 2):  # more subjobs than prologs a job gets a minute
+        chain.tag = chain.tag.rsplit("subjob=", 1)[0] + f"subjob={subjob}"
+        guard.check_prolog(caller, "7.0")
+    for _ in range(node.PROLOGS_PER_WINDOW - 1):
+        guard.check_prolog(caller, "7.0")
+    with pytest.raises(CallerRefused, match="times within"):  # the same grant asked again and again
+        guard.check_prolog(caller, "7.0")
+    plain = node.SlotGuard(OneJob("mig-batch:v1;req=6G;place=nodeb/0/1g.10gb@0"), "nodeb", settle_s=0.0)
+    for _ in range(node.PROLOGS_PER_WINDOW):
+        plain.check_prolog(caller, "7.0")
+    with pytest.raises(CallerRefused, match="times within"):
+        plain.check_prolog(caller, "7.0")
