@@ -50,12 +50,19 @@ class AtomizeConfig:
     defrag_max_hold_s: float = 1800.0  # a chain waiting this long is offered the kept windows too
 
 
+MOLDABLE_PLANNERS = ("eft", "far", "auto")  # mig_batch.planner.live.LIVE_PLANNERS
+
+
 @dataclass(frozen=True)
 class MoldableConfig:
     """Moldable jobs (migsub --moldable): how the size is chosen (mig_batch.placement.moldable)."""
 
     min_gain: float = 0.1  # wait, or take a larger profile, only to finish at least this share sooner
     max_reservations: int = 16  # waiting moldable jobs per pass that look ahead and hold a reservation
+    # eft: each job in queue order gets the size that finishes first (min_gain, max_reservations); far | auto:
+    # the waiting jobs are planned together first (mig_batch.planner.live), within planner_budget_s per pass
+    planner: str = "eft"
+    planner_budget_s: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -323,6 +330,12 @@ def _moldable(raw: Any, path: Path) -> MoldableConfig:
         raise ConfigError(f"{path}: moldable.min_gain must lie in [0, 1) (got {config.min_gain})")
     if config.max_reservations < 0:
         raise ConfigError(f"{path}: moldable.max_reservations must be 0 or more (got {config.max_reservations})")
+    if config.planner not in MOLDABLE_PLANNERS:
+        raise ConfigError(f"{path}: moldable.planner must be one of {', '.join(MOLDABLE_PLANNERS)} "
+                          f"(got {shown(config.planner)})")  # fmt: skip
+    if not 0 < config.planner_budget_s <= 60:
+        raise ConfigError(f"{path}: moldable.planner_budget_s must lie in (0, 60] seconds "
+                          f"(got {config.planner_budget_s})")  # fmt: skip
     return config
 
 

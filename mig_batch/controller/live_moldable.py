@@ -1,0 +1,116 @@
+"""Waiting moldable jobs planned together (``moldable.planner: far|auto``; docs/moldable.md).
+
+The jobs the live planner (:mod:`mig_batch.planner.live`) can take - sizes that are the planner's
+profile on every model of the cluster that has them (a job asking more memory than that profile is
+left to the earliest-finish rule) - are planned over the GPUs' timelines, EASY reservation included
+(no plan runs on its slices after it opens). The plan's start-now steps are decided (pinned and
+released by the caller) where the job may go now: its partitions, a node with room, slices free in
+the view; the rest of the plan holds reservations that chains and the earliest-finish rule respect,
+revised at the next pass. Jobs the plan could not start go to the earliest-finish rule.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from mig_batch.batch.system import BatchJob
+from mig_batch.batch.tags import JobTag
+from mig_batch.config import MoldableConfig
+from mig_batch.controller.fences import Fences
+from mig_batch.controller.ledger import ViewLedger
+from mig_batch.controller.place import Placer
+from mig_batch.controller.translations import Translations
+from mig_batch.placement.base import placement_on
+from mig_batch.placement.timelines import GpuTimeline, Hold
+from mig_batch.planner.live import LiveJob, LiveState, from_timeline, plan_live
+from mig_batch.planner.problem import GpuScheme, gpu_scheme
+from mig_batch.state import Decision
+
+log = logging.getLogger("mig-batchd")
+
+
+@dataclass
+class LiveOutcome:
+    decided: list[Decision] = field(default_factory=list)
+    holds: list[tuple[int, Hold]] = field(default_factory=list)  # the starts, for the rule after
+    reserved: list[tuple[int, Hold]] = field(default_factory=list)
+    waiting: int = 0
+    left: list[tuple[BatchJob, JobTag]] = field(default_factory=list)  # to the earliest-finish rule
+
+
+def sizes_of(times: Mapping[str, Mapping[str, float]], schemes: Mapping[str, GpuScheme]) -> dict[int, float]:
+    """Size -> seconds over the cluster's models: a size counts when, on every model that has it, the job
+    lists that model's planner profile (the longest of those times is taken)."""
+    out: dict[int, float] = {}
+    sizes = {s for scheme in schemes.values() for s in scheme.sizes}
+    for size in sorted(sizes):
+        seconds = []
+        for model, scheme in schemes.items():
+            if size not in scheme.profiles:
+                continue
+            value = times.get(model, {}).get(scheme.profiles[size].name)
+            if value is None or not math.isfinite(value) or value <= 0:
+                break
+            seconds.append(float(value))
+        else:
+            if seconds:
+                out[size] = max(seconds)
+    return out
+
+
+class LiveMoldable:
+    def __init__(self, ledger: ViewLedger, fences: Fences, placer: Placer, translations: Translations,
+                 config: MoldableConfig) -> None:  # fmt: skip
+        self.ledger, self.fences, self.placer = ledger, fences, placer
+        self.translations, self.config = translations, config
+        self._schemes: dict[str, GpuScheme] = {}
+
+    def scheme(self, model: str) -> GpuScheme:
+        if model not in self._schemes:
+            self._schemes[model] = gpu_scheme(model)
+        return self._schemes[model]
+
+    def plan(self, waiting: Sequence[tuple[BatchJob, JobTag]], timelines: Sequence[GpuTimeline],
+             now: float) -> LiveOutcome:  # fmt: skip
+        out = LiveOutcome()
+        schemes = {t.model: self.scheme(t.model) for t in timelines}
+        eligible: dict[str, tuple[BatchJob, JobTag, dict[int, float]]] = {}
+        for job, tag in waiting:
+            times = self.translations.moldable(tag)
+            sizes = sizes_of(times, schemes) if not isinstance(times, str) and schemes else {}
+            if sizes and self.fences.partition_problem(job) is None:
+                eligible[job.job_id] = (job, tag, sizes)
+            else:
+                out.left.append((job, tag))  # the rule after records why (unplaceable, partitions) or sizes it
+        if not eligible:
+            return out
+        state = LiveState(now, tuple(from_timeline(t) for t in timelines),
+                          tuple(LiveJob(name, sizes) for name, (_, _, sizes) in eligible.items()))  # fmt: skip
+        plan = plan_live(state, self.config.planner, budget_s=self.config.planner_budget_s, schemes=schemes)
+        log.debug("moldable plan (%s): %d steps, %d now, %d decodings in %.3f s", plan.planner, len(plan.steps),
+                  len(plan.start_now()), plan.evaluations, plan.elapsed_s)  # fmt: skip
+        view = self.ledger.view
+        with self.fences.confinement(now) as confine:
+            for step in plan.steps:
+                job, tag, sizes = eligible[step.job]
+                gpu = view.gpus[step.gid]
+                profile = self.scheme(gpu.model).profiles[step.size]
+                window = profile.window(step.slot)
+                if not step.now:
+                    out.reserved.append((step.gid, Hold(window, until=step.end, since=step.start)))
+                    out.waiting += 1
+                    continue
+                confine(job)
+                if step.gid in view.fenced or gpu.mask & window:  # not its partitions, a full node, or taken
+                    out.left.append((job, tag))
+                    continue
+                self.ledger.predicted[job.job_id] = sizes[step.size]
+                placement = placement_on(view, step.gid, profile.name, step.slot)
+                out.decided.append(self.placer.decide(job, tag, placement, f"moldable-{plan.planner}"))
+                out.holds.append((step.gid, Hold(window, until=now + sizes[step.size])))
+                self.fences.use_room(placement.host, job.cpus)
+        out.left += [(eligible[name][0], eligible[name][1]) for name in plan.unplaced]
+        return out
