@@ -16,6 +16,7 @@ import pytest
 from harness.slurm_cluster import LocalCluster, MigTestbed
 
 from mig_batch.batch.tags import parse_report
+from mig_batch.cli.migsub_status import ARRAY_WAITS, SQUEUE_FORMAT, parse_records, status_row
 from mig_batch.gpu import nvml_emu
 from mig_batch.mig.models import get_model
 from mig_batch.slurm.commands import SlurmCli
@@ -226,6 +227,15 @@ def test_a_job_array_runs_each_task_on_its_own_instance_within_its_limit(bed):
     script = bed.root / "array.sh"
     script.write_text(ARRAY_TASK.format(out=bed.root / "out"))
     array = bed.cluster.run("sbatch", "--parsable", "--array=1-40%8", "--gres=mig:1g.10gb", str(script)).stdout.strip()
+    seen: dict[str, dict] = {}  # what migsub status shows of the array while it runs, by squeue's names
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(r["placement"] for r in seen.values()):
+        out = bed.cluster.run("squeue", "-h", "-O", SQUEUE_FORMAT, "-j", array)
+        seen = {row["job"]: row for record in parse_records(out.stdout) if (row := status_row(*record))}
+        time.sleep(0.5)
+    placed = [job for job, row in seen.items() if row["placement"]]
+    assert placed and all(job.startswith(f"{array}_") and job.split("_")[1].isdigit() for job in placed), seen
+    assert all(row["waits"] == ARRAY_WAITS for job, row in seen.items() if "_[" in job), seen
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and bed.cluster.run("squeue", "-h", "-j", array).stdout.strip():
         time.sleep(1)
@@ -236,6 +246,7 @@ def test_a_job_array_runs_each_task_on_its_own_instance_within_its_limit(bed):
         array_id, task_id, job, cvd, begin = lines[0].split("|")
         assert (array_id, task_id) == (array, str(task)), lines
         runs[task] = (job, cvd, float(begin), float(lines[-1].split("|")[1]))
+    wait_done(bed, [job for job, *_ in runs.values()])  # and mig-batchd saw each end
     lives = by_mig_uuid(bed)
     store = Store(bed.store_path)
     for task, (job, cvd, begin, end) in runs.items():

@@ -23,9 +23,11 @@ from mig_batch.htcondor.attrs import TAG_ATTR
 
 FIELD_END = "\x1f"  # after each free-text field (a reason, a comment may hold "|")
 RECORD_END = "\x1e"
-# squeue -O: the job, its state, Slurm's reason, the tag with mig-batchd's note (admin_comment: the name squeue
-# 22.05's -O knows)
-SQUEUE_FORMAT = ",".join(f"{f}:{FIELD_END}" for f in ("JobID", "State", "Reason")) + f",admin_comment:{RECORD_END}"
+# squeue -O: the job as squeue names it to users (JobArrayID: 12, an array's task 12_3, its pending tasks
+# 12_[4-9%2]), its state, Slurm's reason, the tag with mig-batchd's note (admin_comment: the name 22.05's -O knows)
+SQUEUE_FORMAT = (",".join(f"{f}:{FIELD_END}" for f in ("JobArrayID", "State", "Reason"))
+                 + f",admin_comment:{RECORD_END}")  # fmt: skip
+ARRAY_WAITS = "an array's tasks not yet split off: mig-batchd places them a few at a time, within the array's limit"
 SQUEUE_TIMEOUT_S = 60
 
 
@@ -88,6 +90,8 @@ def status_row(job: str, state: str, reason: str, tag_text: str,
             row["waits"] = f"its node could not make the instance ({report.reason}); mig-batchd places it again"
         elif state == "PENDING":
             row["waits"] = "placed: starting" if reason in ("", "None") else f"placed: {reason}"
+    elif state == "PENDING" and "_[" in job:  # the array's record of pending tasks carries no note
+        row["waits"] = ARRAY_WAITS
     elif state == "PENDING":
         row["waits"] = wait_note(tag_text) or f"mig-batchd has not placed it yet ({reason}; no reason published yet)"
     return row
