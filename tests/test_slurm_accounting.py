@@ -9,6 +9,8 @@ import time
 import pytest
 from harness.slurm_cluster import LocalCluster, MigTestbed
 
+from mig_batch.cli.migsub_status import SQUEUE_FORMAT, parse_records, status_row
+
 MISSING = LocalCluster.accounting_available()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(MISSING is not None, reason=str(MISSING))]
 
@@ -28,6 +30,9 @@ def test_slices_reach_sacct_and_a_grptres_limit_holds(tmp_path):
                 break
             time.sleep(0.5)
         assert states == {jobs[0]: "RUNNING:None", jobs[1]: "PENDING:AssocGrpGRES"}, states
+        rows = [status_row(*r) for r in parse_records(run("squeue", "-h", "-O", SQUEUE_FORMAT, "-j", jobs[1]).stdout)]
+        assert len(rows) == 1 and rows[0] is not None and rows[0]["slices"] is None, rows  # (no site config here)
+        assert rows[0]["waits"].startswith("over a limit: ") and "(AssocGrpGRES)" in rows[0]["waits"], rows
         assert "gres/mig_slices=4" in run("scontrol", "show", "job", jobs[0]).stdout
         deadline = time.monotonic() + 15  # slurmctld sends the job's start to slurmdbd in the background
         while time.monotonic() < deadline:

@@ -88,6 +88,8 @@ def status_row(job: str, state: str, reason: str, tag_text: str,
         row["slices"] = _slices(place.node, held, nodes or {})
         if report is not None and report.kind == "requeue":
             row["waits"] = f"its node could not make the instance ({report.reason}); mig-batchd places it again"
+        elif state == "PENDING" and reason.startswith(("Assoc", "QOS")) and ("GRES" in reason or "TRES" in reason):
+            row["waits"] = f"over a limit: its slices count against its account's or QOS's limit ({reason})"
         elif state == "PENDING":
             row["waits"] = "placed: starting" if reason in ("", "None") else f"placed: {reason}"
     elif state == "PENDING" and "_[" in job:  # the array's record of pending tasks carries no note
