@@ -170,3 +170,15 @@ def test_bad_input_is_refused() -> None:
         plan_live(replace(state, jobs=(LiveJob("a", {1: -1.0}),)), "eft")
     with pytest.raises(ValueError, match="no 3-slice instance starts at 1"):
         plan_live(replace(state, gpus=(LiveGpu(0, A100, (LiveInstance(3, 1, 0.0),)),)), "eft")
+
+
+def test_jobs_no_gpu_can_run_are_listed_unplaced() -> None:
+    """A30 GPUs have no 3- or 7-slice instance: a job of those sizes only is unplaced, under every planner."""
+    state = LiveState(0.0, (LiveGpu(0, "A30-24GB"),), (LiveJob("big", {7: 5.0}), LiveJob("ok", {1: 3.0, 2: 2.0})))
+    for planner in LIVE_PLANNERS:
+        plan = plan_live(state, planner, evaluations=10, budget_s=math.inf)
+        check_live_plan(state, plan)
+        assert plan.unplaced == ("big",) and [s.job for s in plan.steps] == ["ok"]
+    empty = replace(state, gpus=())
+    for planner in LIVE_PLANNERS:
+        assert sorted(plan_live(empty, planner).unplaced) == ["big", "ok"]

@@ -49,8 +49,8 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -394,7 +394,9 @@ def _far_candidates(dec: LiveDecoder) -> list[list[int]]:
     """FAR's allotment family over the jobs (sizes the cluster has)."""
     tasks = [Task(j.name, {s: j.time(s) for s in dec.sizes[i]}) for i, j in enumerate(dec.jobs)]
     placeable = [i for i, s in enumerate(dec.sizes) if s]
-    full = max((s for g in dec.groups for s in g.by_size), default=1)
+    if not placeable:
+        return []
+    full = max(s for g in dec.groups for s in g.by_size)
     family = allotment_family([tasks[i] for i in placeable], full)
     out = []
     for allot in family:
@@ -413,7 +415,7 @@ def _far_plan(dec: LiveDecoder, deadline: float, evaluations: int, clock: Callab
               objective: str, min_gain: float, seed: int) -> tuple[LivePlan, int]:  # fmt: skip
     best: LivePlan | None = None
     used = 0
-    for sizes in _far_candidates(dec):
+    for sizes in _far_candidates(dec) or [[0] * len(dec.jobs)]:
         if best is not None and (used >= evaluations or clock() > deadline):
             break
         plan = dec.decode(_longest_first(dec, sizes), sizes, "far")
@@ -467,9 +469,8 @@ def _auto_plan(dec: LiveDecoder, deadline: float, evaluations: int, clock: Calla
         move = rng.random()
         if move < 0.5:
             i = rng.randrange(n)
-            choices = [0, *dec.sizes[i]]
-            choices.remove(s[i]) if s[i] in choices else None
-            if not choices:
+            choices = [c for c in (0, *dec.sizes[i]) if c != s[i]]
+            if not dec.sizes[i]:
                 used += 1
                 continue
             s[i] = rng.choice(choices)
