@@ -91,3 +91,13 @@ def test_cli_runs_and_refuses_bad_input(tmp_path: Path) -> None:
                                                             "Rodinia")):  # fmt: skip
         out = _cli(*bad, tmp=tmp_path)
         assert out.returncode == 2 and said in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("argv", [["simulate", "moldable", "--seeds", "1"], ["bench", "live-planner"]])
+def test_the_commands_name_a_missing_extra(monkeypatch, capsys, argv) -> None:
+    from mig_batch.cli.main import main
+    from mig_batch.entry import EXTRA_MODULES
+
+    monkeypatch.setitem(EXTRA_MODULES, "controller", ("mig_batch_no_such_module",))
+    assert main(argv) == 2
+    assert "needs the controller extra" in capsys.readouterr().err

@@ -171,6 +171,7 @@ def cmd_bench_moldable(args: argparse.Namespace) -> int:
     return 0
 
 
+@needs_extra("controller", "mig-batch bench live-planner")
 def cmd_bench_live_planner(args: argparse.Namespace) -> int:
     from mig_batch.bench.live_planner import bench_live
     from mig_batch.planner.live import LIVE_PLANNERS

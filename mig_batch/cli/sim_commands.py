@@ -455,6 +455,7 @@ def _floats(text: str, option: str) -> list[float]:
     return values
 
 
+@needs_extra("controller", "mig-batch simulate moldable")  # numpy and rich
 def cmd_simulate_moldable(args: argparse.Namespace) -> int:
     from mig_batch.planner.live import LIVE_PLANNERS
     from mig_batch.sim.data import RODINIA_FILES, RODINIA_SOURCE, MissingDataError
