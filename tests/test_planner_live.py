@@ -182,3 +182,17 @@ def test_jobs_no_gpu_can_run_are_listed_unplaced() -> None:
     empty = replace(state, gpus=())
     for planner in LIVE_PLANNERS:
         assert sorted(plan_live(empty, planner).unplaced) == ["big", "ok"]
+
+
+def test_measured_reconfiguration_times_replace_the_table() -> None:
+    """A 2 s create on 7 slices (measured) delays a whole-GPU job by 2 s instead of Table 1's 0.24 s."""
+    from mig_batch.planner.live import measured_scheme
+
+    state = LiveState(0.0, (LiveGpu(0, A100),), (LiveJob("w", {7: 10.0}),))
+    (table,) = plan_live(state, "eft").steps
+    (slow,) = plan_live(state, "eft", schemes={A100: measured_scheme(A100, {7: 2.0})}).steps
+    assert (table.start, slow.start, slow.profile) == (pytest.approx(0.24), pytest.approx(2.0), "7g.80gb")
+    check_live_plan(state, plan_live(state, "auto", schemes={A100: measured_scheme(A100, {7: 2.0})}),
+                    {A100: measured_scheme(A100, {7: 2.0})})  # fmt: skip
+    with pytest.raises(ValueError, match="sizes of A100-80GB"):
+        measured_scheme(A100, {5: 1.0})

@@ -23,6 +23,7 @@ from mig_batch.controller.fences import Fences
 from mig_batch.controller.ledger import ViewLedger
 from mig_batch.controller.place import Placer
 from mig_batch.controller.translations import Translations
+from mig_batch.mig.models import get_model
 from mig_batch.placement.base import placement_on
 from mig_batch.placement.timelines import GpuTimeline, Hold
 from mig_batch.planner.live import LiveJob, LiveState, from_timeline, plan_live
@@ -97,8 +98,7 @@ class LiveMoldable:
             for step in plan.steps:
                 job, tag, sizes = eligible[step.job]
                 gpu = view.gpus[step.gid]
-                profile = self.scheme(gpu.model).profiles[step.size]
-                window = profile.window(step.slot)
+                window = get_model(gpu.model).profile(step.profile).window(step.slot)
                 if not step.now:
                     out.reserved.append((step.gid, Hold(window, until=step.end, since=step.start)))
                     out.waiting += 1
@@ -108,7 +108,7 @@ class LiveMoldable:
                     out.left.append((job, tag))
                     continue
                 self.ledger.predicted[job.job_id] = sizes[step.size]
-                placement = placement_on(view, step.gid, profile.name, step.slot)
+                placement = placement_on(view, step.gid, step.profile, step.slot)
                 out.decided.append(self.placer.decide(job, tag, placement, f"moldable-{plan.planner}"))
                 out.holds.append((step.gid, Hold(window, until=now + sizes[step.size])))
                 self.fences.use_room(placement.host, job.cpus)

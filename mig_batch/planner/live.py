@@ -49,7 +49,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -125,6 +125,7 @@ class Step:
     gid: int
     size: int
     slot: int  # the instance's memory start
+    profile: str  # the scheme's profile of that size on the GPU's model
     start: float  # expected run start
     end: float
     opens: float  # when its instance or slices are free (its reconfigurations may begin)
@@ -147,6 +148,20 @@ class LivePlan:
 
     def score(self, objective: str) -> tuple[float, float]:
         return (self.mean_end, self.makespan) if objective == "mean" else (self.makespan, self.mean_end)
+
+
+def measured_scheme(model: str, create_s: Mapping[int, float] | None = None,
+                    destroy_s: Mapping[int, float] | None = None) -> GpuScheme:  # fmt: skip
+    """The model's scheme with measured create/destroy seconds per size where known (MIG-DRL Table 1's
+    otherwise), for ``plan_live(schemes=...)``."""
+    scheme = gpu_scheme(model)
+    for name, given in (("create", create_s or {}), ("destroy", destroy_s or {})):
+        for size, seconds in given.items():
+            if size not in scheme.profiles or not (math.isfinite(seconds) and seconds >= 0):
+                raise ValueError(f"{name} time {seconds!r} for size {size}: sizes of {model} are {scheme.sizes}, "
+                                 "times finite seconds >= 0")  # fmt: skip
+    return replace(scheme, create_s={**scheme.create_s, **(create_s or {})},
+                   destroy_s={**scheme.destroy_s, **(destroy_s or {})})  # fmt: skip
 
 
 def from_timeline(timeline: GpuTimeline) -> LiveGpu:
@@ -339,8 +354,8 @@ class LiveDecoder:
         run.lb[gi][r] = np.where(g.wmat, run.slice_free[gi][r][None, :], -INF).max(axis=1)
         run.used[gi][r] = sum(g.slots[j].size for j in alive)
         slot = g.slots[k]
-        return Step(job, g.gids[r], slot.size, slot.start, start, start + seconds, opens, tuple(reconfigs),
-                    opens <= self.now + EPS)  # fmt: skip
+        return Step(job, g.gids[r], slot.size, slot.start, g.scheme.profiles[slot.size].name, start, start + seconds,
+                    opens, tuple(reconfigs), opens <= self.now + EPS)  # fmt: skip
 
     def decode(self, order: Sequence[int], sizes: Sequence[int], planner: str = "",
                min_gain: float = 0.1) -> LivePlan:  # fmt: skip
