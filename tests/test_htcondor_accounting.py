@@ -62,14 +62,15 @@ def test_the_pin_writes_the_slices_before_the_node():
 
     edits: list[tuple[str, str]] = []
     schedd = types.SimpleNamespace(edit=lambda constraint, attr, value: edits.append((attr, value)),
+                                   query=lambda constraint, projection: [{"NumJobStarts": 0}],
                                    act=lambda action, job, reason: {"TotalSuccess": 1}, reschedule=lambda: None)
     batch = HTCondorBatch.__new__(HTCondorBatch)  # no bindings needed: a stand-in schedd
     batch.htcondor = types.SimpleNamespace(JobAction=types.SimpleNamespace(Release="release"),
                                            HTCondorException=RuntimeError)  # fmt: skip
-    batch.classad = types.SimpleNamespace(quote=lambda text: f'"{text}"', ClassAdException=ValueError)
+    batch.classad = types.SimpleNamespace(quote=lambda text: f'"{text}"', ClassAdException=ValueError, Value=type(None))
     batch._schedd = schedd
     assert batch.pin_and_release([Pin("7.0", "n1", "mig-batch:v1;req=40G;place=n1/0/3g.40gb@4", None, 4),
                                   Pin("8.0", "n1", "mig-batch:v1;req=1g", None, 0)]) == {}  # fmt: skip
-    assert [attr for attr, _ in edits] == ["MigBatchTag", "MigBatchSlices", "MigBatchNode", "MigBatchTag",
-                                           "MigBatchNode"]  # fmt: skip
-    assert edits[1] == ("MigBatchSlices", "4")
+    assert [attr for attr, _ in edits] == ["MigBatchStarts", "MigBatchTag", "MigBatchSlices", "MigBatchNode",
+                                           "MigBatchStarts", "MigBatchTag", "MigBatchNode"]  # fmt: skip
+    assert edits[2] == ("MigBatchSlices", "4")

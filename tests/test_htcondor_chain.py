@@ -222,3 +222,17 @@ def test_the_agent_counts_a_chains_prologs_per_grant():
         plain.check_prolog(caller, "7.0")
     with pytest.raises(CallerRefused, match="times within"):
         plain.check_prolog(caller, "7.0")
+
+
+@pytest.mark.parametrize(("job", "starts"), [
+    ({}, True),  # not mig_batch's: anywhere
+    ({"MigBatchTag": "t"}, False),  # managed, not pinned
+    ({"MigBatchTag": "t", "MigBatchNode": "nodea"}, True),  # pinned before this rule
+    ({"MigBatchTag": "t", "MigBatchNode": "nodea", "MigBatchStarts": 0}, True),  # pinned, never started
+    ({"MigBatchTag": "t", "MigBatchNode": "nodea", "MigBatchStarts": 2, "NumJobStarts": 2}, True),  # pinned again
+    ({"MigBatchTag": "t", "MigBatchNode": "nodea", "MigBatchStarts": 2, "NumJobStarts": 3}, False),  # ran on it
+    ({"MigBatchTag": "t", "MigBatchNode": "nodeb", "MigBatchStarts": 0}, False),  # another node's
+])  # fmt: skip
+def test_the_startd_starts_a_managed_job_on_its_node_once_per_pin(job, starts):
+    policy = attrs.START_POLICY.replace("MY.MigBatchNodeName", '"nodea"').replace("TARGET.", "")
+    assert evaluate(policy, **job) is starts

@@ -253,3 +253,22 @@ def test_an_owner_reads_why_their_job_waits_and_where_it_runs_with_condor_q(pool
     finally:
         controller.cancel(whole)
         controller.cancel(small)
+
+
+def test_a_pin_starts_its_job_once_so_an_owners_release_after_a_run_starts_nothing(pool, controller):
+    """A job released by its owner after it ran, before the controller's pass unpins it (a chain's subjob held by
+    its exit policy, a running job its owner held), matches nothing: the pin's start count is spent. A new pin
+    starts it again."""
+    job_id = submit_as_owner(pool, "once", seconds=60)
+    assert controller.pin_and_release([Pin(job_id, "nodeb", placed("nodeb"))]) == {}
+    assert wait_for(controller, job_id, lambda j: j.running).node == "nodeb"
+    assert owner(pool, "condor_hold", job_id).returncode == 0
+    assert wait_for(controller, job_id, lambda j: j.held).held_by_user
+    assert owner(pool, "condor_release", job_id).returncode == 0  # still pinned: the controller saw nothing yet
+    job = negotiated(controller, job_id)
+    assert (job.state, job.reason) == (JobState.PENDING, "no match found"), job
+    controller.requeue_hold(job_id, "its owner released it")  # what the controller's pass does
+    assert controller.pin_and_release([Pin(job_id, "nodeb", placed("nodeb"))]) == {}
+    assert wait_for(controller, job_id, lambda j: j.running).node == "nodeb"
+    controller.cancel(job_id)
+    assert wait_for(controller, job_id, lambda j: j.finished).cancelled

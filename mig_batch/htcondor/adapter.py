@@ -37,6 +37,7 @@ from mig_batch.htcondor.attrs import (
     JOB_POLICY_HOLD,
     NODE_NAME_ATTR,
     PIN_ATTR,
+    STARTS_ATTR,
     TAG_ATTR,
     TIME_LIMIT_ATTR,
 )
@@ -272,6 +273,11 @@ class HTCondorBatch:
                 # every edit constrained on the job still waiting: the schedd refuses it otherwise
                 waiting = f"{_job_constraint(p.job_id)} && {WAITING}"
                 with self._call(f"pin {p.job_id} to {p.node} (is it still waiting?)"):
+                    ads = self.schedd.query(constraint=waiting, projection=["NumJobStarts"])
+                    if not ads:
+                        raise HTCondorError(f"pin {p.job_id}: no such job waiting")
+                    starts = int(self._plain(ads[0]).get("NumJobStarts", 0) or 0)
+                    self.schedd.edit(waiting, STARTS_ATTR, str(starts))  # one start per pin (attrs.START_POLICY)
                     if p.time_limit_min is not None:
                         self.schedd.edit(waiting, TIME_LIMIT_ATTR, str(p.time_limit_min * 60))
                     self.schedd.edit(waiting, TAG_ATTR, self._quote(p.admin_tag))

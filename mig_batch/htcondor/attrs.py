@@ -10,6 +10,9 @@ Job attributes (protected: only a queue superuser, the controller's identity, ma
 - ``MigBatchNode``: the node the controller pinned the job to. A separate attribute because ClassAd
   matching cannot cheaply read a field out of the tag; the startd's START compares it with its own
   ``MigBatchNodeName``, so the pin holds whatever the job's (user-editable) Requirements say.
+- ``MigBatchStarts``: the job's ``NumJobStarts`` when pinned; START takes the job only while the two are equal, so
+  a pin starts the job once (an owner's release of a job that ran, before the controller unpinned it, starts
+  nothing).
 
 Machine attributes: ``MigBatchNodeName`` (the node's name in mig_batch's config and decisions; several
 startds on one host, as in the test pool, need distinct names) and ``MigBatchAgent`` (the node agent's
@@ -33,10 +36,15 @@ PIN_ATTR = "MigBatchNode"
 NODE_NAME_ATTR = "MigBatchNodeName"
 AGENT_ATTR = "MigBatchAgent"
 TIME_LIMIT_ATTR = "AllowedExecuteDuration"  # HTCondor's own: the job is held when it runs longer (seconds)
+# The job's start count (NumJobStarts) when the controller pinned it: a pin lets the job start once. Released by
+# its owner after it ran (a chain's subjob held by its exit policy, a job its owner held), before mig-batchd's
+# next pass unpins it, the job matches nothing until a new decision pins it again.
+STARTS_ATTR = "MigBatchStarts"
 
-# The startd runs an unmanaged job anywhere, a managed one only on the node it is pinned to.
+# The startd runs an unmanaged job anywhere, a managed one only on the node it is pinned to, and once per pin.
 START_POLICY = (f"(TARGET.{TAG_ATTR} =?= undefined) || "
-                f"(TARGET.{PIN_ATTR} =?= MY.{NODE_NAME_ATTR})")  # fmt: skip
+                f"(TARGET.{PIN_ATTR} =?= MY.{NODE_NAME_ATTR} && (TARGET.{STARTS_ATTR} =?= undefined "
+                f"|| TARGET.{STARTS_ATTR} =?= (TARGET.NumJobStarts ?: 0)))")  # fmt: skip
 CRON_JOB = "MIGBATCH"  # the startd cron job publishing the agent's file
 
 
@@ -179,11 +187,12 @@ def schedd_config(controller: str, models: Sequence[GpuModel] = (), agents: Sequ
     superusers = ", ".join(dict.fromkeys([controller, *agents]))
     return "\n".join([
         f"QUEUE_SUPER_USERS = $(QUEUE_SUPER_USERS), {superusers}",
-        f"PROTECTED_JOB_ATTRS = $(PROTECTED_JOB_ATTRS) {TAG_ATTR} {PIN_ATTR}",
+        f"PROTECTED_JOB_ATTRS = $(PROTECTED_JOB_ATTRS) {TAG_ATTR} {PIN_ATTR} {STARTS_ATTR}",
         "JOB_TRANSFORM_NAMES = $(JOB_TRANSFORM_NAMES) MigBatchClear MigBatchTag MigBatchChain",
         "JOB_TRANSFORM_MigBatchClear @=end",
         f"   DELETE {TAG_ATTR}",
         f"   DELETE {PIN_ATTR}",
+        f"   DELETE {STARTS_ATTR}",
         "@end",
         "JOB_TRANSFORM_MigBatchTag @=end",
         "   REQUIREMENTS MigRequest isnt undefined",
