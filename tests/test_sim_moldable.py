@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import subprocess
@@ -9,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mig_batch.sim.moldable_experiment import run_live_matrix, verdict
 from mig_batch.sim.moldable_live import LIVE_SIM_PLANNERS, LiveSimSetup, SimJob, simulate_live
@@ -101,3 +104,23 @@ def test_the_commands_name_a_missing_extra(monkeypatch, capsys, argv) -> None:
     monkeypatch.setitem(EXTRA_MODULES, "controller", ("mig_batch_no_such_module",))
     assert main(argv) == 2
     assert "needs the controller extra" in capsys.readouterr().err
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 30), st.sampled_from([1, 2, 3, 4, 7]), st.floats(1, 40), st.booleans(),
+                          st.sampled_from([0.5, 1.0, 1.7])), min_size=1, max_size=14),
+       st.sampled_from(LIVE_SIM_PLANNERS), st.integers(1, 2))  # fmt: skip
+def test_no_two_jobs_ever_share_slices(specs, planner, gpus) -> None:
+    """Random arrivals of rigid and moldable jobs: every job runs once, for its time, and no two jobs on a
+    GPU hold a memory slice at the same time, moldable jobs ending early or late (noise 0.5-1.7)."""
+    jobs = [SimJob(f"j{i}", at, {size: t} if rigid else {s: t * size / s**0.8 for s in (1, 2, 3, 4, 7)}, rigid,
+                   1.0 if rigid else noise) for i, (at, size, t, rigid, noise) in enumerate(specs)]  # fmt: skip
+    runs: list[tuple[str, int, int, float, float]] = []
+    result = simulate_live(jobs, LiveSimSetup(gpus=gpus, window=6, evaluations=4), planner, runs)
+    assert sorted(r[0] for r in runs) == sorted(j.name for j in jobs) and result.jobs == len(jobs)
+    arrival = {j.name: j.arrival for j in jobs}
+    for name, _, _, start, _ in runs:
+        assert start >= arrival[name]
+    for a, b in itertools.combinations(runs, 2):
+        if a[1] == b[1] and a[2] & b[2]:
+            assert a[4] <= b[3] + 1e-9 or b[4] <= a[3] + 1e-9, (a, b)

@@ -98,6 +98,7 @@ class _Sim:
         self.rigid_q: list[str] = []
         self.moldable_q: list[str] = []
         self.started: dict[str, tuple[float, float, int]] = {}  # job -> (start, end, size)
+        self.runs: list[tuple[str, int, int, float, float]] = []  # (job, GPU, memory slices, start, end)
         self.reconfigs = self.passes = 0
 
     # -- mechanics
@@ -126,6 +127,7 @@ class _Sim:
         end = at + predicted * job.noise
         gpu.inst[key] = _Inst(job.name, end, at + predicted)
         self.started[job.name] = (at, end, size)
+        self.runs.append((job.name, gpu.gid, slot.window, at, end))
         self.seq += 1
         heapq.heappush(self.events, (end, self.seq, "end", f"{gpu.gid}:{slot.size}:{slot.start}"))
 
@@ -216,9 +218,13 @@ class _Sim:
             raise AssertionError(f"jobs never started: {left[:5]}")
 
 
-def simulate_live(jobs: Sequence[SimJob], setup: LiveSimSetup, planner: str) -> LiveSimResult:
+def simulate_live(jobs: Sequence[SimJob], setup: LiveSimSetup, planner: str,
+                  runs: list[tuple[str, int, int, float, float]] | None = None) -> LiveSimResult:  # fmt: skip
+    """``runs``, when given, receives every job's (name, GPU, memory slices, start, end)."""
     sim = _Sim(jobs, setup, planner)
     sim.run()
+    if runs is not None:
+        runs += sim.runs
     first = min(j.arrival for j in jobs)
     last = max(end for _, end, _ in sim.started.values())
     makespan = last - first
