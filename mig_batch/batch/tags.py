@@ -21,7 +21,7 @@ state (:class:`AgentTag`).
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from mig_batch.batch.system import MANAGED_PREFIX
@@ -152,6 +152,39 @@ def with_wait_note(text: str, reason: str) -> str:
 
 
 WAIT_NOTE_MAX = 200
+SEEN_FIELD = "seen"  # what happened to the job before its placement (requeues, refused pins), for its owner
+SEEN_MAX = 5  # the newest events a tag shows
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One event of a job's past its owner may read in its tag: what, when (epoch s) and why."""
+
+    kind: str
+    time: float
+    detail: str = ""
+
+    def text(self) -> str:
+        detail = " ".join(self.detail.replace(";", " ").replace(",", " ").replace("=", ":").split())[:120]
+        return f"{self.kind}@{int(self.time)}" + (f" {detail}" if detail else "")
+
+
+def with_seen(text: str, seen: Sequence[Seen]) -> str:
+    """``text`` (a tag about to be pinned) showing the newest ``SEEN_MAX`` of ``seen`` (none: as it is)."""
+    kept = [part for part in text.split(";") if not part.startswith(f"{SEEN_FIELD}=")]
+    shown = [s.text() for s in seen[-SEEN_MAX:]]
+    return ";".join([*kept, f"{SEEN_FIELD}=" + ",".join(shown)]) if shown else ";".join(kept)
+
+
+def parse_seen(text: str) -> list[Seen]:
+    """The events a tag shows (see :func:`with_seen`); [] for none or an unreadable field."""
+    found = []
+    for item in _fields(text).get(SEEN_FIELD, "").split(","):
+        head, _, detail = item.strip().partition(" ")
+        kind, at, when = head.partition("@")
+        if kind and at and when.isdigit():
+            found.append(Seen(kind, float(when), detail))
+    return found
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -54,13 +55,13 @@ def status_row(job: str, state: str, reason: str, tag_text: str,
     """One MIG job as ``migsub status`` shows it; None for a job that is not a MIG job. ``nodes``: the site
     config's inventory (node -> its GPUs' models), where there is one: the memory slices the job counts
     against its limits (Slurm's slice GRES) are read from it. Pure."""
-    from mig_batch.batch.tags import parse_place, parse_report, parse_tag, wait_note
+    from mig_batch.batch.tags import parse_place, parse_report, parse_seen, parse_tag, wait_note
     from mig_batch.request import format_mib
 
     if not tag_text.startswith(MANAGED_PREFIX):
         return None
     row: dict[str, Any] = {"job": job, "state": state, "request": "", "waits": None, "placement": None,
-                           "slices": None}  # fmt: skip
+                           "slices": None, "events": [vars(e) for e in parse_seen(tag_text)]}  # fmt: skip
     try:
         tag = parse_tag(tag_text)
         request = tag.request()
@@ -218,6 +219,9 @@ def main(argv: Sequence[str]) -> int:
                     where.append(f"{r['placement']['node']} GPU {spot['gpu']} {spot['profile']}{uuid}")
             if r["waits"]:
                 where.append(r["waits"])
+            for e in r["events"]:  # what happened before: a requeue, a refused pin
+                when = time.strftime("%H:%M:%S", time.localtime(e["time"]))
+                where.append(f"earlier, {when}: {e['kind']}" + (f" ({e['detail']})" if e["detail"] else ""))
             slices = "" if r["slices"] is None else str(r["slices"])
             table.add_row(r["job"], r["state"], r["request"], slices, "; ".join(where))
         console.print(table)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from mig_batch.batch.states import DecisionState
 from mig_batch.batch.system import BatchError, BatchSystem, Pin, Unanswered
-from mig_batch.batch.tags import Placed, parse_place, placed_tag
+from mig_batch.batch.tags import Placed, Seen, parse_place, placed_tag, with_seen
 from mig_batch.controller.chains import ChainDriver
 from mig_batch.controller.fences import PinRefusals
 from mig_batch.controller.ledger import ViewLedger
@@ -21,6 +21,8 @@ from mig_batch.state import Decision, Store
 
 log = logging.getLogger("mig-batchd")
 PIN_TRIES = 3  # refused pins in a row on one node before its job is decided again elsewhere
+# what happened to a job before its placement that its owner may read in its tag (migsub status)
+SEEN_KINDS = frozenset({"requeued", "pin-refused", "ran-without-instance", "replaced", "node-replaced", "defrag-moved"})
 REFUSED_FOR_S = 600.0  # ... and how long that node is not tried again for it
 
 
@@ -67,9 +69,12 @@ class Pinning:
                          for g, p, _ in spots)  # fmt: skip
         else:
             slices = get_model(d.model).profile(d.profile).memory_slices
-        return Pin(
-            d.job, d.node, placed_tag(tag, Placed(d.node, d.gpu, d.profile, d.start, window, run, spots)), limit, slices
-        )
+        text = placed_tag(tag, Placed(d.node, d.gpu, d.profile, d.start, window, run, spots))
+        return Pin(d.job, d.node, with_seen(text, self.seen(d.job)), limit, slices)
+
+    def seen(self, job: str) -> list[Seen]:
+        """The job's past events its owner may read (see SEEN_KINDS), oldest first."""
+        return [Seen(e["kind"], e["time"], _detail(e)) for e in self.store.events(job=job) if e["kind"] in SEEN_KINDS]
 
     def _count_refusals(self, decided: list[Decision], failed: Mapping[str, str], now: float) -> None:
         """A pin the batch system refuses PIN_TRIES times in a row on one node (the job's own limits: an
@@ -106,3 +111,11 @@ class Pinning:
         place = parse_place(job.admin_tag)  # an earlier decision's placement may still be there
         decided = (d.node, d.gpu, d.profile, d.start)
         return place is None or (place.node, place.gpu, place.profile, place.start) != decided
+
+
+def _detail(event: dict[str, object]) -> str:
+    """An event's detail in a few words: its reason (and node) where it has one, else its values."""
+    reason, node = event.get("reason"), event.get("node")
+    if reason:
+        return f"{reason} (on {node})" if node and str(node) not in str(reason) else str(reason)
+    return " ".join(f"{k} {v}" for k, v in event.items() if k not in ("time", "job", "kind"))
