@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mig_batch.sim.moldable_experiment import run_live_matrix, verdict
-from mig_batch.sim.moldable_live import LIVE_SIM_PLANNERS, LiveSimSetup, SimJob, simulate_live
+from mig_batch.sim.moldable_live import LIVE_SIM_PLANNERS, TODAY, LiveSimSetup, SimJob, simulate_live
 from mig_batch.sim.moldable_workloads import build_workload
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -26,7 +26,7 @@ SETUP = LiveSimSetup(gpus=2, window=8, evaluations=6)
 def test_every_job_runs_and_the_numbers_add_up() -> None:
     jobs = build_workload("migdrl-mixscalinguniform", 30, 2, 1.0, 3)
     assert sum(j.rigid for j in jobs) > 0 and sum(not j.rigid for j in jobs) > 0
-    for planner in LIVE_SIM_PLANNERS:
+    for planner in (*LIVE_SIM_PLANNERS, TODAY):
         r = simulate_live(jobs, SETUP, planner)
         assert r.jobs == 30 and r.passes > 0 and r.reconfigs > 0
         assert 0 <= r.idle < 1 and r.rigid_wait >= 0
@@ -47,7 +47,7 @@ def test_a_rigid_job_is_not_starved_by_moldable_arrivals() -> None:
     and starts when the jobs running at its arrival end (max_hold_s 0), under every planner."""
     stream = [SimJob(f"m{i}", i * 1.0, {1: 20.0, 2: 19.0}) for i in range(40)]
     rigid = SimJob("big", 3.5, {7: 5.0}, rigid=True)
-    for planner in LIVE_SIM_PLANNERS:
+    for planner in (*LIVE_SIM_PLANNERS, TODAY):
         sim_setup = LiveSimSetup(gpus=1, window=8, evaluations=6)
         r = simulate_live([*stream, rigid], sim_setup, planner)
         # jobs started by 3.5 end by 3 + 20 (+ reconfigurations); the rigid job starts then, not after the stream
@@ -109,7 +109,7 @@ def test_the_commands_name_a_missing_extra(monkeypatch, capsys, argv) -> None:
 @settings(max_examples=15, deadline=None)
 @given(st.lists(st.tuples(st.floats(0, 30), st.sampled_from([1, 2, 3, 4, 7]), st.floats(1, 40), st.booleans(),
                           st.sampled_from([0.5, 1.0, 1.7])), min_size=1, max_size=14),
-       st.sampled_from(LIVE_SIM_PLANNERS), st.integers(1, 2))  # fmt: skip
+       st.sampled_from([*LIVE_SIM_PLANNERS, TODAY]), st.integers(1, 2))  # fmt: skip
 def test_no_two_jobs_ever_share_slices(specs, planner, gpus) -> None:
     """Random arrivals of rigid and moldable jobs: every job runs once, for its time, and no two jobs on a
     GPU hold a memory slice at the same time, moldable jobs ending early or late (noise 0.5-1.7)."""

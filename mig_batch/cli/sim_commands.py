@@ -103,7 +103,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--seeds", type=int, default=3, help="arrival sequences per cell (seeds 1..N, default 3)")
     m.add_argument("--gpus", type=int, default=8, help="A100-80GB GPUs (default 8)")
     m.add_argument("--jobs", type=int, default=150, help="arrivals per run (default 150)")
-    m.add_argument("--planners", default="eft,far,auto", help="comma-separated live planners (default eft,far,auto)")
+    m.add_argument("--planners", default="eft,far,auto",
+                   help="comma-separated: eft, far, auto (the live planners), eft-today (mig-batchd's rule itself, "
+                        "placement/moldable.py) (default eft,far,auto)")  # fmt: skip
     m.add_argument("--max-hold-s", type=float, default=0.0,
                    help="how long a plan may keep a waiting rigid job's reserved slices past its start (default 0)")
     m.add_argument("--evaluations", type=int, default=24, help="decodings per planning pass (far, auto; default 24)")
@@ -460,15 +462,16 @@ def cmd_simulate_moldable(args: argparse.Namespace) -> int:
     from mig_batch.planner.live import LIVE_PLANNERS
     from mig_batch.sim.data import RODINIA_FILES, RODINIA_SOURCE, MissingDataError
     from mig_batch.sim.moldable_experiment import METRICS, run_live_matrix, verdict
-    from mig_batch.sim.moldable_live import LiveSimSetup
+    from mig_batch.sim.moldable_live import TODAY, LiveSimSetup
     from mig_batch.sim.moldable_workloads import WORKLOADS
 
     workloads, planners = list(_csv(args.workloads)), list(_csv(args.planners))
     loads = _floats(args.loads, "--loads")
     if not workloads or any(w not in WORKLOADS for w in workloads):
         raise ValueError(f"--workloads takes some of {', '.join(WORKLOADS)}; got {args.workloads!r}")
-    if not planners or any(p not in LIVE_PLANNERS for p in planners):
-        raise ValueError(f"--planners takes some of {', '.join(LIVE_PLANNERS)}; got {args.planners!r}")
+    known = (*LIVE_PLANNERS, TODAY)
+    if not planners or any(p not in known for p in planners):
+        raise ValueError(f"--planners takes some of {', '.join(known)}; got {args.planners!r}")
     if min(args.seeds, args.gpus, args.jobs, args.evaluations, args.window) < 1:
         raise ValueError("--seeds, --gpus, --jobs, --evaluations and --window must be at least 1")
     if args.max_hold_s < 0 or not 0 <= args.rigid_share <= 1 or args.noise < 0:

@@ -27,10 +27,13 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from mig_batch.mig.models import get_model
+from mig_batch.placement.base import Policy
 from mig_batch.planner.live import LiveGpu, LiveInstance, LiveJob, LiveState, RigidWait, plan_live
 from mig_batch.planner.problem import GpuScheme, Slot, gpu_scheme
 
 LIVE_SIM_PLANNERS = ("eft", "far", "auto")
+TODAY = "eft-today"  # mig-batchd's rule itself (placement/moldable.py, the mix policy), not through the live planner
 
 
 @dataclass(frozen=True)
@@ -84,8 +87,8 @@ class _Gpu:
 
 class _Sim:
     def __init__(self, jobs: Sequence[SimJob], setup: LiveSimSetup, planner: str) -> None:
-        if planner not in LIVE_SIM_PLANNERS:
-            raise ValueError(f"unknown live planner {planner!r}; known: {', '.join(LIVE_SIM_PLANNERS)}")
+        if planner not in (*LIVE_SIM_PLANNERS, TODAY):
+            raise ValueError(f"unknown live planner {planner!r}; known: {', '.join((*LIVE_SIM_PLANNERS, TODAY))}")
         self.setup, self.planner = setup, planner
         self.scheme: GpuScheme = gpu_scheme(setup.model)
         self.window = {(s.size, s.start): s for size in self.scheme.sizes for s in self.scheme.slots[size]}
@@ -100,6 +103,7 @@ class _Sim:
         self.started: dict[str, tuple[float, float, int]] = {}  # job -> (start, end, size)
         self.runs: list[tuple[str, int, int, float, float]] = []  # (job, GPU, memory slices, start, end)
         self.reconfigs = self.passes = 0
+        self._policy: Policy | None = None
 
     # -- mechanics
     def _expected(self, entry: _Inst, now: float) -> float:
@@ -192,6 +196,9 @@ class _Sim:
         ):  # every slice busy: nothing can start now
             return
         self.passes += 1
+        if self.planner == TODAY:
+            self._today(now, reservations)
+            return
         setup = self.setup
         plan = plan_live(self._state(now, reservations), self.planner, budget_s=math.inf,
                          evaluations=setup.evaluations, min_gain=setup.min_gain, seed=self.passes)  # fmt: skip
@@ -201,6 +208,43 @@ class _Sim:
                 raise AssertionError(f"plan starts {step.job} on busy slices of GPU {step.gid}")
             self._start(gpu, slot, self.jobs[step.job], step.size, now)
             self.moldable_q.remove(step.job)
+
+    def _today(self, now: float, reservations: Sequence[RigidWait]) -> None:
+        """mig-batchd's rule as it runs today: MoldablePlanner over the busy instances' expected ends, the
+        rigid reservations held, each queued job in order started now, held by a reservation, or left."""
+        from mig_batch.atomize.gaps import cluster_timelines
+        from mig_batch.placement.cluster import Cluster
+        from mig_batch.placement.moldable import MoldableJob, MoldablePlanner
+        from mig_batch.placement.policies import make_policy
+        from mig_batch.placement.timelines import Hold
+
+        if self._policy is None:
+            self._policy = make_policy("mix")
+        model = self.setup.model
+        cluster = Cluster.homogeneous(model, len(self.gpus))
+        ends: dict[str, float] = {}
+        for gpu in self.gpus:
+            for (size, start), e in gpu.inst.items():
+                if e.job is not None:
+                    cluster.allocate(gpu.gid, e.job, self.scheme.profiles[size].name, start)
+                    ends[e.job] = self._expected(e, now)
+        planner = MoldablePlanner(cluster, cluster_timelines(cluster, ends.__getitem__), now, self._policy,
+                                  self.setup.min_gain)  # fmt: skip
+        for r in reservations:
+            planner.hold(r.gid, Hold(r.window, until=r.since + r.seconds, since=r.since))
+        for name in list(self.moldable_q[: self.setup.window]):
+            job = self.jobs[name]
+            times = {model: {self.scheme.profiles[size].name: t for size, t in job.times.items()}}
+            choice = planner.decide(MoldableJob(name, times))
+            if choice.placement is None or choice.profile is None:
+                continue
+            size = get_model(model).profile(choice.profile).compute_slices
+            gpu, slot = self.gpus[choice.placement.gid], self.scheme.slot(size, choice.placement.start)
+            if self._busy(gpu, slot, now):
+                raise AssertionError(f"EFT starts {name} on busy slices of GPU {gpu.gid}")
+            self._start(gpu, slot, job, size, now)
+            cluster.allocate(gpu.gid, name, choice.profile, choice.placement.start)
+            self.moldable_q.remove(name)
 
     def run(self) -> None:
         while self.events:
