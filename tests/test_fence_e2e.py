@@ -207,6 +207,33 @@ def saw_why_it_waits(testbed, alice, bob, shared, whole):
     wait_for(lambda: not state(testbed, after), 60, f"job {after} to run and end")
 
 
+def test_an_ordinary_user_reads_that_their_job_waits_on_a_fragmented_gpu(bed):
+    """No root: seven 1g.5gb jobs fill the A100-40GB; those at starts 1, 3 and 5 end, which leaves four free
+    memory slices but no start a 2g.10gb may use (0, 2 or 4). Its owner reads `fragmented` in squeue and in
+    migsub status's reading."""
+    testbed, (alice, _), shared = bed
+    wait_for(lambda: nvml_emu.live_instances(testbed.gpu_dir("n1")) == [], 60, "earlier jobs' instances to go")
+    small = [submit(testbed, alice, shared, HOLDS, "--gres=mig:1g.5gb") for _ in range(7)]
+    try:
+        starts = {}
+        for job in small:
+            wait_for(lambda job=job: state(testbed, job) == "RUNNING", 90, f"job {job} to run")
+            tag = as_user(testbed, alice, "squeue", "-h", "-j", job, "-O", "admin_comment:400").strip()
+            starts[int(tag.split(";place=n1/0/1g.5gb@")[1].split(";")[0])] = job
+        assert sorted(starts) == list(range(7)), starts
+        for start in (1, 3, 5):
+            (shared / f"{starts[start]}.end").write_text("")
+        wait_for(lambda: len(nvml_emu.live_instances(testbed.gpu_dir("n1"))) == 4, 60, "three instances to go")
+        pair = submit(testbed, alice, shared, HOLDS, "--gres=mig:2g.10gb")
+        queue = wait_for(lambda: (q := as_user(testbed, alice, "squeue", "-h", "-O", SQUEUE_FORMAT, "-j", pair))
+                         and ";waits=" in q and q, 60, f"job {pair}'s note")  # fmt: skip
+        (row,) = [r for r in (status_row(*rec) for rec in parse_records(queue)) if r is not None]
+        assert row["job"] == pair and row["placement"] is None, row
+        assert row["waits"].startswith("fragmented: GPUs have enough free memory slices for 2g.10gb"), row
+    finally:
+        testbed.cluster.run("scancel", "-u", alice.pw_name, check=False)
+
+
 def test_an_interactive_allocation_gets_its_own_instance_and_gives_it_back(bed):
     """salloc --gres=mig:<profile> as an ordinary user: held until mig-batchd places it, like a batch job; its
     step sees exactly one MIG device, the instance made for it, which CUDA opens; gone once the allocation ends."""
