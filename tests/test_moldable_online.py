@@ -160,3 +160,14 @@ def test_choices_are_the_earliest_finish_and_never_collide(seed, n_gpus, n_jobs)
         new = Hold(window_of(start), since=choice.starts, until=choice.finish)
         assert not any(h.window & new.window and h.since < new.until and h.until > new.since for h in holds[gid])
         holds[gid].append(new)
+
+
+def test_a_reservation_that_opens_now_keeps_a_moldable_job_off_its_slices():
+    """A rigid job's EASY reservation whose blocker is overdue opens now (since == now): a moldable job must not
+    start on its slices then, any more than on those of a reservation that opens later."""
+    cluster = Cluster.homogeneous(MODEL, 1)
+    for since in (NOW, NOW - 30):
+        p = planner(cluster, {})
+        p.hold(0, Hold(A100.profile("7g.80gb").window(0), until=NOW + 500, since=since))  # the whole GPU, from now
+        choice = p.decide(job("x", **{"1g_10gb": 90000}))
+        assert choice.placement is None, choice

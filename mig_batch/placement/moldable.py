@@ -93,7 +93,9 @@ class MoldablePlanner:
         self.min_gain, self.reservations_left = min_gain, max_reservations
         self._rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # model -> (GPU ids, free-at per slice)
         self._row_of: dict[int, int] = {}
-        self._later: dict[int, list[Hold]] = {}  # GPU id -> holds that begin after now
+        # GPU id -> holds a start now must stay clear of: those that begin after now, and the reservations
+        # (of rigid jobs, of this pass) that opened already, whose slices the cluster does not show taken
+        self._later: dict[int, list[Hold]] = {}
         self.reserved: list[tuple[int, Hold]] = []  # this pass's reservations, for the gaps offered after it
         by_model: dict[str, list[GpuTimeline]] = {}
         for t in timelines:
@@ -104,17 +106,18 @@ class MoldablePlanner:
             for row, t in enumerate(group):
                 self._row_of[t.gid] = row
                 for hold in t.holds:
-                    if hold.since > now:
+                    if hold.since > now or hold.until > now:
                         self._later.setdefault(t.gid, []).append(hold)
-                    else:  # held now: it frees after now, even if overdue (a job still completing)
+                    if hold.since <= now:  # held now: it frees after now, even if overdue (a job still completing)
                         cols = _bits(hold.window)
                         free_at[row, cols] = np.maximum(free_at[row, cols], max(hold.until, now + _INSTANT))
             self._rows[model_name] = (np.array([t.gid for t in group]), free_at)
 
     def hold(self, gid: int, hold: Hold) -> None:
         """Slices taken by a decision made outside this planner (a rigid job, its reservation)."""
-        if hold.since > self.now:
+        if hold.since > self.now or hold.until > self.now:
             self._later.setdefault(gid, []).append(hold)
+        if hold.since > self.now:
             return
         _, free_at = self._rows[self.cluster.gpus[gid].model]
         cols = _bits(hold.window)
