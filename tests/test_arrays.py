@@ -124,3 +124,27 @@ def test_every_task_runs_once_alone_and_within_the_limit(tmp_path_factory, tasks
     records = tasks_of(batch)
     assert all(j.finished for j in records.values())
     assert sorted(t for j in records.values() for t in j.array_tasks[0]) == list(range(1, tasks + 1))
+
+
+def test_the_arrays_last_task_waits_while_its_other_tasks_fill_the_limit(tmp_path):
+    """Nothing ends between the passes: the array's own record of its last task is not placed while the
+    tasks split off fill the array's limit."""
+    c, batch = controller(tmp_path)
+    array(batch, RIGID, 3, limit=2)
+    for _ in range(4):
+        c.step()
+        in_flight = [j for j in tasks_of(batch).values() if not j.held and not j.finished]
+        assert len(in_flight) <= 2, in_flight
+    assert len([j for j in tasks_of(batch).values() if not j.held]) == 2
+
+
+def test_tasks_slurm_cut_from_the_list_are_never_split():
+    """Slurm cuts a long list of pending tasks ("...,171,190-..."): what follows the cut names no task, and
+    an update of made-up tasks could reach tasks split off before."""
+    from mig_batch.batch.system import BatchJob
+    from mig_batch.controller.arrays import ArrayTasks
+    from mig_batch.slurm.commands import array_tasks
+
+    record = BatchJob("7", JobState.HELD, RIGID, array="7", array_tasks=array_tasks("1,3,6,171,190-..."))
+    tasks = ArrayTasks(Store(":memory:"), FakeBatch(["n1"])).next_tasks(record, [])
+    assert tasks == [1, 3, 6, 171]

@@ -509,3 +509,32 @@ def test_an_arrays_limit_is_read_from_its_pending_tasks(text, limit):
     from mig_batch.slurm.commands import array_limit
 
     assert array_limit(text) == limit
+
+
+def test_on_slurm_23_02_and_later_an_arrays_limit_is_read_from_its_folded_record(tmp_path, monkeypatch):
+    """squeue --array (23.02 and later: no --array-unique) prints each pending task on a line of its own,
+    without the array's %N; SlurmCli reads the limit from one more squeue of those arrays, folded. Every
+    squeue runs with SLURM_BITSTR_LEN=0: a cut task list would name no task."""
+    from mig_batch.slurm import commands
+    from mig_batch.slurm.commands import RECORD_END, SlurmCli
+
+    def record(job, array, tasks):
+        head = HELD.replace("4|4|N/A|", f"{job}|{array}|{tasks}|").rpartition("|")[0]
+        return f"{head}|mig-batch:v1;req=1g.10gb{RECORD_END}"
+
+    every_task = "\n".join([record(12, 12, 5), record(12, 12, 6), record(12, 12, 7), record(20, 12, 3)]) + "\n"
+    (tmp_path / "every").write_text(every_task)
+    (tmp_path / "squeue").write_text(
+        "#!/bin/sh\n"
+        f'echo "$SLURM_BITSTR_LEN $*" >> {tmp_path / "args"}\n'
+        'case "$*" in *--array-unique*) echo "squeue: unrecognized option \'--array-unique\'" >&2; exit 1;; esac\n'
+        f'case "$*" in *--array*) cat {tmp_path / "every"};; *) printf "12|5-7%%2|\\n20|3|\\n";; esac\n'
+    )  # fmt: skip
+    (tmp_path / "squeue").chmod(0o755)
+    monkeypatch.setattr(commands, "_REFUSE_ARRAY_UNIQUE", set())
+    jobs = {j.job_id: j for j in SlurmCli(bin_dir=str(tmp_path)).jobs()}
+    assert jobs["12"].array_tasks == (range(5, 8),) and jobs["12"].array_limit == 2
+    assert jobs["20"].array_limit == 0
+    calls = [line for line in (tmp_path / "args").read_text().split("\n") if line]  # (its separators: \x1e)
+    assert len(calls) == 3 and all(line.startswith("0 ") for line in calls), calls
+    assert calls[-1].endswith("-j 12 -O JobID:|,ArrayTaskID:|"), calls

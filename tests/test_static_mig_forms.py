@@ -134,6 +134,9 @@ def test_an_owner_cannot_add_the_slice_count_to_a_job_later_but_an_operator_can(
      "a job over several MIG instances cannot be a job array (--array 1-4)"),
     ({"tres_per_node": "gres:mig:6144M", "array_inx": "1-4",
       "comment": "atomize=1;ckpt=/tmp/c;smin=30;smax=300"}, False, "a subjob chain cannot be a job array"),
+    ({"tres_per_node": "gres:mig:1g.10gb", "array_inx": "1-4", "dependency": "aftercorr:12"}, False,
+     "a MIG job array cannot depend with aftercorr (--dependency aftercorr:12)"),
+    ({"tres_per_node": "gres:mig:1g.10gb", "array_inx": "1-4", "dependency": "afterok:12"}, True, None),
 ])  # fmt: skip
 def test_a_mig_job_array_is_held_for_mig_batchd_and_the_forms_decided_as_one_are_refused(fields, accepted, said):
     code, job, logged = submit(fields)

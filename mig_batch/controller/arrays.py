@@ -12,6 +12,7 @@ then stands for that one task and is placed as it is, once the array's limit lea
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 
 from mig_batch.batch.states import DECIDABLE
@@ -22,6 +23,9 @@ from mig_batch.state import Store
 
 log = logging.getLogger("mig-batchd")
 SPLIT_AHEAD = 32  # an array's split-off tasks waiting undecided, at most
+SPLITS_PER_PASS = 16  # arrays split a pass, at most (a call each) ...
+SPLIT_BUDGET_S = 1.0  # ... and within this long: a pass places what waits first
+CUT = 2**62  # an array's task list Slurm cut short runs on to here: no task of it is known
 
 
 class ArrayTasks:
@@ -54,13 +58,17 @@ class ArrayTasks:
         if not several:
             return 0
         siblings = _live_tasks(snapshot)
-        split = 0
-        for record in several:
+        self._refused = {a: why for a, why in self._refused.items() if any(j.array == a for j in several)}
+        split, calls, deadline = 0, 0, time.monotonic() + SPLIT_BUDGET_S
+        for record in sorted(several, key=lambda j: j.order):
+            if calls == SPLITS_PER_PASS or time.monotonic() > deadline:
+                break  # the next pass goes on
             if why_not_yet(record, snapshot.awaited, snapshot.now, begin=True) is not None:
                 continue  # its tasks could not start yet: split records would only wait
             tasks = self.next_tasks(record, siblings[record.array])
             if not tasks:
                 continue
+            calls += 1
             try:
                 self.batch.split_array(record, tasks)
             except BatchError as exc:  # the next pass tries again; said once while it keeps failing alike
@@ -83,6 +91,8 @@ class ArrayTasks:
         room = min(room, record.task_count - 1)
         tasks: list[int] = []
         for run in record.array_tasks:
+            if run.stop > CUT:  # named by no one: splitting made-up tasks could reach split ones
+                continue
             for task in run:
                 if len(tasks) >= room:
                     return tasks

@@ -213,7 +213,7 @@ def task_name(job: BatchJob) -> str:
 def task_list(tasks: Sequence[int]) -> str:
     """Tasks as Slurm's bracket list: [1-4,7]."""
     runs: list[list[int]] = []
-    for t in sorted(tasks):
+    for t in sorted(set(tasks)):
         if runs and t == runs[-1][1] + 1:
             runs[-1][1] = t
         else:
@@ -477,6 +477,7 @@ class SlurmCli:
              time_format: str | None = None) -> str:  # fmt: skip
         exe = self._exe(command)
         env = {k: v for k, v in (self.env or os.environ).items() if not k.startswith(_COMMAND_SETTINGS)}
+        env["SLURM_BITSTR_LEN"] = "0"  # an array's pending tasks in full: cut at 64 characters, they name no task
         if time_format is not None:
             env["SLURM_TIME_FORMAT"] = time_format
         try:
@@ -525,18 +526,42 @@ class SlurmCli:
         for line in records(lines, JOB_HEAD):
             self._parsed[line] = seen.get(line) or parse_job_line(line)
         self._jobs = fold_array_lines(self._parsed.values())
-        self._task_names = {}
-        for job in self._jobs:
-            self._remember(job)
+        if self._jobs and any(j.array for j in self._jobs) and self._squeue_folds_tasks():
+            self._jobs = self._with_array_limits(self._jobs)
+        # swapped in whole: another thread (the agent's workers) addresses jobs meanwhile
+        self._task_names = {j.job_id: name for j in self._jobs
+                            if j.array == j.job_id and (name := task_name(j)) != j.job_id}  # fmt: skip
         return list(self._jobs)
+
+    def _squeue_folds_tasks(self) -> bool:
+        """Whether this process reads squeue with ``--array`` (Slurm 23.02 and later), whose lines lose an
+        array's ``%N``."""
+        return self._exe("squeue") in _REFUSE_ARRAY_UNIQUE and self._live_api() is None
+
+    def _with_array_limits(self, jobs: list[BatchJob]) -> list[BatchJob]:
+        """``jobs`` with each array's ``%N`` read again from squeue's folded record of its pending tasks (one
+        call for every array with pending tasks in one record)."""
+        arrays = sorted({j.array for j in jobs if j.task_count > 1})
+        if not arrays:
+            return jobs
+        out = self._run("squeue", *SQUEUE_ARGS, "-j", ",".join(arrays), "-O", "JobID:|,ArrayTaskID:|")
+        limits = {}
+        for line in out.splitlines():
+            job, _, tasks = line.partition("|")
+            if limit := array_limit(tasks.rstrip("|").strip()):
+                limits[job.strip()] = limit
+        return [replace(j, array_limit=limits[j.job_id]) if j.job_id in limits and j.task_count > 1 else j
+                for j in jobs]  # fmt: skip
 
     def _remember(self, job: BatchJob) -> None:
         if job.array == job.job_id:
             name = task_name(job)
+            names = dict(self._task_names)  # a copy swapped in: readers never see it half changed
             if name != job.job_id:
-                self._task_names[job.job_id] = name
+                names[job.job_id] = name
             else:
-                self._task_names.pop(job.job_id, None)
+                names.pop(job.job_id, None)
+            self._task_names = names
 
     def _address(self, job: str) -> str:
         """How to name ``job`` to Slurm's commands so that they act on that record alone."""
@@ -728,8 +753,9 @@ class SlurmCli:
             tres = tres.rstrip("|").strip()
             tres = "" if tres in ("N/A", "(null)") else tres
             found[job.strip()] = tres
-            if task.strip().isdigit():  # an array's task, as the pins name it (12_3)
-                found[f"{array.strip()}_{task.strip()}"] = tres
+            task = task.partition("%")[0].strip()  # the array's own record of its last task: 100%8
+            if task.isdigit():  # an array's task, as the pins name it (12_3)
+                found[f"{array.strip()}_{task}"] = tres
         return {j: found.get(j, "") for j in jobs}
 
     def release(self, jobs: Sequence[str]) -> None:

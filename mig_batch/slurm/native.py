@@ -56,6 +56,9 @@ class SlurmApi:
         """The library at ``path``, loaded once per process; ``OSError`` says why it cannot be."""
         with _lock:
             if path not in _loaded:
+                # libslurm writes an array's pending tasks as text cut at this many characters (64 by default),
+                # when it loads jobs in this process: 0 writes them in full (a cut list names no task)
+                os.environ["SLURM_BITSTR_LEN"] = "0"
                 _loaded[path] = cls(path, conf)
             return _loaded[path]
 

@@ -779,6 +779,13 @@ local function mig_job_submit(job_desc, part_list, submit_uid)
 			count > 1 and "job over several MIG instances" or "subjob chain", job_desc.array_inx)
 		return slurm.ERROR
 	end
+	-- aftercorr pairs each task with the other array's task of the same number, which mig-batchd reads as
+	-- every task of it: the array's tasks would wait for the whole other array (or for ever, after one failed)
+	if job_desc.array_inx ~= nil and job_desc.dependency ~= nil and string.find(job_desc.dependency, "aftercorr", 1, true) then
+		slurm.log_user("mig-batch: a MIG job array cannot depend with aftercorr (--dependency %s); use afterok or "
+			.. "afterany on the other array, or on its tasks", job_desc.dependency)
+		return slurm.ERROR
+	end
 	if model then
 		tag = tag .. ";model=" .. model
 	end
