@@ -26,7 +26,7 @@ from mig_batch.controller.translations import Translations
 from mig_batch.mig.models import get_model
 from mig_batch.placement.base import placement_on
 from mig_batch.placement.timelines import GpuTimeline, Hold
-from mig_batch.planner.live import LiveJob, LiveState, from_timeline, plan_live
+from mig_batch.planner.live import LiveJob, LiveState, Step, from_timeline, plan_live
 from mig_batch.planner.problem import GpuScheme, gpu_scheme
 from mig_batch.state import Decision
 
@@ -68,6 +68,7 @@ class LiveMoldable:
         self.ledger, self.fences, self.placer = ledger, fences, placer
         self.translations, self.config = translations, config
         self._schemes: dict[str, GpuScheme] = {}
+        self._recorded: list[Step] = []  # the last plan recorded (a moldable-plan event each time it changes)
 
     def scheme(self, model: str) -> GpuScheme:
         if model not in self._schemes:
@@ -93,6 +94,11 @@ class LiveMoldable:
         plan = plan_live(state, self.config.planner, budget_s=self.config.planner_budget_s, schemes=schemes)
         log.debug("moldable plan (%s): %d steps, %d now, %d decodings in %.3f s", plan.planner, len(plan.steps),
                   len(plan.start_now()), plan.evaluations, plan.elapsed_s)  # fmt: skip
+        if plan.steps and plan_changed(self._recorded, plan.steps):  # before its decisions: what they follow
+            self._recorded = list(plan.steps)
+            self.placer.store.event(None, "moldable-plan", planner=plan.planner, steps=[
+                {"job": s.job, "gpu": s.gid, "profile": s.profile, "slot": s.slot, "start": round(s.start, 3),
+                 "end": round(s.end, 3), "now": s.now} for s in plan.steps])  # fmt: skip
         view = self.ledger.view
         with self.fences.confinement(now) as confine:
             for step in plan.steps:
@@ -114,3 +120,17 @@ class LiveMoldable:
                 self.fences.use_room(placement.host, job.cpus)
         out.left += [(eligible[name][0], eligible[name][1]) for name in plan.unplaced]
         return out
+
+
+PLAN_MOVED_S = 2.0  # a planned start that moves by more than this makes the plan a new one (recorded)
+
+
+def plan_changed(before: Sequence[Step], after: Sequence[Step]) -> bool:
+    """Whether ``after`` differs from ``before`` in a job's GPU, slot, size or whether it starts now, or a start
+    by over PLAN_MOVED_S
+    (a pass with nothing new plans the same again: the passes in between record nothing)."""
+    was = {s.job: s for s in before}
+    if set(was) != {s.job for s in after}:
+        return True
+    return any((s.gid, s.slot, s.size, s.now) != (was[s.job].gid, was[s.job].slot, was[s.job].size, was[s.job].now)
+               or abs(s.start - was[s.job].start) > PLAN_MOVED_S for s in after)  # fmt: skip

@@ -355,6 +355,7 @@ class MigTestbed:
     mig_off: dict[str, list[int]] = field(default_factory=dict)  # GPUs emulated with MIG mode off, per node
     node_pythonpath: str = ""  # put first on the node processes' path (e.g. another nvidia-ml-py version)
     atomize: dict[str, object] = field(default_factory=dict)  # mig-batchd's atomize settings (e.g. live_defrag)
+    moldable: dict[str, object] = field(default_factory=dict)  # mig-batchd's moldable settings (e.g. planner)
     hook_client: str = "auto"  # direct, c, python or auto (direct here: see mig_batch.slurm.install)
     slurm_api: bool = True  # the per-job Slurm calls through the helper library where it builds; False: commands
     slurm_library: str = ""  # the helper library the configs name ("": none)
@@ -447,6 +448,7 @@ class MigTestbed:
         self.controller_config.write_text(yaml.safe_dump({
             **common, "state": str(self.store_path), "poll_interval_s": self.poll_interval_s,
             **({"atomize": dict(self.atomize)} if self.atomize else {}),
+            **({"moldable": dict(self.moldable)} if self.moldable else {}),
             **({"prompt_slots": self.prompt_slots, "slots_file": str(self.slots_file)} if self.prompt_slots else {}),
         }))  # fmt: skip
 
