@@ -91,6 +91,11 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("mig-batch", ["plan", "{t}/queue.yaml", "--out", "{t}/afile/sub"], "not a directory"),
     ("mig-batch", ["plan", "{t}"], "{t}"),
     # simulate flex
+    ("mig-batch", ["simulate", "moldable", "--planners", "best"], "eft, far, auto, eft-today"),
+    ("mig-batch", ["simulate", "moldable", "--loads", "-1"], "--loads"),
+    ("mig-batch", ["simulate", "moldable", "--workloads", "nosuch"], "migdrl-mixscalinguniform"),
+    ("mig-batch", ["bench", "live-planner", "--gpus", "0"], "--gpus"),
+    ("mig-batch", ["bench", "live-planner", "--planners", "best"], "eft, far, auto"),
     ("mig-batch", ["simulate", "flex", "--traces-per-category", "0"], "--traces-per-category"),
     ("mig-batch", ["simulate", "flex", "--window", "0"], "--window"),
     ("mig-batch", ["simulate", "flex", "--slowdown", "2=fast"], "--slowdown"),
