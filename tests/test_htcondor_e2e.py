@@ -133,6 +133,11 @@ def test_the_schedd_makes_the_tag_and_drops_what_the_owner_wrote_into_placement_
     assert controller.job(unmanaged).admin_tag == "" and not controller.job(unmanaged).managed
     refused = submit_as_owner(pool, "injected", check=False, MigRequest='"20G;place=nodea/0/7g.80gb@0"')
     assert refused.returncode != 0 and "MigRequest, MigCompute, MigModel, MigMoldable may hold only" in refused.stderr
+    # condor_submit -i marks the job InteractiveJob: a MIG job is refused with the way that works
+    refused = submit_as_owner(pool, "interactive", check=False, InteractiveJob="True")
+    assert refused.returncode != 0 and "a MIG job (MigRequest) cannot be interactive" in refused.stderr, refused
+    plain = submit_as_owner(pool, "interactive-plain", MigRequest="undefined", InteractiveJob="True")
+    controller.cancel(plain)  # not a MIG job: the site's own rules
     for job_id in (forged, unmanaged):
         controller.cancel(job_id)
 

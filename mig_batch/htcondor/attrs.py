@@ -213,6 +213,12 @@ def schedd_config(controller: str, models: Sequence[GpuModel] = (), agents: Sequ
         f'SUBMIT_REQUIREMENT_MigBatchChain_REASON = "a subjob chain ({", ".join(CHAIN_ATTRS)}) needs MigRequest of one '
         'instance, not MigMoldable; an absolute MigCheckpointDir of letters, digits and . _ / + -; whole seconds '
         '0 < MigSubjobMin <= MigSubjobMax (defaults 60, 3600); MigDeadline in whole epoch seconds"',
+        # condor_submit -i: the job is an sshd, whose sessions get the job's environment from the starter, not
+        # the wrapper's binding (CUDA_VISIBLE_DEVICES, the fence's device access): refused rather than half bound
+        "SUBMIT_REQUIREMENT_NAMES = $(SUBMIT_REQUIREMENT_NAMES) MigBatchBatchOnly",
+        "SUBMIT_REQUIREMENT_MigBatchBatchOnly = MigRequest is undefined || InteractiveJob =!= true",
+        'SUBMIT_REQUIREMENT_MigBatchBatchOnly_REASON = "a MIG job (MigRequest) cannot be interactive (condor_submit '
+        '-i): submit it as a batch job; to work inside it, run condor_ssh_to_job on the running job (docs/htcondor.md)"',
         "SUBMIT_REQUIREMENT_NAMES = $(SUBMIT_REQUIREMENT_NAMES) MigBatchInstances",
         f"SUBMIT_REQUIREMENT_MigBatchInstances = {INSTANCES}",
         'SUBMIT_REQUIREMENT_MigBatchInstances_REASON = strcat("MigRequest ", MigRequest, ": give at least one '
