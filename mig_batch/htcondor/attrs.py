@@ -218,7 +218,7 @@ def schedd_config(controller: str, models: Sequence[GpuModel] = (), agents: Sequ
         "SUBMIT_REQUIREMENT_NAMES = $(SUBMIT_REQUIREMENT_NAMES) MigBatchBatchOnly",
         "SUBMIT_REQUIREMENT_MigBatchBatchOnly = MigRequest is undefined || InteractiveJob =!= true",
         'SUBMIT_REQUIREMENT_MigBatchBatchOnly_REASON = "a MIG job (MigRequest) cannot be interactive (condor_submit '
-        '-i): submit it as a batch job; to work inside it, run condor_ssh_to_job on the running job (docs/htcondor.md)"',
+        '-i): submit it as a batch job (docs/htcondor.md, Limits)"',
         "SUBMIT_REQUIREMENT_NAMES = $(SUBMIT_REQUIREMENT_NAMES) MigBatchInstances",
         f"SUBMIT_REQUIREMENT_MigBatchInstances = {INSTANCES}",
         'SUBMIT_REQUIREMENT_MigBatchInstances_REASON = strcat("MigRequest ", MigRequest, ": give at least one '
