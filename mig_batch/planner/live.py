@@ -401,6 +401,23 @@ def _eft_plan(dec: LiveDecoder, deadline: float, evaluations: int, clock: Callab
     return dec.decode(range(n), [0] * n, "eft", min_gain), 1
 
 
+class _Timed:
+    """A planner's decodings against its deadline: one more is tried only when the slowest so far would still
+    end by the deadline (a pass that overran it by a whole decoding waited for it)."""
+
+    def __init__(self, dec: LiveDecoder, deadline: float, clock: Callable[[], float]):
+        self.dec, self.deadline, self.clock, self.slowest = dec, deadline, clock, 0.0
+
+    def decode(self, order: Sequence[int], sizes: Sequence[int], planner: str, *min_gain: float) -> LivePlan:
+        t0 = self.clock()
+        plan = self.dec.decode(order, sizes, planner, *min_gain)  # (the decoder's own default gain without one)
+        self.slowest = max(self.slowest, self.clock() - t0)
+        return plan
+
+    def out_of_time(self) -> bool:
+        return self.clock() + self.slowest > self.deadline
+
+
 def _least_area(job: LiveJob, sizes: Sequence[int]) -> int:
     return min(sizes, key=lambda s: (s * job.time(s), s))
 
@@ -429,11 +446,11 @@ def _longest_first(dec: LiveDecoder, sizes: Sequence[int]) -> list[int]:
 def _far_plan(dec: LiveDecoder, deadline: float, evaluations: int, clock: Callable[[], float],
               objective: str, min_gain: float, seed: int) -> tuple[LivePlan, int]:  # fmt: skip
     best: LivePlan | None = None
-    used = 0
+    used, timed = 0, _Timed(dec, deadline, clock)
     for sizes in _far_candidates(dec) or [[0] * len(dec.jobs)]:
-        if best is not None and (used >= evaluations or clock() > deadline):
+        if best is not None and (used >= evaluations or timed.out_of_time()):
             break
-        plan = dec.decode(_longest_first(dec, sizes), sizes, "far")
+        plan = timed.decode(_longest_first(dec, sizes), sizes, "far")
         used += 1
         if best is None or plan.makespan < best.makespan - EPS:
             best = plan
@@ -464,22 +481,22 @@ def _auto_plan(dec: LiveDecoder, deadline: float, evaluations: int, clock: Calla
         starts += [(_longest_first(dec, s), s) for s in family[1:][:: max(1, len(family) // 8)]]
     best: LivePlan | None = None
     best_cand: tuple[list[int], list[int]] = starts[0]
-    used = 0
+    used, timed = 0, _Timed(dec, deadline, clock)
 
     def key(p: LivePlan) -> tuple[float, ...]:
         return (len(p.unplaced), *p.score(objective))
 
     for order, sizes in starts:
-        if best is not None and (used >= evaluations or clock() > deadline):
+        if best is not None and (used >= evaluations or timed.out_of_time()):
             break
-        plan = dec.decode(order, sizes, "auto", min_gain)
+        plan = timed.decode(order, sizes, "auto", min_gain)
         used += 1
         if best is None or key(plan) < key(best):
             best, best_cand = plan, (list(order), list(sizes))
     assert best is not None
     rng = random.Random(seed)
     order, sizes = best_cand
-    while n > 1 and used < evaluations and clock() <= deadline:
+    while n > 1 and used < evaluations and not timed.out_of_time():
         o, s = list(order), list(sizes)
         move = rng.random()
         if move < 0.5:
@@ -495,7 +512,7 @@ def _auto_plan(dec: LiveDecoder, deadline: float, evaluations: int, clock: Calla
                 o[a], o[b] = o[b], o[a]
             else:
                 o.insert(b, o.pop(a))
-        plan = dec.decode(o, s, "auto", min_gain)
+        plan = timed.decode(o, s, "auto", min_gain)
         used += 1
         if key(plan) <= key(best):
             best, order, sizes = plan, o, s
