@@ -7,7 +7,7 @@ slices in the job's TRES (scontrol, sacct) and enforces an association's GrpTRES
 import time
 
 import pytest
-from harness.slurm_cluster import LocalCluster, MigTestbed
+from harness.slurm_cluster import LocalCluster, MigTestbed, as_nobody
 
 from mig_batch.cli.migsub_status import SQUEUE_FORMAT, parse_records, status_row
 
@@ -20,9 +20,10 @@ def test_slices_reach_sacct_and_a_grptres_limit_holds(tmp_path):
     with bed:
         run = bed.cluster.run
         run("sacctmgr", "-i", "modify", "account", "mig", "set", "GrpTRES=gres/mig_slices=7")
+        run("sacctmgr", "-i", "add", "user", "nobody", "Account=mig", "Cluster=migbatch")
+        _, as_user, sbatch = as_nobody(bed, tmp_path)  # an ordinary user's jobs, read by that user
         # 3g.40gb holds 4 of an A100-80GB's 8 memory slices: the second job would make 8 > 7
-        sbatch = ("sbatch", "--parsable", "--gres=mig:3g.40gb", "-o", "/dev/null", "--wrap", "sleep 60")
-        jobs = [run(*sbatch).stdout.strip() for _ in range(2)]
+        jobs = [sbatch("--gres=mig:3g.40gb", seconds=60) for _ in range(2)]
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             states = dict(line.split(maxsplit=1) for line in run("squeue", "-h", "-o", "%i %T:%r").stdout.splitlines())
@@ -30,7 +31,9 @@ def test_slices_reach_sacct_and_a_grptres_limit_holds(tmp_path):
                 break
             time.sleep(0.5)
         assert states == {jobs[0]: "RUNNING:None", jobs[1]: "PENDING:AssocGrpGRES"}, states
-        rows = [status_row(*r) for r in parse_records(run("squeue", "-h", "-O", SQUEUE_FORMAT, "-j", jobs[1]).stdout)]
+        queue = as_user("squeue", "-h", "-O", SQUEUE_FORMAT, "-j", jobs[1])
+        assert queue.returncode == 0, queue.stderr
+        rows = [status_row(*r) for r in parse_records(queue.stdout)]
         assert len(rows) == 1 and rows[0] is not None and rows[0]["slices"] is None, rows  # (no site config here)
         assert rows[0]["waits"].startswith("over a limit: ") and "(AssocGrpGRES)" in rows[0]["waits"], rows
         assert "gres/mig_slices=4" in run("scontrol", "show", "job", jobs[0]).stdout

@@ -8,12 +8,11 @@ emulated library's history files are the audit trail for overlaps and leaks.
 import os
 import random
 import signal
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
-from harness.slurm_cluster import LocalCluster, MigTestbed
+from harness.slurm_cluster import LocalCluster, MigTestbed, as_nobody
 
 from mig_batch.batch.tags import parse_report
 from mig_batch.cli.migsub_status import ARRAY_WAITS, SQUEUE_FORMAT, parse_records, status_row
@@ -374,29 +373,6 @@ def test_the_agents_scontrol_session_updates_a_long_tag_and_names_a_refused_job(
         bed.cluster.run("scancel", job, check=False)
         if cli._session is not None:
             cli._session.close()
-
-
-def as_nobody(bed, tmp_path):
-    """A shared folder and the ``run``, ``sbatch`` of an unprivileged user (``nobody``)."""
-    shared = tmp_path / "user"
-    shared.mkdir()
-    shared.chmod(0o1777)
-    for folder in (*shared.parents, *bed.cluster.conf.parents):  # pytest's folders are root's alone
-        if folder.is_relative_to(tempfile.gettempdir()):
-            folder.chmod(folder.stat().st_mode | 0o001)  # another user may pass through, not list
-    bed.cluster.conf.chmod(0o644)  # slurm.conf: what the user's commands read
-
-    def as_user(*argv):
-        return bed.cluster.run("runuser", "-u", "nobody", "--", *argv, check=False, timeout=15)
-
-    def sbatch(*args, seconds, status=0, env=()):
-        proc = as_user("env", *env, "sbatch", "--parsable", f"--chdir={shared}", f"--output={shared}/%j.out", *args,
-                       "--wrap", f'echo "$SLURM_JOB_ID|$CUDA_VISIBLE_DEVICES|$MIG_BATCH_JOB"; sleep {seconds}; '
-                       f"exit {status}")  # fmt: skip
-        assert proc.returncode == 0, proc.stderr
-        return proc.stdout.strip()
-
-    return shared, as_user, sbatch
 
 
 def test_a_users_mig_job_waits_unplaced_for_its_dependency_and_only_mig_batchd_releases_it(bed, tmp_path):

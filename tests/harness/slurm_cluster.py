@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -638,3 +639,27 @@ class MigTestbed:
 def _unmount(paths: list) -> None:
     for path in paths:
         subprocess.run(["umount", "--lazy", str(path)], check=False, capture_output=True)
+
+
+def as_nobody(bed: MigTestbed, tmp_path: Path) -> tuple[Path, Callable[..., subprocess.CompletedProcess],
+                                                         Callable[..., str]]:  # fmt: skip
+    """A shared folder and the ``run``, ``sbatch`` of an unprivileged user (``nobody``)."""
+    shared = tmp_path / "user"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    for folder in (*shared.parents, *bed.cluster.conf.parents):  # pytest's folders are root's alone
+        if folder.is_relative_to(tempfile.gettempdir()):
+            folder.chmod(folder.stat().st_mode | 0o001)  # another user may pass through, not list
+    bed.cluster.conf.chmod(0o644)  # slurm.conf: what the user's commands read
+
+    def as_user(*argv):
+        return bed.cluster.run("runuser", "-u", "nobody", "--", *argv, check=False, timeout=15)
+
+    def sbatch(*args, seconds, status=0, env=()):
+        proc = as_user("env", *env, "sbatch", "--parsable", f"--chdir={shared}", f"--output={shared}/%j.out", *args,
+                       "--wrap", f'echo "$SLURM_JOB_ID|$CUDA_VISIBLE_DEVICES|$MIG_BATCH_JOB"; sleep {seconds}; '
+                       f"exit {status}")  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    return shared, as_user, sbatch
