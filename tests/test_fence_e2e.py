@@ -4,7 +4,6 @@ and opens MIG devices as CUDA would (the emulated node's ``cuda-open``): its own
 user's once it points CUDA_VISIBLE_DEVICES at it. One node, one A100-40GB (emulated libnvidia-ml)."""
 
 import os
-import pwd
 import shutil
 import subprocess
 import tempfile
@@ -12,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness.slurm_cluster import NODE_GPU_DIR, LocalCluster, MigTestbed
+from harness.slurm_cluster import NODE_GPU_DIR, LocalCluster, MigTestbed, ensure_user
 
 from mig_batch.batch.tags import wait_note
 from mig_batch.cli.migsub_status import SQUEUE_FORMAT, parse_records, status_row
@@ -42,14 +41,6 @@ RANKS = """#!/bin/sh
 srun sh -c 'echo "rank $SLURM_LOCALID $CUDA_VISIBLE_DEVICES"; sh {gpu}/cuda-open; echo "rank-rc $SLURM_LOCALID $?"'
 CUDA_VISIBLE_DEVICES=$MIG_BATCH_INSTANCES sh {gpu}/cuda-open; echo "all-rc $?"
 """
-
-
-def ensure_user(name: str) -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
-        return pwd.getpwnam(name)
 
 
 @pytest.fixture(scope="module")

@@ -58,7 +58,7 @@ def test_a_batch_of_moldable_jobs_runs_as_planned_and_is_planned_again_when_one_
             decided = store.events(job=job, kind="decided")[0]
             plan = [p for p in plans if p["time"] <= decided["time"]][-1]
             (step,) = [s for s in plan["steps"] if s["job"] == job]
-            assert step["now"], "\n".join(map(str, [job, decided, store.decision(job), *[(p["time"], [s for s in p["steps"] if s["job"] == job]) for p in plans]]))
+            assert step["now"], (job, step, plan["time"])
             d = store.decision(job)
             assert (d.profile, d.gpu, d.start, d.policy) == (step["profile"], step["gpu"], step["slot"],
                                                              "moldable-auto"), (d, step)  # fmt: skip

@@ -7,11 +7,12 @@ slices in the job's TRES (scontrol, sacct) and enforces an association's GrpTRES
 import time
 
 import pytest
-from harness.slurm_cluster import LocalCluster, MigTestbed, as_nobody
+from harness.slurm_cluster import LocalCluster, MigTestbed, ensure_user, unprivileged
 
 from mig_batch.cli.migsub_status import SQUEUE_FORMAT, parse_records, status_row
 
 MISSING = LocalCluster.accounting_available()
+USER = "mig-batch-carol"  # an ordinary user (Slurm 26.05 gives nobody, uid 65534, no association)
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(MISSING is not None, reason=str(MISSING))]
 
 
@@ -20,10 +21,16 @@ def test_slices_reach_sacct_and_a_grptres_limit_holds(tmp_path):
     with bed:
         run = bed.cluster.run
         run("sacctmgr", "-i", "modify", "account", "mig", "set", "GrpTRES=gres/mig_slices=7")
-        run("sacctmgr", "-i", "add", "user", "nobody", "Account=mig", "Cluster=migbatch")
-        _, as_user, sbatch = as_nobody(bed, tmp_path)  # an ordinary user's jobs, read by that user
+        user = ensure_user(USER)
+        run("sacctmgr", "-i", "add", "user", USER, "Account=mig", "Cluster=migbatch", "DefaultAccount=mig")
+        _, as_user, sbatch = unprivileged(bed, tmp_path, USER)  # an ordinary user's jobs, read by that user
+        deadline = time.monotonic() + 30  # slurmdbd tells slurmctld of the new association in the background
+        while f"UserName={USER}({user.pw_uid})" not in (known := run("scontrol", "show", "assoc_mgr", f"users={USER}",
+                                                                     "flags=assoc").stdout):  # fmt: skip
+            assert time.monotonic() < deadline, f"slurmctld never learned {USER}'s association: {known}"
+            time.sleep(0.5)
         # 3g.40gb holds 4 of an A100-80GB's 8 memory slices: the second job would make 8 > 7
-        jobs = [sbatch("--gres=mig:3g.40gb", seconds=60) for _ in range(2)]
+        jobs = [sbatch("--account=mig", "--gres=mig:3g.40gb", seconds=60) for _ in range(2)]
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             states = dict(line.split(maxsplit=1) for line in run("squeue", "-h", "-o", "%i %T:%r").stdout.splitlines())

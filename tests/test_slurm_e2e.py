@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness.slurm_cluster import LocalCluster, MigTestbed, as_nobody
+from harness.slurm_cluster import LocalCluster, MigTestbed, unprivileged
 
 from mig_batch.batch.tags import parse_report
 from mig_batch.cli.migsub_status import ARRAY_WAITS, SQUEUE_FORMAT, parse_records, status_row
@@ -379,7 +379,7 @@ def test_a_users_mig_job_waits_unplaced_for_its_dependency_and_only_mig_batchd_r
     """Slurm 22.05 shows the submission hold as JobHeldUser, which the job's owner may release: released
     before mig-batchd placed it, a job ran with no MIG instance. Placed before a job it depends on ended,
     its slice idled until then."""
-    shared, as_user, sbatch = as_nobody(bed, tmp_path)
+    shared, as_user, sbatch = unprivileged(bed, tmp_path)
     first = sbatch(seconds=8, env=["MIG_BATCH_JOB=1"])  # no MIG: Slurm starts it at once; as if sent from a MIG job
     job = sbatch("--gres=mig:1g.10gb", f"--dependency=afterok:{first}", seconds=0.5)
     refused = as_user("sbatch", "-H", "--gres=mig:1g.10gb", "--wrap", "true")
@@ -406,7 +406,7 @@ def test_a_mig_job_after_a_job_array_waits_unplaced_for_the_tasks_it_names(bed, 
     """A job after a whole array waits until every task has ended; one after a single task, only for that
     task. Placed sooner, its slice would idle while the array runs (Slurm lists the pending tasks in one
     record, 12_[1-2], and each started task in its own, 12_0)."""
-    _, _, sbatch = as_nobody(bed, tmp_path)
+    _, _, sbatch = unprivileged(bed, tmp_path)
     array = sbatch("--array=0-2%1", seconds=4)  # no MIG: one task at a time, ~4 s each
     whole = sbatch("--gres=mig:1g.10gb", f"--dependency=afterok:{array}", seconds=0.5)
     first = sbatch("--gres=mig:1g.10gb", f"--dependency=afterok:{array}_0", seconds=0.5)
@@ -435,7 +435,7 @@ def test_a_placed_job_gives_its_slice_back_when_its_dependency_fails_or_its_begi
     """A dependency on one of several jobs (``?``) is Slurm's to judge, so mig-batchd places such a job at once;
     when they all fail, Slurm never starts it. Its owner may also move a placed job's begin time. Either way
     its slice would idle: mig-batchd holds it again and frees the slice."""
-    _, as_user, sbatch = as_nobody(bed, tmp_path)
+    _, as_user, sbatch = unprivileged(bed, tmp_path)
     one, other = (sbatch(seconds=6, status=1) for _ in range(2))  # no MIG: both fail after 6 s
     failing = sbatch("--gres=mig:1g.10gb", f"--dependency=afterok:{one}?afterok:{other}", seconds=0.5)
     later = sbatch("--gres=mig:1g.10gb", f"--dependency=afterany:{one}?afterany:{other}", seconds=0.5)

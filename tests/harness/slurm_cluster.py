@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import pwd
 import shlex
 import shutil
 import signal
@@ -641,9 +642,19 @@ def _unmount(paths: list) -> None:
         subprocess.run(["umount", "--lazy", str(path)], check=False, capture_output=True)
 
 
-def as_nobody(bed: MigTestbed, tmp_path: Path) -> tuple[Path, Callable[..., subprocess.CompletedProcess],
-                                                         Callable[..., str]]:  # fmt: skip
-    """A shared folder and the ``run``, ``sbatch`` of an unprivileged user (``nobody``)."""
+def ensure_user(name: str) -> pwd.struct_passwd:
+    """An ordinary system user of that name (made with useradd the first time)."""
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
+        return pwd.getpwnam(name)
+
+
+def unprivileged(bed: MigTestbed, tmp_path: Path, user: str = "nobody") -> tuple[
+        Path, Callable[..., subprocess.CompletedProcess], Callable[..., str]]:  # fmt: skip
+    """A shared folder and the ``run``, ``sbatch`` of an unprivileged user (``nobody``, or ``user``: Slurm 26.05
+    gives ``nobody`` no association, its uid being Slurm's own "nobody")."""
     shared = tmp_path / "user"
     shared.mkdir()
     shared.chmod(0o1777)
@@ -653,7 +664,7 @@ def as_nobody(bed: MigTestbed, tmp_path: Path) -> tuple[Path, Callable[..., subp
     bed.cluster.conf.chmod(0o644)  # slurm.conf: what the user's commands read
 
     def as_user(*argv):
-        return bed.cluster.run("runuser", "-u", "nobody", "--", *argv, check=False, timeout=15)
+        return bed.cluster.run("runuser", "-u", user, "--", *argv, check=False, timeout=15)
 
     def sbatch(*args, seconds, status=0, env=()):
         proc = as_user("env", *env, "sbatch", "--parsable", f"--chdir={shared}", f"--output={shared}/%j.out", *args,
