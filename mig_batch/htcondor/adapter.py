@@ -19,9 +19,11 @@ acts as (the controller's token, a queue superuser) is the process's, from ``CON
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import math
 import os
+import pwd
 import tempfile
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
@@ -53,7 +55,7 @@ IDLE, RUNNING, REMOVED, COMPLETED, HELD, TRANSFERRING_OUTPUT, SUSPENDED = 1, 2, 
 PROJECTION = ["ClusterId", "ProcId", "JobStatus", "Owner", TAG_ATTR, "RemoteHost", "LastRemoteHost", "QDate",
               "JobCurrentStartDate", TIME_LIMIT_ATTR, "ExitCode", "ExitBySignal", "ExitSignal", "HoldReason",
               "LastRejMatchReason", "EnteredCurrentStatus", PIN_ATTR, "HoldReasonCode",
-              "HoldReasonSubCode"]  # fmt: skip
+              "HoldReasonSubCode", "NumJobStarts", STARTS_ATTR]  # fmt: skip
 MANAGED = f"{TAG_ATTR} =!= undefined"
 WAITING = f"(JobStatus == {HELD} || (JobStatus == {IDLE} && {PIN_ATTR} =?= undefined))"  # the seam's HELD
 
@@ -101,9 +103,14 @@ def _host(slot: str) -> str:
 def subjob_ended(ad: Mapping[str, Any]) -> bool:
     """A chain's subjob that ended (any exit but 0) and is held by the chain's exit policy (``attrs``), still
     pinned: to the seam it has finished, with its exit status, until mig-batchd's requeue-hold unpins it (then it
-    waits, held, for the chain's next grant). A hold by the owner or an operator has another HoldReasonCode."""
+    waits, held, for the chain's next grant). Only a chain's job that started since its pin: an owner can hold
+    any job by a policy of its own with the same code and subcode (``periodic_hold``), which must not read as an
+    end that frees its spot while it stays pinned."""
     held = int(ad.get("JobStatus", IDLE)) == HELD and isinstance(ad.get(PIN_ATTR), str)
-    return held and ad.get("HoldReasonCode") == JOB_POLICY_HOLD and ad.get("HoldReasonSubCode") == CHAIN_HOLD_SUBCODE
+    chain = ";atomize=1" in str(ad.get(TAG_ATTR, "") or "")
+    started = ad.get(STARTS_ATTR) is not None and int(ad.get("NumJobStarts", 0) or 0) > int(ad[STARTS_ATTR])
+    return held and chain and started and ad.get("HoldReasonCode") == JOB_POLICY_HOLD \
+        and ad.get("HoldReasonSubCode") == CHAIN_HOLD_SUBCODE
 
 
 def to_batch_job(ad: Mapping[str, Any], nodes_by_startd: dict[str, str] | None = None) -> BatchJob:
@@ -126,6 +133,7 @@ def to_batch_job(ad: Mapping[str, Any], nodes_by_startd: dict[str, str] | None =
         job_id=f"{ad['ClusterId']}.{ad['ProcId']}",
         state=state,
         admin_tag=str(ad.get(TAG_ATTR, "") or ""),
+        user_id=_uid(str(ad.get("Owner", "") or "")),
         node=(nodes_by_startd or {}).get(startd, startd),
         submit_time=float(ad.get("QDate", 0) or 0),
         start_time=start,
@@ -138,6 +146,15 @@ def to_batch_job(ad: Mapping[str, Any], nodes_by_startd: dict[str, str] | None =
         # every hold of the controller's says "mig-batch...": any other is the owner's (or an operator's)
         held_by_user=status == HELD and not str(ad.get("HoldReason", "") or "").startswith("mig-batch"),
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _uid(owner: str) -> int:
+    """The job's owner's uid on this host (-1: unknown here), so that checks by user (a chain's jobs) hold."""
+    try:
+        return pwd.getpwnam(owner).pw_uid if owner else -1
+    except KeyError:
+        return -1
 
 
 def _cluster_proc(job: str) -> tuple[int, int]:

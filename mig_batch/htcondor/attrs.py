@@ -85,6 +85,11 @@ SAFE_VALUE = "^[A-Za-z0-9.:,_-]+$"  # no ';' or '=': a value cannot add fields (
 CHAIN_ATTRS = {"MigCheckpointDir": "ckpt", "MigSubjobMin": "smin", "MigSubjobMax": "smax", "MigDeadline": "deadline"}
 CHAIN_DEFAULTS = {"MigSubjobMin": 60, "MigSubjobMax": 3600}  # as migsub's --subjob-min, --subjob-max
 SAFE_DIR = "^/[A-Za-z0-9._/+-]*$"  # absolute; no ';', '=' or space: the folder cannot add fields to the tag
+UP_DIR = "(^|/)[.][.](/|$)"  # a '..' component: the folder would name another than it seems
+# The user's request and chain attributes as plain values only (a string in quotes, a whole number, undefined, or
+# absent: unparse gives ""): an expression could evaluate one way when the submit requirements check it and
+# another when the transform builds the tag from it (it may test the tag the transform just deleted).
+LITERAL = r'regexp("^(\\x22[^\\x22\\\\]*\\x22|[0-9]+|undefined|)$", unparse({attr}))'
 # A chain is one HTCondor job that runs each of its subjobs in turn: one that ends otherwise than with 0 (75:
 # checkpointed, more to do; anything else: failed or killed) is held by this policy, with this reason and subcode
 # (HoldReasonCode 3, JobPolicy), and stays in the queue until mig-batchd grants its next subjob.
@@ -115,7 +120,8 @@ def _chain_expression() -> str:
     low, high = (f"ifThenElse({a} isnt undefined, {a}, {d})" for a, d in CHAIN_DEFAULTS.items())
     return (f'(({none}) || (MigRequest isnt undefined && MigMoldable is undefined '
             f'&& (!regexp(":[0-9]*$", MigRequest) || regexp(":0*1$", MigRequest)) '
-            f'&& isString(MigCheckpointDir) && regexp("{SAFE_DIR}", MigCheckpointDir) && {" && ".join(whole)} '
+            f'&& isString(MigCheckpointDir) && regexp("{SAFE_DIR}", MigCheckpointDir) '
+            f'&& !regexp("{UP_DIR}", MigCheckpointDir) && {" && ".join(whole)} '
             f"&& {low} <= {high}))")
 
 
@@ -151,9 +157,9 @@ def chain_description(description: dict[str, str], checkpoint_dir: str, min_s: f
     if taken:
         raise ValueError(f"{taken[0]} is migsub's to write for --atomize (from --checkpoint-dir, --subjob-min, "
                          "--subjob-max, --deadline)")  # fmt: skip
-    if not re.fullmatch(SAFE_DIR.strip("^$"), checkpoint_dir):
-        raise ValueError(f"the checkpoint directory {checkpoint_dir!r} must be absolute and hold only letters, "
-                         "digits and . _ / + - on HTCondor")  # fmt: skip
+    if not re.fullmatch(SAFE_DIR.strip("^$"), checkpoint_dir) or re.search(UP_DIR, checkpoint_dir):
+        raise ValueError(f"the checkpoint directory {checkpoint_dir!r} must be absolute, without '..', and hold only "
+                         "letters, digits and . _ / + - on HTCondor")  # fmt: skip
     values = {"MigCheckpointDir": checkpoint_dir, "MigSubjobMin": math.ceil(min_s), "MigSubjobMax": math.ceil(max_s)}
     if deadline is not None:
         values["MigDeadline"] = math.ceil(deadline)
@@ -187,7 +193,9 @@ def schedd_config(controller: str, models: Sequence[GpuModel] = (), agents: Sequ
     superusers = ", ".join(dict.fromkeys([controller, *agents]))
     return "\n".join([
         f"QUEUE_SUPER_USERS = $(QUEUE_SUPER_USERS), {superusers}",
-        f"PROTECTED_JOB_ATTRS = $(PROTECTED_JOB_ATTRS) {TAG_ATTR} {PIN_ATTR} {STARTS_ATTR}",
+        # and the subjob's limits: its window's backstop and the hold that ends each subjob
+        f"PROTECTED_JOB_ATTRS = $(PROTECTED_JOB_ATTRS) {TAG_ATTR} {PIN_ATTR} {STARTS_ATTR} {TIME_LIMIT_ATTR} "
+        "OnExitHold OnExitHoldReason OnExitHoldSubCode",
         "JOB_TRANSFORM_NAMES = $(JOB_TRANSFORM_NAMES) MigBatchClear MigBatchTag MigBatchChain",
         "JOB_TRANSFORM_MigBatchClear @=end",
         f"   DELETE {TAG_ATTR}",
@@ -204,6 +212,11 @@ def schedd_config(controller: str, models: Sequence[GpuModel] = (), agents: Sequ
         f'   SET OnExitHoldReason "{CHAIN_HOLD_REASON}"',
         f"   SET OnExitHoldSubCode {CHAIN_HOLD_SUBCODE}",
         "@end",
+        "SUBMIT_REQUIREMENT_NAMES = $(SUBMIT_REQUIREMENT_NAMES) MigBatchLiteral",
+        "SUBMIT_REQUIREMENT_MigBatchLiteral = " + " && ".join(LITERAL.format(attr=a) for a in (*REQUEST_ATTRS,
+                                                                                                  *CHAIN_ATTRS)),
+        f'SUBMIT_REQUIREMENT_MigBatchLiteral_REASON = "{", ".join((*REQUEST_ATTRS, *CHAIN_ATTRS))} take plain '
+        'values (a string in quotes, a whole number), not expressions"',
         "SUBMIT_REQUIREMENT_NAMES = $(SUBMIT_REQUIREMENT_NAMES) MigBatchRequest",
         f"SUBMIT_REQUIREMENT_MigBatchRequest = {checks}",
         f'SUBMIT_REQUIREMENT_MigBatchRequest_REASON = "{", ".join(REQUEST_ATTRS)} may hold only letters, '
