@@ -246,19 +246,11 @@ def test_the_startd_starts_a_managed_job_on_its_node_once_per_pin(job, starts):
     assert evaluate(policy, **job) is starts
 
 
-@pytest.mark.parametrize("value, plain", [
-    ('"/shared/alice/run"', True), ("60", True), ("undefined", True), (None, True),
-    ('ifThenElse(MigBatchTag is undefined, "/x;chain=42.0;ckpt=/shared/alice/run", "/shared/alice/run")', False),
-    ('strcat("/shared", "/run")', False), ("30 + 30", False), ('"x" == MigBatchTag', False),
-])  # fmt: skip
-def test_the_schedd_takes_the_request_and_chain_attributes_as_plain_values_only(value, plain):
+def test_the_schedd_freezes_the_request_and_chain_attributes_before_it_changes_the_job():
     """An expression could read one way to the submit requirements and another to the transform that builds the
-    tag (it may test the tag the transform deletes first): only literals pass (the ClassAd library)."""
-    classad2 = pytest.importorskip("classad2")
-    job = classad2.ClassAd()
-    job["MigRequest"] = "1g.10gb"
-    if value is not None:
-        job["MigCheckpointDir"] = classad2.ExprTree(value)
-    config = attrs.schedd_config("root@x").splitlines()
-    line = next(x for x in config if x.startswith("SUBMIT_REQUIREMENT_MigBatchLiteral ="))
-    assert classad2.ExprTree(line.partition(" = ")[2]).eval(job) is plain
+    tag (it may test the tag the transform deletes): the first transform sets each to its value first."""
+    text = attrs.schedd_config("root@x")
+    block = text.split("JOB_TRANSFORM_MigBatchClear @=end\n")[1].split("@end")[0].splitlines()
+    frozen = [line.split()[1] for line in block if line.split()[0] == "EVALSET"]
+    assert frozen == [*attrs.REQUEST_ATTRS, *attrs.CHAIN_ATTRS]
+    assert all(line.split() == ["EVALSET", a, a] for line, a in zip(block, frozen, strict=False))  # first, as is

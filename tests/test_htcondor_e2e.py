@@ -138,6 +138,15 @@ def test_the_schedd_makes_the_tag_and_drops_what_the_owner_wrote_into_placement_
     assert refused.returncode != 0 and "a MIG job (MigRequest) cannot be interactive" in refused.stderr, refused
     plain = submit_as_owner(pool, "interactive-plain", MigRequest="undefined", InteractiveJob="True")
     controller.cancel(plain)  # not a MIG job: the site's own rules
+    # an expression that reads one way to the requirements and another to the tag's transform (a review's attack:
+    # the transform deletes the owner's tag before it builds its own): frozen to one value first
+    sneaky = 'ifThenElse(MigBatchTag is undefined, "/x;chain=42.0;ckpt=/shared/a", "/shared/a")'
+    refused = submit_as_owner(pool, "expression", check=False, MigCheckpointDir=sneaky)
+    assert refused.returncode != 0 and "a subjob chain" in refused.stderr, refused  # its value now: the first
+    chain = submit_as_owner(pool, "expression-tagged", MigCheckpointDir=sneaky, MigBatchTag='"x"')
+    tag = controller.job(chain).admin_tag
+    assert ";chain=" not in tag and ";ckpt=/shared/a;" in tag, tag  # the value the requirements saw
+    controller.cancel(chain)
     for job_id in (forged, unmanaged):
         controller.cancel(job_id)
 

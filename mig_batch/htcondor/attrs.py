@@ -86,10 +86,6 @@ CHAIN_ATTRS = {"MigCheckpointDir": "ckpt", "MigSubjobMin": "smin", "MigSubjobMax
 CHAIN_DEFAULTS = {"MigSubjobMin": 60, "MigSubjobMax": 3600}  # as migsub's --subjob-min, --subjob-max
 SAFE_DIR = "^/[A-Za-z0-9._/+-]*$"  # absolute; no ';', '=' or space: the folder cannot add fields to the tag
 UP_DIR = "(^|/)[.][.](/|$)"  # a '..' component: the folder would name another than it seems
-# The user's request and chain attributes as plain values only (a string in quotes, a whole number, undefined, or
-# absent: unparse gives ""): an expression could evaluate one way when the submit requirements check it and
-# another when the transform builds the tag from it (it may test the tag the transform just deleted).
-LITERAL = r'regexp("^(\\x22[^\\x22\\\\]*\\x22|[0-9]+|undefined|)$", unparse({attr}))'
 # A chain is one HTCondor job that runs each of its subjobs in turn: one that ends otherwise than with 0 (75:
 # checkpointed, more to do; anything else: failed or killed) is held by this policy, with this reason and subcode
 # (HoldReasonCode 3, JobPolicy), and stays in the queue until mig-batchd grants its next subjob.
@@ -198,6 +194,10 @@ def schedd_config(controller: str, models: Sequence[GpuModel] = (), agents: Sequ
         "OnExitHold OnExitHoldReason OnExitHoldSubCode",
         "JOB_TRANSFORM_NAMES = $(JOB_TRANSFORM_NAMES) MigBatchClear MigBatchTag MigBatchChain",
         "JOB_TRANSFORM_MigBatchClear @=end",
+        # the request and chain attributes as the values they have now, before anything below changes the ad: an
+        # expression could read one way to the submit requirements and another to the tag's transform (it may
+        # test the tag deleted next; a hostile review wrote ;chain= into a tag that way)
+        *(f"   EVALSET {a} {a}" for a in (*REQUEST_ATTRS, *CHAIN_ATTRS)),
         f"   DELETE {TAG_ATTR}",
         f"   DELETE {PIN_ATTR}",
         f"   DELETE {STARTS_ATTR}",
@@ -212,11 +212,6 @@ def schedd_config(controller: str, models: Sequence[GpuModel] = (), agents: Sequ
         f'   SET OnExitHoldReason "{CHAIN_HOLD_REASON}"',
         f"   SET OnExitHoldSubCode {CHAIN_HOLD_SUBCODE}",
         "@end",
-        "SUBMIT_REQUIREMENT_NAMES = $(SUBMIT_REQUIREMENT_NAMES) MigBatchLiteral",
-        "SUBMIT_REQUIREMENT_MigBatchLiteral = " + " && ".join(LITERAL.format(attr=a) for a in (*REQUEST_ATTRS,
-                                                                                                  *CHAIN_ATTRS)),
-        f'SUBMIT_REQUIREMENT_MigBatchLiteral_REASON = "{", ".join((*REQUEST_ATTRS, *CHAIN_ATTRS))} take plain '
-        'values (a string in quotes, a whole number), not expressions"',
         "SUBMIT_REQUIREMENT_NAMES = $(SUBMIT_REQUIREMENT_NAMES) MigBatchRequest",
         f"SUBMIT_REQUIREMENT_MigBatchRequest = {checks}",
         f'SUBMIT_REQUIREMENT_MigBatchRequest_REASON = "{", ".join(REQUEST_ATTRS)} may hold only letters, '
