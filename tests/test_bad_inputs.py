@@ -200,7 +200,7 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("migsub", ["--backend", "htcondor", "--dry-run", "{t}/condor_exe_job.sh"], "which migsub writes itself"),
     ("migsub", ["--backend", "htcondor", "--dry-run", "{t}/condor_bad_job.sh"], "is not '#CONDOR key = value'"),
     ("migsub", ["--backend", "htcondor", "--dry-run", "--atomize", "--checkpoint-dir", "/tmp/ck#1", "--gpu-mem", "10G",
-                "{t}/job.sh"], "must be absolute, without '..', and hold only letters, digits and . _ / + - on HTCondor"),
+                "{t}/job.sh"], "without '..', and hold only letters, digits and . _ / + - on HTCondor"),
     # the daemons
     ("mig-batchd", ["--once", "--config", "{t}/wrong_slurm_bin.yaml"], "slurm_bin"),
     ("mig-batchd", ["--once", "--config", "{t}/proc_state.yaml"], "/proc/nope/state.db"),
