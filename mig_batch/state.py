@@ -807,16 +807,20 @@ class Store:
         with self._tx() as db:
             self._event(db, job, kind, detail)
 
-    def events(self, job: str | None = None, kind: str | None = None, node: str | None = None,
+    def events(self, job: str | None = None, kind: str | Collection[str] | None = None, node: str | None = None,
                since: float | None = None, last: int | None = None) -> list[dict[str, Any]]:  # fmt: skip
-        """Events, oldest first: of ``job``, of ``kind``, about ``node`` (naming it, or of a job decided
-        there), at or after ``since`` (epoch seconds); only the newest ``last`` of them when given."""
+        """Events, oldest first: of ``job``, of ``kind`` (or of any of several kinds), about ``node`` (naming
+        it, or of a job decided there), at or after ``since`` (epoch seconds); only the newest ``last`` of
+        them when given."""
         sql = "SELECT time, job, kind, detail FROM events WHERE 1=1"
         args: list[Any] = []
         if job is not None:
             sql, args = sql + " AND job=?", [*args, job]
-        if kind is not None:
+        if isinstance(kind, str):
             sql, args = sql + " AND kind=?", [*args, kind]
+        elif kind is not None:
+            kinds = sorted(kind)
+            sql, args = sql + f" AND kind IN ({','.join('?' * len(kinds))})", [*args, *kinds]
         if node is not None:
             sql += " AND (json_extract(detail, '$.node')=? OR job IN (SELECT job FROM decisions WHERE node=?))"
             args = [*args, node, node]

@@ -1080,3 +1080,19 @@ def test_the_python_hook_client_waits_for_room_in_a_full_backlog_instead_of_taki
     server.join(10)
     listener.close()
     assert ok and "pong" in answer
+
+
+def test_events_of_several_kinds_read_only_those_rows_through_the_jobs_index(tmp_path):
+    store = Store(tmp_path / "state.db")
+    for i in range(8):
+        store.event("7", "requeued" if i % 2 else "running", n=i)
+    store.event("8", "requeued", n=99)
+    store.event("7", "pin-refused", n=8)
+    sql: list[str] = []
+    store.db.set_trace_callback(sql.append)
+    newest = store.events(job="7", kind={"requeued", "pin-refused"}, last=3)
+    store.db.set_trace_callback(None)
+    assert [(e["kind"], e["n"]) for e in newest] == [("requeued", 5), ("requeued", 7), ("pin-refused", 8)]
+    plan = " ".join(str(row) for row in store.db.execute("EXPLAIN QUERY PLAN " + sql[-1]))  # the values in the text
+    assert "events_job" in plan, plan
+    assert [e["n"] for e in store.events(job="7", kind=("running",))] == [0, 2, 4, 6]

@@ -58,8 +58,12 @@ def test_the_matrix_and_its_verdict() -> None:
     result = run_live_matrix(["migdrl-poorscaling"], [0.9], [1], SETUP, 16, planners=("eft", "auto"))
     assert len(result["cells"]) == 2
     (line,) = verdict(result)
-    assert line.startswith("migdrl-poorscaling load 0.9 auto: ")
-    assert not math.isnan(result["vs_eft"]["migdrl-poorscaling"]["0.9"]["auto"]["makespan"])
+    assert line.startswith("migdrl-poorscaling load 0.9 auto vs eft: ")
+    assert not math.isnan(result["vs_baseline"]["migdrl-poorscaling"]["0.9"]["auto"]["makespan"])
+    against_today = run_live_matrix(["migdrl-poorscaling"], [0.9], [1], SETUP, 16, planners=("eft-today", "auto"),
+                                    baseline="eft-today")  # fmt: skip
+    (line,) = verdict(against_today)
+    assert line.startswith("migdrl-poorscaling load 0.9 auto vs eft-today: ")
 
 
 @pytest.mark.skipif(not RODINIA.is_dir(), reason="the Rodinia task times (../shared/data) are absent")

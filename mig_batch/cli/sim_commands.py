@@ -100,7 +100,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated: migdrl-<MIG-DRL type>, rodinia (needs --rodinia-dir), alibaba-mix (needs "
                         "--trace-dir) (default migdrl-mixscalinguniform,rodinia,alibaba-mix)")  # fmt: skip
     m.add_argument("--loads", default="0.8,1.2", help="offered loads of the cluster's slices (default 0.8,1.2)")
-    m.add_argument("--seeds", type=int, default=3, help="arrival sequences per cell (seeds 1..N, default 3)")
+    m.add_argument("--seeds", type=int, default=3, help="arrival sequences per cell (default 3)")
+    m.add_argument("--first-seed", type=int, default=1,
+                   help="the first arrival sequence: seeds first..first+N-1 (default 1; held-out checks start past "
+                        "the seeds a claim was made on)")  # fmt: skip
+    m.add_argument("--baseline", default="eft", help="the planner the others are measured against (default eft)")
     m.add_argument("--gpus", type=int, default=8, help="A100-80GB GPUs (default 8)")
     m.add_argument("--jobs", type=int, default=150, help="arrivals per run (default 150)")
     m.add_argument("--planners", default="eft,far,auto",
@@ -472,8 +476,10 @@ def cmd_simulate_moldable(args: argparse.Namespace) -> int:
     known = (*LIVE_PLANNERS, TODAY)
     if not planners or any(p not in known for p in planners):
         raise ValueError(f"--planners takes some of {', '.join(known)}; got {args.planners!r}")
-    if min(args.seeds, args.gpus, args.jobs, args.evaluations, args.window) < 1:
-        raise ValueError("--seeds, --gpus, --jobs, --evaluations and --window must be at least 1")
+    if args.baseline not in planners:
+        raise ValueError(f"--baseline must be one of --planners ({', '.join(planners)}); got {args.baseline!r}")
+    if min(args.seeds, args.gpus, args.jobs, args.evaluations, args.window) < 1 or args.first_seed < 0:
+        raise ValueError("--seeds, --gpus, --jobs, --evaluations and --window must be at least 1, --first-seed >= 0")
     if args.max_hold_s < 0 or not 0 <= args.rigid_share <= 1 or args.noise < 0:
         raise ValueError("--max-hold-s and --noise must be >= 0, --rigid-share in [0, 1]")
     make_out_dir(args.out)
@@ -492,18 +498,20 @@ def cmd_simulate_moldable(args: argparse.Namespace) -> int:
             raise missing_trace("`mig-batch simulate moldable --workloads alibaba-mix`", POD_FILE, args.trace_dir)
         pods = read_pods(args.trace_dir / POD_FILE)
     setup = LiveSimSetup(gpus=args.gpus, window=args.window, evaluations=args.evaluations, max_hold_s=args.max_hold_s)
-    seeds = list(range(1, args.seeds + 1))
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     with _progress(args.json) as progress:
         task = progress.add_task("runs", total=len(workloads) * len(loads) * len(seeds) * len(planners))
-        result = run_live_matrix(workloads, loads, seeds, setup, args.jobs, rodinia, pods, planners,
-                                 args.rigid_share, args.noise, lambda: progress.advance(task))  # fmt: skip
+        result = run_live_matrix(workloads, loads, seeds, setup, args.jobs, rodinia, pods, planners, args.rigid_share,
+                                 args.noise, lambda: progress.advance(task), args.baseline)  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "moldable.json").write_text(json.dumps(result, indent=2))
     if args.json:
-        json.dump({"mean": result["mean"], "vs_eft": result["vs_eft"]}, sys.stdout, indent=2)
+        json.dump({"mean": result["mean"], "baseline": args.baseline, "vs_baseline": result["vs_baseline"]}, sys.stdout,
+                  indent=2)  # fmt: skip
         sys.stdout.write("\n")
         return 0
-    table = Table(title=f"live planners: {args.gpus} x A100-80GB, {args.jobs} arrivals, {args.seeds} seeds (means)")
+    table = Table(title=f"live planners: {args.gpus} x A100-80GB, {args.jobs} arrivals, seeds {seeds[0]}-{seeds[-1]} "
+                        "(means)")  # fmt: skip
     for col in ("workload", "load", "planner", *METRICS):
         table.add_column(col, justify="left" if col in ("workload", "planner") else "right")
     for workload, per_load in result["mean"].items():

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from mig_batch.batch.states import DecisionState
 from mig_batch.batch.system import BatchError, BatchSystem, Pin, Unanswered
-from mig_batch.batch.tags import Placed, Seen, parse_place, placed_tag, with_seen
+from mig_batch.batch.tags import SEEN_MAX, Placed, Seen, parse_place, placed_tag, with_seen
 from mig_batch.controller.chains import ChainDriver
 from mig_batch.controller.fences import PinRefusals
 from mig_batch.controller.ledger import ViewLedger
@@ -74,7 +74,9 @@ class Pinning:
 
     def seen(self, job: str) -> list[Seen]:
         """The job's past events its owner may read (see SEEN_KINDS), oldest first."""
-        return [Seen(e["kind"], e["time"], _detail(e)) for e in self.store.events(job=job) if e["kind"] in SEEN_KINDS]
+        # only the rows shown are read: this runs at every pin
+        events = self.store.events(job=job, kind=SEEN_KINDS, last=SEEN_MAX)
+        return [Seen(e["kind"], e["time"], _detail(e)) for e in events]
 
     def _count_refusals(self, decided: list[Decision], failed: Mapping[str, str], now: float) -> None:
         """A pin the batch system refuses PIN_TRIES times in a row on one node (the job's own limits: an
