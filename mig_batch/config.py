@@ -51,6 +51,7 @@ class AtomizeConfig:
 
 
 MOLDABLE_PLANNERS = ("eft", "far", "auto")  # mig_batch.planner.live.LIVE_PLANNERS
+DEFAULT_MOLDABLE_PLANNER = "auto"  # the measured best (docs/moldable.md, "The default planner")
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class MoldableConfig:
     max_reservations: int = 16  # waiting moldable jobs per pass that look ahead and hold a reservation
     # eft: each job in queue order gets the size that finishes first (min_gain, max_reservations); far | auto:
     # the waiting jobs are planned together first (mig_batch.planner.live), within planner_budget_s per pass
-    planner: str = "eft"
+    planner: str = DEFAULT_MOLDABLE_PLANNER
     planner_budget_s: float = 1.0
 
 

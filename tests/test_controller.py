@@ -2,6 +2,7 @@
 requeues, node failures, moldable and chain decisions; no Slurm needed."""
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -219,7 +220,14 @@ def test_moldable_jobs_get_a_size_and_a_policy_name(site, batch):
     job = batch.add("mig-batch:v1;req=1g;moldable=1g:600,7g:60")
     c.step()
     d = store.decision(job)
-    assert d.policy == f"moldable-{site.policy}" and d.profile == "7g.80gb"
+    assert d.policy == f"moldable-{site.moldable.planner}" and d.profile == "7g.80gb"  # the default planner's name
+    today = replace(site, state=site.state.with_name("today.db"), moldable=replace(site.moldable, planner="eft"))
+    store = Store(today.state)
+    c = Controller(today, store, batch)
+    job = batch.add("mig-batch:v1;req=1g;moldable=1g:600,7g:60")
+    c.step()
+    d = store.decision(job)
+    assert d.policy == f"moldable-{site.policy}" and d.profile == "7g.80gb"  # the earliest-finish rule's: its policy
 
 
 def test_a_chain_subjob_is_granted_with_its_window_and_its_next_job_linked(site, batch, tmp_path):

@@ -3,23 +3,33 @@ FakeBatch cluster (controller/live_moldable.py), the rest left to the earliest-f
 
 from __future__ import annotations
 
+import re
 import time
-from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from mig_batch.batch.fake import FakeBatch
 from mig_batch.batch.system import JobState
 from mig_batch.batch.tags import NodeReport, parse_place
-from mig_batch.config import ConfigError, MoldableConfig, SiteConfig, load_config
+from mig_batch.config import (
+    DEFAULT_MOLDABLE_PLANNER,
+    MOLDABLE_PLANNERS,
+    ConfigError,
+    MoldableConfig,
+    SiteConfig,
+    load_config,
+)
 from mig_batch.controller.daemon import Controller
 from mig_batch.controller.live_moldable import sizes_of
 from mig_batch.mig.models import get_model
 from mig_batch.planner.problem import gpu_scheme
 from mig_batch.state import Store
+from mig_batch.yaml_text import parse_yaml
 
 BIG = "mig-batch:v1;req=7g.80gb"
 A100 = get_model("A100-80GB")
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _site(tmp_path, planner: str, nodes: int = 1) -> SiteConfig:
@@ -88,8 +98,26 @@ def test_a_waiting_rigid_jobs_reservation_is_not_taken(tmp_path):
 def test_sizes_of_keeps_the_planner_profiles_only():
     schemes = {"A100-80GB": gpu_scheme("A100-80GB")}
     times = {"A100-80GB": {"1g.10gb": 600.0, "1g.20gb": 590.0, "3g.40gb": 240.0, "7g.80gb": 100.0}}
-    assert sizes_of(times, schemes) == {1: 600.0, 3: 240.0, 7: 100.0}
-    assert sizes_of({"A100-80GB": {"1g.20gb": 590.0}}, schemes) == {}
+    assert sizes_of(times, schemes) == ({1: 600.0, 3: 240.0, 7: 100.0}, {"A100-80GB"})
+    assert sizes_of({"A100-80GB": {"1g.20gb": 590.0}}, schemes) == ({}, frozenset())
+    both = {**schemes, "A100-40GB": gpu_scheme("A100-40GB")}
+    assert sizes_of(times, both) == ({1: 600.0, 3: 240.0, 7: 100.0}, {"A100-80GB"})  # its model only
+    times["A100-40GB"] = {"1g.5gb": 700.0, "7g.40gb": 90.0}
+    assert sizes_of(times, both) == ({1: 700.0, 7: 100.0}, {"A100-80GB", "A100-40GB"})  # 3g: not on the 40GB
+
+
+def test_a_job_for_one_model_is_planned_on_that_models_gpus_only(tmp_path):
+    """``--gpu A100-40GB`` on a cluster of both: planned (not left to the rule after), on the 40GB GPU, though
+    the 80GB GPU is as free."""
+    site = SiteConfig(state=tmp_path / "state.db", nodes={"n1": ("A100-80GB",), "n2": ("A100-40GB",)},
+                      moldable=MoldableConfig(planner="auto", planner_budget_s=0.5))  # fmt: skip
+    batch = FakeBatch(["n1", "n2"], cpus_per_node=64)
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    job = batch.add("mig-batch:v1;req=1g.5gb;gpu=A100-40GB;moldable=1g.5gb:600,3g.20gb:20,7g.40gb:19")
+    c.step()
+    d = store.decision(job)
+    assert d is not None and (d.node, d.profile, d.policy) == ("n2", "3g.20gb", "moldable-auto")
 
 
 @pytest.mark.parametrize(("text", "says"), [("planner: best", "eft, far, auto"), ("planner_budget_s: 0", "(0, 60]"),
@@ -101,6 +129,18 @@ def test_bad_planner_settings_are_refused(tmp_path, text, says):
         load_config(path)
 
 
-def test_the_default_stays_eft(tmp_path):
-    assert MoldableConfig().planner == "eft"
-    assert replace(MoldableConfig(), planner="auto").planner == "auto"
+def test_one_default_planner_everywhere(tmp_path):
+    """The code, the shipped configuration and docs/moldable.md name the same default; eft stays selectable."""
+    assert MoldableConfig().planner == DEFAULT_MOLDABLE_PLANNER in MOLDABLE_PLANNERS
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("state: /tmp/x.db\n")
+    assert load_config(empty).moldable.planner == DEFAULT_MOLDABLE_PLANNER
+    pinned = tmp_path / "eft.yaml"
+    pinned.write_text("moldable:\n  planner: eft\n")
+    assert load_config(pinned).moldable.planner == "eft"
+    shipped, docs = REPO / "etc" / "mig-batch.yaml", REPO / "docs" / "moldable.md"
+    if not shipped.is_file() or not docs.is_file():
+        pytest.skip("needs a checkout (etc/, docs/)")
+    assert parse_yaml(shipped.read_text())["moldable"]["planner"] == DEFAULT_MOLDABLE_PLANNER
+    named = re.findall(r"The default moldable planner is \*\*`([a-z-]+)`\*\*", docs.read_text())
+    assert named == [DEFAULT_MOLDABLE_PLANNER], f"docs/moldable.md names {named} as the measured default"

@@ -54,7 +54,8 @@ def live_states(draw: st.DrawFn) -> LiveState:
     for i in range(draw(st.integers(0, 9))):
         sizes = draw(st.lists(st.sampled_from(SCHEME.sizes), min_size=1, max_size=5, unique=True))
         t1 = draw(st.floats(1, 60))
-        jobs.append(LiveJob(f"j{i}", {s: t1 / s ** draw(st.sampled_from([0.2, 0.7, 1.0])) for s in sizes}))
+        barred = frozenset(draw(st.lists(st.integers(0, len(gpus) - 1), max_size=len(gpus))))  # some: every GPU
+        jobs.append(LiveJob(f"j{i}", {s: t1 / s ** draw(st.sampled_from([0.2, 0.7, 1.0])) for s in sizes}, barred))
     rigid = ()
     if draw(st.booleans()):
         slot = draw(st.sampled_from([s for size in SCHEME.sizes for s in SCHEME.slots[size]]))
@@ -81,6 +82,8 @@ def test_every_plan_is_valid(state: LiveState, planner: str) -> None:
                 and s.start < w.since + state.max_hold_s + w.seconds
             ):
                 assert s.end <= w.since + state.max_hold_s + 1e-9
+    barred = {j.name: j.barred for j in state.jobs}
+    assert all(s.gid not in barred[s.job] for s in plan.steps)
     for s in plan.start_now():
         assert s.opens <= state.now + 1e-9
         for r in s.reconfigs:
@@ -196,3 +199,42 @@ def test_measured_reconfiguration_times_replace_the_table() -> None:
                     {A100: measured_scheme(A100, {7: 2.0})})  # fmt: skip
     with pytest.raises(ValueError, match="sizes of A100-80GB"):
         measured_scheme(A100, {5: 1.0})
+
+
+def test_a_job_never_gets_a_barred_gpu_even_where_it_would_finish_first() -> None:
+    """GPU 0 is free now and GPU 1 busy for 50 s; a job barred from GPU 0 waits for GPU 1 (a job outside
+    a node's partitions: Slurm would refuse it there), and a job barred from both is unplaced."""
+    busy = LiveGpu(1, A100, (LiveInstance(7, 0, 50.0),))
+    jobs = (LiveJob("elsewhere", {7: 10.0}, frozenset({0})), LiveJob("nowhere", {1: 5.0}, frozenset({0, 1})))
+    state = LiveState(0.0, (LiveGpu(0, A100), busy), jobs)
+    for planner in LIVE_PLANNERS:
+        plan = plan_live(state, planner, evaluations=10, budget_s=math.inf)
+        check_live_plan(state, plan)
+        (step,) = plan.steps
+        assert (step.job, step.gid, step.start, step.now) == ("elsewhere", 1, 50.0, False), planner
+        assert plan.unplaced == ("nowhere",)
+    forged = replace(plan, steps=(replace(step, gid=0, start=0.0, end=10.0),))
+    with pytest.raises(ValueError, match="barred"):
+        check_live_plan(state, forged)
+
+
+def test_auto_takes_a_larger_size_only_when_it_is_worth_its_slices() -> None:
+    """min_gain (the site's rule): 7g ending 5 % sooner than 3g is not worth 4 more slices; at 0 it is."""
+    from mig_batch.planner.live import worth_sizes
+
+    job = LiveJob("a", {1: 600.0, 3: 20.0, 7: 19.0})
+    assert worth_sizes(job, [1, 3, 7], 0.1) == [1, 3] and worth_sizes(job, [1, 3, 7], 0.0) == [1, 3, 7]
+    assert worth_sizes(LiveJob("b", {1: 10.0, 2: 9.5, 4: 5.0}), [1, 2, 4], 0.1) == [1, 4]
+    state = LiveState(0.0, (LiveGpu(0, A100),), (job,))
+    assert [s.size for s in plan_live(state, "auto", budget_s=math.inf, min_gain=0.1).steps] == [3]
+    assert [s.size for s in plan_live(state, "auto", budget_s=math.inf, min_gain=0.0).steps] == [7]
+
+
+def test_auto_stops_searching_a_short_queue_long_before_its_budget() -> None:
+    """Five jobs: the local search ends after STALL moves without a better plan, not at 10,000 decodings (a
+    live pass would otherwise spend its whole budget at every pass while they wait)."""
+    from mig_batch.planner.live import STALL
+
+    state = LiveState(0.0, tuple(LiveGpu(g, A100) for g in range(2)), tuple(_job(f"j{i}", 60.0 + i) for i in range(5)))
+    plan = plan_live(state, "auto", budget_s=math.inf, evaluations=10_000)
+    assert STALL <= plan.evaluations < 10 * STALL

@@ -301,7 +301,7 @@ def test_mfi_places_what_first_fit_leaves_pending(bed):
 
 
 def test_moldable_jobs_get_the_size_that_finishes_first(bed):
-    # alone on the A100-40GB: 3g is within 10% of 7g's time, so the smaller size starts now
+    # alone on the A100-40GB: 3g is within 10% of 7g's time (min_gain), so the smaller size starts now
     now = submit(bed, job_script(bed, "mold-now", "#MIG --moldable 1g=600,3g=20,7g=19 --gpu A100-40GB", seconds=1))
     wait_done(bed, [now])
     # a rigid 1g runs 4 s (limit 1 min): 7g after it finishes far sooner than 1g now, so the job waits
@@ -312,7 +312,7 @@ def test_moldable_jobs_get_the_size_that_finishes_first(bed):
     waited = bed.cluster.run("squeue", "-h", "-j", later, "-o", "%T").stdout.strip()
     wait_done(bed, [rigid, later])
     store = Store(bed.store_path)
-    assert (store.decision(now).profile, store.decision(now).policy) == ("3g.20gb", "moldable-mfi")
+    assert (store.decision(now).profile, store.decision(now).policy) == ("3g.20gb", "moldable-auto")  # the default
     assert waited == "PENDING" and store.decision(later).profile == "7g.40gb"
     cvd, begin, _ = job_runs(bed, [later])[later]
     assert cvd.startswith("MIG-") and begin >= job_runs(bed, [rigid])[rigid][2]  # after the rigid job

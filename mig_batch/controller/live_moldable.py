@@ -42,24 +42,23 @@ class LiveOutcome:
     left: list[tuple[BatchJob, JobTag]] = field(default_factory=list)  # to the earliest-finish rule
 
 
-def sizes_of(times: Mapping[str, Mapping[str, float]], schemes: Mapping[str, GpuScheme]) -> dict[int, float]:
-    """Size -> seconds over the cluster's models: a size counts when, on every model that has it, the job
-    lists that model's planner profile (the longest of those times is taken)."""
+def sizes_of(times: Mapping[str, Mapping[str, float]],
+             schemes: Mapping[str, GpuScheme]) -> tuple[dict[int, float], frozenset[str]]:  # fmt: skip
+    """(size -> seconds, the models it may run on): the models are those of the cluster where the job lists
+    a planner profile (``--gpu A100-40GB``: that model only; the GPUs of the others are barred to it); a
+    size counts when, on every one of them that has it, the job lists that model's planner profile (the
+    longest of those times is taken)."""
+    def listed(model: str, size: int) -> float | None:
+        value = times.get(model, {}).get(schemes[model].profiles[size].name)
+        return float(value) if value is not None and math.isfinite(value) and value > 0 else None
+
+    models = frozenset(m for m, scheme in schemes.items() if any(listed(m, s) for s in scheme.profiles))
     out: dict[int, float] = {}
-    sizes = {s for scheme in schemes.values() for s in scheme.sizes}
-    for size in sorted(sizes):
-        seconds = []
-        for model, scheme in schemes.items():
-            if size not in scheme.profiles:
-                continue
-            value = times.get(model, {}).get(scheme.profiles[size].name)
-            if value is None or not math.isfinite(value) or value <= 0:
-                break
-            seconds.append(float(value))
-        else:
-            if seconds:
-                out[size] = max(seconds)
-    return out
+    for size in sorted({s for m in models for s in schemes[m].profiles}):
+        seconds = [listed(m, size) for m in models if size in schemes[m].profiles]
+        if all(v is not None for v in seconds):
+            out[size] = max(v for v in seconds if v is not None)
+    return out, models if out else frozenset()
 
 
 class LiveMoldable:
@@ -80,17 +79,24 @@ class LiveMoldable:
         out = LiveOutcome()
         schemes = {t.model: self.scheme(t.model) for t in timelines}
         eligible: dict[str, tuple[BatchJob, JobTag, dict[int, float]]] = {}
-        for job, tag in waiting:
-            times = self.translations.moldable(tag)
-            sizes = sizes_of(times, schemes) if not isinstance(times, str) and schemes else {}
-            if sizes and self.fences.partition_problem(job) is None:
+        barred: dict[str, frozenset[int]] = {}  # the GPUs a job may not have, now or later (as the rule after)
+        barred_of: dict[tuple[frozenset[str], frozenset[str]], frozenset[int]] = {}  # by reach and models: shared
+        with self.fences.confinement(now) as confine:
+            for job, tag in waiting:
+                times = self.translations.moldable(tag)
+                sizes, models = sizes_of(times, schemes) if not isinstance(times, str) else ({}, frozenset())
+                if not sizes or self.fences.partition_problem(job) is not None:
+                    out.left.append((job, tag))  # the rule after records why (unplaceable, partitions) or sizes it
+                    continue
                 eligible[job.job_id] = (job, tag, sizes)
-            else:
-                out.left.append((job, tag))  # the rule after records why (unplaceable, partitions) or sizes it
+                key = (confine(job), models)
+                if key not in barred_of:
+                    barred_of[key] = self.fences.barred(key[0]) | {t.gid for t in timelines if t.model not in models}
+                barred[job.job_id] = barred_of[key]
         if not eligible:
             return out
-        state = LiveState(now, tuple(from_timeline(t) for t in timelines),
-                          tuple(LiveJob(name, sizes) for name, (_, _, sizes) in eligible.items()))  # fmt: skip
+        jobs = tuple(LiveJob(name, sizes, barred[name]) for name, (_, _, sizes) in eligible.items())
+        state = LiveState(now, tuple(from_timeline(t) for t in timelines), jobs)
         plan = plan_live(state, self.config.planner, budget_s=self.config.planner_budget_s, schemes=schemes)
         log.debug("moldable plan (%s): %d steps, %d now, %d decodings in %.3f s", plan.planner, len(plan.steps),
                   len(plan.start_now()), plan.evaluations, plan.elapsed_s)  # fmt: skip

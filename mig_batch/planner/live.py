@@ -35,9 +35,10 @@ when either ends):
   refinement phase are single-GPU-from-empty constructions; the live decoder replaces them.)
 * ``auto``: ours - starting points from EFT's and FAR's rules, least-area and least-time sizes, in
   queue, shortest-first and longest-first orders; then a local search (one job's size, two jobs'
-  order) until the budget ends. Objective ``mean`` (mean expected end of the queued jobs, makespan
-  on ties) or ``makespan``. Never worse on its objective than the ``eft`` and ``far`` plans it starts
-  from.
+  order) until the budget ends or ``STALL`` moves in a row found nothing better; its sizes are those
+  worth their slices by ``min_gain`` (:func:`worth_sizes`). Objective ``mean`` (mean expected end of the
+  queued jobs, makespan on ties) or ``makespan``. Never worse on its objective than the ``eft`` plan it
+  starts from.
 
 Pure code, no I/O: the controller and the simulator call it with their view and clock.
 """
@@ -61,6 +62,8 @@ from mig_batch.planner.problem import GpuScheme, Task, gpu_scheme
 INF = math.inf
 EPS = 1e-9
 LIVE_PLANNERS = ("eft", "far", "auto")
+STALL = 200  # auto's local search ends after this many moves without a better plan (a short queue: well before
+# its budget, which a live pass would otherwise spend whole at every pass while such a queue waits)
 OBJECTIVES = ("mean", "makespan")
 
 
@@ -86,6 +89,7 @@ class LiveGpu:
 class LiveJob:
     name: str
     times: Mapping[int, float]  # instance size (compute slices) -> predicted seconds; missing or inf: cannot
+    barred: frozenset[int] = frozenset()  # GPUs it may not have, now or later (outside its partitions, down)
 
     def time(self, size: int) -> float:
         return self.times.get(size, INF)
@@ -269,6 +273,12 @@ class LiveDecoder:
         for _j, job in enumerate(state.jobs):
             if any(not (t > 0) for t in job.times.values()):
                 raise ValueError(f"job {job.name}: predicted times must be positive")
+        masks: dict[frozenset[int], list[np.ndarray | None]] = {}  # most jobs share their barred GPUs
+        for job in state.jobs:
+            if job.barred not in masks:
+                rows = [np.array([gid in job.barred for gid in g.gids], dtype=bool) for g in self.groups]
+                masks[job.barred] = [m if m.any() else None for m in rows]
+        self.barred_rows = [masks[job.barred] for job in state.jobs]  # job -> group -> row barred (None: none)
 
     def fresh(self) -> _Run:
         return _Run([g.slice_free0.copy() for g in self.groups], [g.lb0.copy() for g in self.groups],
@@ -300,25 +310,34 @@ class LiveDecoder:
                 return INF, opens, n  # it would keep a reservation's slices: not here
         return start, opens, n
 
-    def _candidates(self, run: _Run, gi: int, size: int, every: bool = False) -> list[tuple[int, int]]:
+    def _candidates(self, run: _Run, gi: int, size: int, every: bool = False,
+                    barred: np.ndarray | None = None) -> list[tuple[int, int]]:  # fmt: skip
         g = self.groups[gi]
         ks = g.by_size[size]
         sub = np.maximum(run.lb[gi][:, ks], self.now) - 1e-6 * run.used[gi][:, None]
+        if barred is not None:
+            sub = np.where(barred[:, None], INF, sub)
         flat = sub.ravel()
         m = flat.size if every else min(self.shortlist, flat.size)
         idx = np.argpartition(flat, m - 1)[:m] if m < flat.size else np.arange(flat.size)
-        return [(int(i) // len(ks), ks[int(i) % len(ks)]) for i in idx]
+        found = [(int(i) // len(ks), ks[int(i) % len(ks)]) for i in idx]
+        return found if barred is None else [(r, k) for r, k in found if not barred[r]]
 
-    def best_place(self, run: _Run, seconds: float, size: int) -> tuple[float, float, int, int, int, int] | None:
-        """(start, opens, reconfigurations, group, row, slot) where a ``size`` run starts first."""
-        best: tuple[float, float, int, int, int, int] | None = None
+    def best_place(self, run: _Run, seconds: float, size: int,
+                   barred: Sequence[np.ndarray | None] = ()) -> _Place | None:  # fmt: skip
+        """(start, opens, reconfigurations, group, row, slot) where a ``size`` run starts first; ``barred``:
+        per group, the rows the job may not have."""
+        best: _Place | None = None
         best_key: tuple[float, int, float, int, int] | None = None
         for gi, g in enumerate(self.groups):
             if size not in g.by_size:
                 continue
+            rows_barred = barred[gi] if barred else None
+            if rows_barred is not None and rows_barred.all():
+                continue
             found = False
             for every in (False, True):  # the whole group only when no shortlisted place is clear
-                for r, k in self._candidates(run, gi, size, every):
+                for r, k in self._candidates(run, gi, size, every, rows_barred):
                     start, opens, n = self._exact(run, gi, r, k, seconds)
                     if not math.isfinite(start):
                         continue
@@ -365,10 +384,10 @@ class LiveDecoder:
         for i in order:
             job = self.jobs[i]
             if sizes[i]:
-                place = self.best_place(run, job.time(sizes[i]), sizes[i])
+                place = self.best_place(run, job.time(sizes[i]), sizes[i], self.barred_rows[i])
                 chosen = (place, job.time(sizes[i])) if place is not None else None
             else:
-                chosen = self._eft(run, job, self.sizes[i], min_gain)
+                chosen = self._eft(run, job, self.sizes[i], min_gain, self.barred_rows[i])
             if chosen is None or chosen[0] is None:
                 unplaced.append(job.name)
                 continue
@@ -377,10 +396,11 @@ class LiveDecoder:
         return LivePlan(planner, tuple(steps), tuple(unplaced), max(ends, default=self.now),
                         sum(ends) / len(ends) if ends else self.now)  # fmt: skip
 
-    def _eft(self, run: _Run, job: LiveJob, sizes: Sequence[int], min_gain: float) -> tuple[_Place, float] | None:
+    def _eft(self, run: _Run, job: LiveJob, sizes: Sequence[int], min_gain: float,
+             barred: Sequence[np.ndarray | None] = ()) -> tuple[_Place, float] | None:  # fmt: skip
         options = []
         for s in sizes:
-            place = self.best_place(run, job.time(s), s)
+            place = self.best_place(run, job.time(s), s, barred)
             if place is not None:
                 options.append((place[0] + job.time(s), s, place))
         if not options:
@@ -420,6 +440,21 @@ class _Timed:
 
 def _least_area(job: LiveJob, sizes: Sequence[int]) -> int:
     return min(sizes, key=lambda s: (s * job.time(s), s))
+
+
+def worth_sizes(job: LiveJob, sizes: Sequence[int], min_gain: float) -> list[int]:
+    """The sizes worth their slices: each larger one runs over ``min_gain`` shorter than the last kept
+    (the site's rule for taking a larger profile; a plan that ignored it took 7 slices to end 5 % sooner)."""
+    kept: list[int] = []
+    for s in sorted(sizes):
+        if not kept or job.time(kept[-1]) > job.time(s) * (1 + min_gain):
+            kept.append(s)
+    return kept
+
+
+def _within(worth: Sequence[int], size: int) -> int:
+    """The largest of ``worth`` up to ``size`` (its smallest when none is)."""
+    return max((s for s in worth if s <= size), default=min(worth))
 
 
 def _far_candidates(dec: LiveDecoder) -> list[list[int]]:
@@ -462,9 +497,9 @@ def _auto_plan(dec: LiveDecoder, deadline: float, evaluations: int, clock: Calla
                objective: str, min_gain: float, seed: int) -> tuple[LivePlan, int]:  # fmt: skip
     n = len(dec.jobs)
     queue = list(range(n))
-    area = [_least_area(j, dec.sizes[i]) if dec.sizes[i] else 0 for i, j in enumerate(dec.jobs)]
-    fastest = [min(dec.sizes[i], key=lambda s: (j.time(s), s)) if dec.sizes[i] else 0
-               for i, j in enumerate(dec.jobs)]  # fmt: skip
+    worth = [worth_sizes(j, dec.sizes[i], min_gain) for i, j in enumerate(dec.jobs)]
+    area = [_least_area(j, worth[i]) if worth[i] else 0 for i, j in enumerate(dec.jobs)]
+    fastest = [min(worth[i], key=lambda s: (j.time(s), s)) if worth[i] else 0 for i, j in enumerate(dec.jobs)]
 
     def shortest(sizes: Sequence[int]) -> list[int]:
         key = [dec.jobs[i].time(sizes[i]) if sizes[i] else min((dec.jobs[i].time(s) for s in dec.sizes[i]),
@@ -475,7 +510,7 @@ def _auto_plan(dec: LiveDecoder, deadline: float, evaluations: int, clock: Calla
     starts: list[tuple[list[int], list[int]]] = [(queue, eft_sizes), (shortest(eft_sizes), eft_sizes)]
     for sizes in (area, fastest):
         starts += [(queue, sizes), (shortest(sizes), sizes), (_longest_first(dec, sizes), sizes)]
-    family = _far_candidates(dec)
+    family = [[_within(worth[i], s) if s else 0 for i, s in enumerate(sizes)] for sizes in _far_candidates(dec)]
     if family:
         starts.append((_longest_first(dec, family[0]), family[0]))
         starts += [(_longest_first(dec, s), s) for s in family[1:][:: max(1, len(family) // 8)]]
@@ -496,13 +531,14 @@ def _auto_plan(dec: LiveDecoder, deadline: float, evaluations: int, clock: Calla
     assert best is not None
     rng = random.Random(seed)
     order, sizes = best_cand
-    while n > 1 and used < evaluations and not timed.out_of_time():
+    stalled = 0
+    while n > 1 and used < evaluations and stalled < STALL and not timed.out_of_time():
         o, s = list(order), list(sizes)
         move = rng.random()
         if move < 0.5:
             i = rng.randrange(n)
-            choices = [c for c in (0, *dec.sizes[i]) if c != s[i]]
-            if not dec.sizes[i]:
+            choices = [c for c in (0, *worth[i]) if c != s[i]]
+            if not worth[i]:
                 used += 1
                 continue
             s[i] = rng.choice(choices)
@@ -514,6 +550,7 @@ def _auto_plan(dec: LiveDecoder, deadline: float, evaluations: int, clock: Calla
                 o.insert(b, o.pop(a))
         plan = timed.decode(o, s, "auto", min_gain)
         used += 1
+        stalled = 0 if key(plan) < key(best) else stalled + 1
         if key(plan) <= key(best):
             best, order, sizes = plan, o, s
     return best, used
@@ -548,9 +585,9 @@ def check_live_plan(state: LiveState, plan: LivePlan, schemes: Mapping[str, GpuS
     """Validate a live plan against its state; raises ValueError naming the broken rule.
 
     Every queued job is planned once or listed unplaced; a run takes its predicted time on a size its
-    GPU has, at an allowed slot; on each GPU, instances alive at the same time never share a memory
-    slice (the ones that exist now live until the plan destroys them), runs happen on a live instance
-    after its creation and before its destruction, one at a time, reconfigurations never overlap and
+    GPU has, at an allowed slot, on a GPU not barred to it; on each GPU, instances alive at the same time
+    never share a memory slice (the ones that exist now live until the plan destroys them), runs happen on
+    a live instance after its creation and before its destruction, one at a time, reconfigurations never overlap and
     destroy only idle instances; no run shares slices with a hold while it lasts, nor with a rigid
     job's reservation after ``since + max_hold_s``.
     """
@@ -564,6 +601,8 @@ def check_live_plan(state: LiveState, plan: LivePlan, schemes: Mapping[str, GpuS
     for s in plan.steps:
         if s.gid not in gpus:
             raise ValueError(f"job {s.job}: no GPU {s.gid}")
+        if s.gid in jobs[s.job].barred:
+            raise ValueError(f"job {s.job}: GPU {s.gid} is barred to it")
         expected = jobs[s.job].time(s.size)
         if not math.isfinite(expected) or abs(s.end - s.start - expected) > 1e-6 * max(1.0, expected):
             raise ValueError(f"job {s.job} on size {s.size} must take {expected}, the plan gives {s.end - s.start}")
