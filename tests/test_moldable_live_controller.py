@@ -144,3 +144,62 @@ def test_one_default_planner_everywhere(tmp_path):
     assert parse_yaml(shipped.read_text())["moldable"]["planner"] == DEFAULT_MOLDABLE_PLANNER
     named = re.findall(r"The default moldable planner is \*\*`([a-z-]+)`\*\*", docs.read_text())
     assert named == [DEFAULT_MOLDABLE_PLANNER], f"docs/moldable.md names {named} as the measured default"
+
+
+@pytest.mark.parametrize("tag", ["mig-batch:v1;req=1g.10gb;moldable=1g.10gb:600,2g.20gb:300",
+                                 "mig-batch:v1;req=10gb;moldable=1g:600"])  # fmt: skip
+def test_a_job_listing_no_planner_profile_of_a_model_still_starts_on_that_models_idle_gpu(tmp_path, tag):
+    """The A100-80GB runs a whole-GPU job; the A100-40GB is idle, and the job can run there on 1g.10gb,
+    which is not the 40GB's planner profile of 1g (1g.5gb). Barring the 40GB would make it wait an hour
+    for the 80GB: it is left to the earliest-finish rule, which starts it on the 40GB now."""
+    site = SiteConfig(state=tmp_path / "state.db", nodes={"n1": ("A100-80GB",), "n2": ("A100-40GB",)},
+                      moldable=MoldableConfig(planner="auto", planner_budget_s=0.3))  # fmt: skip
+    batch = FakeBatch(["n1", "n2"], cpus_per_node=64)
+    batch.clock = time.time()
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    big = batch.add(BIG)
+    c.step()
+    p = parse_place(batch.job(big).admin_tag)
+    batch.start(big, NodeReport("made", p.gpu, p.profile, p.start, 1, f"MIG-{big}"))
+    c.step()
+    job = batch.add(tag)
+    c.step()
+    d = store.decision(job)
+    assert d is not None and (d.node, d.profile) == ("n2", "1g.10gb"), d
+
+
+def test_a_plan_holds_at_most_max_reservations_and_is_not_made_again_while_nothing_changes(tmp_path, monkeypatch):
+    """Ten jobs wait behind a whole-GPU job: the plan reserves slices for the first three only
+    (``max_reservations``: the others wait without a hold, as under the rule), and the next passes, with the
+    same jobs and holds and nothing of the plan able to start, reuse it instead of planning for a second."""
+    import mig_batch.controller.live_moldable as live_moldable
+
+    calls = []
+    real = live_moldable.plan_live
+    monkeypatch.setattr(live_moldable, "plan_live", lambda *a, **k: calls.append(1) or real(*a, **k))
+    site = SiteConfig(state=tmp_path / "state.db", nodes={"n1": ("A100-80GB",)},
+                      moldable=MoldableConfig(planner="auto", planner_budget_s=0.3, max_reservations=3))  # fmt: skip
+    batch = FakeBatch(["n1"], cpus_per_node=64)
+    batch.clock = time.time()
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    big = batch.add(BIG, time_limit_s=3600)
+    c.step()
+    p = parse_place(batch.job(big).admin_tag)
+    batch.start(big, NodeReport("made", p.gpu, p.profile, p.start, 1, f"MIG-{big}"))
+    c.step()
+    outcomes = []
+    place = c.moldable.place
+    monkeypatch.setattr(c.moldable, "place", lambda *a: outcomes.append(place(*a)) or outcomes[-1])
+    jobs = [batch.add("mig-batch:v1;req=1g;moldable=1g:600,7g:60") for _ in range(10)]
+    for _ in range(3):
+        c.step()
+    assert all(store.decision(j) is None for j in jobs)
+    assert [(len(reserved), waiting) for _, reserved, waiting in outcomes] == [(3, 10)] * 3
+    assert len(calls) == 1
+    (event,) = store.events(kind="moldable-plan")
+    assert event["jobs"] == 10 and len(event["steps"]) == 10
+    batch.add("mig-batch:v1;req=1g;moldable=1g:600,7g:60")  # a new job: planned again
+    c.step()
+    assert len(calls) == 2

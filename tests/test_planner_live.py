@@ -238,3 +238,14 @@ def test_auto_stops_searching_a_short_queue_long_before_its_budget() -> None:
     state = LiveState(0.0, tuple(LiveGpu(g, A100) for g in range(2)), tuple(_job(f"j{i}", 60.0 + i) for i in range(5)))
     plan = plan_live(state, "auto", budget_s=math.inf, evaluations=10_000)
     assert STALL <= plan.evaluations < 10 * STALL
+
+
+def test_a_jobs_sizes_are_those_of_the_gpus_it_may_have() -> None:
+    """The A100 is barred; the A30 has no 3-slice instance: the job's sizes are 1 and 4 there (3, the A100's
+    only, would leave `far` nothing to place and `auto` only the slow 1g)."""
+    state = LiveState(0.0, (LiveGpu(0, A100), LiveGpu(1, "A30-24GB")),
+                      (LiveJob("j", {1: 200.0, 3: 10.0, 4: 50.0}, frozenset({0})),))  # fmt: skip
+    for planner in LIVE_PLANNERS:
+        plan = plan_live(state, planner, evaluations=20, budget_s=math.inf)
+        check_live_plan(state, plan)
+        assert [(s.gid, s.size) for s in plan.steps] == [(1, 4)], planner

@@ -15,6 +15,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from mig_batch.batch.system import BatchJob
 from mig_batch.batch.tags import JobTag
@@ -26,7 +27,7 @@ from mig_batch.controller.translations import Translations
 from mig_batch.mig.models import get_model
 from mig_batch.placement.base import placement_on
 from mig_batch.placement.timelines import GpuTimeline, Hold
-from mig_batch.planner.live import LiveJob, LiveState, Step, from_timeline, plan_live
+from mig_batch.planner.live import LiveJob, LivePlan, LiveState, Step, from_timeline, plan_live
 from mig_batch.planner.problem import GpuScheme, gpu_scheme
 from mig_batch.state import Decision
 
@@ -44,15 +45,18 @@ class LiveOutcome:
 
 def sizes_of(times: Mapping[str, Mapping[str, float]],
              schemes: Mapping[str, GpuScheme]) -> tuple[dict[int, float], frozenset[str]]:  # fmt: skip
-    """(size -> seconds, the models it may run on): the models are those of the cluster where the job lists
-    a planner profile (``--gpu A100-40GB``: that model only; the GPUs of the others are barred to it); a
-    size counts when, on every one of them that has it, the job lists that model's planner profile (the
-    longest of those times is taken)."""
+    """(size -> seconds, the models it may run on): the cluster's models the job lists times for (``--gpu
+    A100-40GB``: that model only; the GPUs of the others are barred to it); a size counts when, on every
+    one of them that has it, the job lists that model's planner profile (the longest of those times is
+    taken). A model where the job lists no planner profile (only ``1g.10gb`` on an A100-40GB, whose 1g is
+    1g.5gb) would bar GPUs the job can run on: then nothing is planned ({}) and the rule after decides."""
     def listed(model: str, size: int) -> float | None:
         value = times.get(model, {}).get(schemes[model].profiles[size].name)
         return float(value) if value is not None and math.isfinite(value) and value > 0 else None
 
-    models = frozenset(m for m, scheme in schemes.items() if any(listed(m, s) for s in scheme.profiles))
+    models = frozenset(m for m in schemes if times.get(m))
+    if not models or any(all(listed(m, s) is None for s in schemes[m].profiles) for m in models):
+        return {}, frozenset()
     out: dict[int, float] = {}
     for size in sorted({s for m in models for s in schemes[m].profiles}):
         seconds = [listed(m, size) for m in models if size in schemes[m].profiles]
@@ -68,6 +72,7 @@ class LiveMoldable:
         self.translations, self.config = translations, config
         self._schemes: dict[str, GpuScheme] = {}
         self._recorded: list[Step] = []  # the last plan recorded (a moldable-plan event each time it changes)
+        self._last: tuple[Any, LivePlan] | None = None  # (what it was planned from, the plan)
 
     def scheme(self, model: str) -> GpuScheme:
         if model not in self._schemes:
@@ -96,23 +101,21 @@ class LiveMoldable:
         if not eligible:
             return out
         jobs = tuple(LiveJob(name, sizes, barred[name]) for name, (_, _, sizes) in eligible.items())
-        state = LiveState(now, tuple(from_timeline(t) for t in timelines), jobs)
-        plan = plan_live(state, self.config.planner, budget_s=self.config.planner_budget_s, schemes=schemes)
-        log.debug("moldable plan (%s): %d steps, %d now, %d decodings in %.3f s", plan.planner, len(plan.steps),
-                  len(plan.start_now()), plan.evaluations, plan.elapsed_s)  # fmt: skip
+        plan = self._plan(jobs, timelines, schemes, now)
         if plan.steps and plan_changed(self._recorded, plan.steps):  # before its decisions: what they follow
             self._recorded = list(plan.steps)
-            self.placer.store.event(None, "moldable-plan", planner=plan.planner, steps=[
+            self.placer.store.event(None, "moldable-plan", planner=plan.planner, jobs=len(plan.steps), steps=[
                 {"job": s.job, "gpu": s.gid, "profile": s.profile, "slot": s.slot, "start": round(s.start, 3),
-                 "end": round(s.end, 3), "now": s.now} for s in plan.steps])  # fmt: skip
+                 "end": round(s.end, 3), "now": s.now} for s in plan.steps[:EVENT_STEPS]])  # fmt: skip
         view = self.ledger.view
         with self.fences.confinement(now) as confine:
             for step in plan.steps:
                 job, tag, sizes = eligible[step.job]
                 gpu = view.gpus[step.gid]
                 window = get_model(gpu.model).profile(step.profile).window(step.slot)
-                if not step.now:
-                    out.reserved.append((step.gid, Hold(window, until=step.end, since=step.start)))
+                if not step.now:  # the first max_reservations hold their slices (as the rule's), the rest wait
+                    if len(out.reserved) < self.config.max_reservations:
+                        out.reserved.append((step.gid, Hold(window, until=step.end, since=step.start)))
                     out.waiting += 1
                     continue
                 confine(job)
@@ -128,7 +131,23 @@ class LiveMoldable:
         return out
 
 
+    def _plan(self, jobs: tuple[LiveJob, ...], timelines: Sequence[GpuTimeline], schemes: Mapping[str, GpuScheme],
+              now: float) -> LivePlan:  # fmt: skip
+        """The plan for this pass: the last one again when its jobs and the GPUs' holds are the same and none of
+        its steps can start yet (planning again would find it again, at the cost of the whole budget)."""
+        key = (jobs, tuple((t.gid, t.model, t.holds) for t in timelines))
+        if self._last is not None and self._last[0] == key and all(s.opens > now for s in self._last[1].steps):
+            return self._last[1]
+        state = LiveState(now, tuple(from_timeline(t) for t in timelines), jobs)
+        plan = plan_live(state, self.config.planner, budget_s=self.config.planner_budget_s, schemes=schemes)
+        log.debug("moldable plan (%s): %d steps, %d now, %d decodings in %.3f s", plan.planner, len(plan.steps),
+                  len(plan.start_now()), plan.evaluations, plan.elapsed_s)  # fmt: skip
+        self._last = (key, plan)
+        return plan
+
+
 PLAN_MOVED_S = 2.0  # a planned start that moves by more than this makes the plan a new one (recorded)
+EVENT_STEPS = 64  # steps a moldable-plan event keeps (the first, in plan order; ``jobs`` counts them all)
 
 
 def plan_changed(before: Sequence[Step], after: Sequence[Step]) -> bool:

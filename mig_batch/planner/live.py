@@ -268,9 +268,7 @@ class LiveDecoder:
             raise ValueError("GPU ids must be unique")
         self.groups = [_Group((schemes or {}).get(m) or gpu_scheme(m), gs, state) for m, gs in by_model.items()]
         self.jobs = state.jobs
-        self.sizes = [sorted(s for s, t in j.times.items() if math.isfinite(t) and t > 0
-                             and any(s in g.by_size for g in self.groups)) for j in state.jobs]  # fmt: skip
-        for _j, job in enumerate(state.jobs):
+        for job in state.jobs:
             if any(not (t > 0) for t in job.times.values()):
                 raise ValueError(f"job {job.name}: predicted times must be positive")
         masks: dict[frozenset[int], list[np.ndarray | None]] = {}  # most jobs share their barred GPUs
@@ -279,6 +277,9 @@ class LiveDecoder:
                 rows = [np.array([gid in job.barred for gid in g.gids], dtype=bool) for g in self.groups]
                 masks[job.barred] = [m if m.any() else None for m in rows]
         self.barred_rows = [masks[job.barred] for job in state.jobs]  # job -> group -> row barred (None: none)
+        self.sizes = [sorted(s for s, t in j.times.items() if math.isfinite(t) and t > 0 and any(
+            s in g.by_size and (rows[gi] is None or not rows[gi].all()) for gi, g in enumerate(self.groups)))
+            for j, rows in zip(state.jobs, self.barred_rows, strict=True)]  # sizes on a GPU it may have  # fmt: skip
 
     def fresh(self) -> _Run:
         return _Run([g.slice_free0.copy() for g in self.groups], [g.lb0.copy() for g in self.groups],
