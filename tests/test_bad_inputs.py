@@ -94,6 +94,8 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("mig-batch", ["simulate", "moldable", "--planners", "best"], "eft, far, auto, eft-today"),
     ("mig-batch", ["simulate", "moldable", "--loads", "-1"], "--loads"),
     ("mig-batch", ["simulate", "moldable", "--workloads", "nosuch"], "migdrl-mixscalinguniform"),
+    ("mig-batch", ["simulate", "moldable", "--planners", "eft,auto", "--baseline", "far"], "--planners (eft, auto)"),
+    ("mig-batch", ["simulate", "moldable", "--first-seed", "-1"], "--first-seed >= 0"),
     ("mig-batch", ["bench", "live-planner", "--gpus", "0"], "--gpus"),
     ("mig-batch", ["bench", "live-planner", "--planners", "best"], "eft, far, auto"),
     ("mig-batch", ["simulate", "flex", "--traces-per-category", "0"], "--traces-per-category"),
