@@ -104,6 +104,11 @@ def test_sizes_of_keeps_the_planner_profiles_only():
     assert sizes_of(times, both) == ({1: 600.0, 3: 240.0, 7: 100.0}, {"A100-80GB"})  # its model only
     times["A100-40GB"] = {"1g.5gb": 700.0, "7g.40gb": 90.0}
     assert sizes_of(times, both) == ({1: 700.0, 7: 100.0}, {"A100-80GB", "A100-40GB"})  # 3g: not on the 40GB
+    # 1g listed on the 40GB as 1g.10gb only (its planner 1g is 1g.5gb): a 1g could run there, and the plan
+    # would have no 1g at all: left to the rule
+    floor = {"A100-80GB": {"1g.10gb": 600.0, "2g.20gb": 320.0, "7g.80gb": 100.0},
+             "A100-40GB": {"1g.10gb": 600.0, "2g.10gb": 320.0, "7g.40gb": 100.0}}  # fmt: skip
+    assert sizes_of(floor, both) == ({}, frozenset())
 
 
 def test_a_job_for_one_model_is_planned_on_that_models_gpus_only(tmp_path):
@@ -199,7 +204,35 @@ def test_a_plan_holds_at_most_max_reservations_and_is_not_made_again_while_nothi
     assert [(len(reserved), waiting) for _, reserved, waiting in outcomes] == [(3, 10)] * 3
     assert len(calls) == 1
     (event,) = store.events(kind="moldable-plan")
-    assert event["jobs"] == 10 and len(event["steps"]) == 10
+    assert (event["planned"], event["unplaced"], len(event["steps"])) == (10, 0, 10)
     batch.add("mig-batch:v1;req=1g;moldable=1g:600,7g:60")  # a new job: planned again
     c.step()
     assert len(calls) == 2
+
+
+def test_the_plans_reservations_go_to_the_oldest_waiting_jobs(tmp_path, monkeypatch):
+    """The head of the queue (7g for 3000 s) and four short jobs wait behind a whole-GPU job; auto plans the
+    short ones first, but with max_reservations=2 the head holds its slices, as it would under the rule."""
+    site = SiteConfig(state=tmp_path / "state.db", nodes={"n1": ("A100-80GB",)},
+                      moldable=MoldableConfig(planner="auto", planner_budget_s=0.3, max_reservations=2))  # fmt: skip
+    batch = FakeBatch(["n1"], cpus_per_node=64)
+    batch.clock = time.time()
+    store = Store(site.state)
+    c = Controller(site, store, batch)
+    big = batch.add(BIG, time_limit_s=3600)
+    c.step()
+    p = parse_place(batch.job(big).admin_tag)
+    batch.start(big, NodeReport("made", p.gpu, p.profile, p.start, 1, f"MIG-{big}"))
+    c.step()
+    outcomes = []
+    place = c.moldable.place
+    monkeypatch.setattr(c.moldable, "place", lambda *a: outcomes.append(place(*a)) or outcomes[-1])
+    head = batch.add("mig-batch:v1;req=7g;moldable=7g:3000")
+    for _ in range(4):
+        batch.add("mig-batch:v1;req=7g;moldable=7g:100")
+    c.step()
+    (event,) = store.events(kind="moldable-plan")
+    assert event["steps"][0]["job"] != head  # planned after the short ones
+    (_, reserved, waiting), = outcomes
+    assert waiting == 5 and len(reserved) == 2
+    assert any(round(hold.until - hold.since) == 3000 for _, hold in reserved)  # the head's

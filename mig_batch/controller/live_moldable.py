@@ -48,15 +48,19 @@ def sizes_of(times: Mapping[str, Mapping[str, float]],
     """(size -> seconds, the models it may run on): the cluster's models the job lists times for (``--gpu
     A100-40GB``: that model only; the GPUs of the others are barred to it); a size counts when, on every
     one of them that has it, the job lists that model's planner profile (the longest of those times is
-    taken). A model where the job lists no planner profile (only ``1g.10gb`` on an A100-40GB, whose 1g is
-    1g.5gb) would bar GPUs the job can run on: then nothing is planned ({}) and the rule after decides."""
+    taken). A size the job lists on a model under another profile only (``1g.10gb`` on an A100-40GB,
+    whose planner 1g is 1g.5gb) could run there, and the plan could neither use it nor leave it to the
+    job: then nothing is planned ({}) and the rule after decides."""
     def listed(model: str, size: int) -> float | None:
         value = times.get(model, {}).get(schemes[model].profiles[size].name)
         return float(value) if value is not None and math.isfinite(value) and value > 0 else None
 
     models = frozenset(m for m in schemes if times.get(m))
-    if not models or any(all(listed(m, s) is None for s in schemes[m].profiles) for m in models):
-        return {}, frozenset()
+    for m in models:
+        shape = get_model(m)
+        sizes = {shape.profile(name).compute_slices for name in times[m] if shape.has_profile(name)}
+        if any(size not in schemes[m].profiles or listed(m, size) is None for size in sizes):
+            return {}, frozenset()
     out: dict[int, float] = {}
     for size in sorted({s for m in models for s in schemes[m].profiles}):
         seconds = [listed(m, size) for m in models if size in schemes[m].profiles]
@@ -104,17 +108,21 @@ class LiveMoldable:
         plan = self._plan(jobs, timelines, schemes, now)
         if plan.steps and plan_changed(self._recorded, plan.steps):  # before its decisions: what they follow
             self._recorded = list(plan.steps)
-            self.placer.store.event(None, "moldable-plan", planner=plan.planner, jobs=len(plan.steps), steps=[
+            self.placer.store.event(None, "moldable-plan", planner=plan.planner, planned=len(plan.steps),
+                                    unplaced=len(plan.unplaced), steps=[
                 {"job": s.job, "gpu": s.gid, "profile": s.profile, "slot": s.slot, "start": round(s.start, 3),
                  "end": round(s.end, 3), "now": s.now} for s in plan.steps[:EVENT_STEPS]])  # fmt: skip
+        queue = {name: i for i, name in enumerate(eligible)}
+        held = {s.job for s in sorted((s for s in plan.steps if not s.now), key=lambda s: queue[s.job])
+                [: self.config.max_reservations]}  # the oldest waiting jobs hold their slices, as under the rule
         view = self.ledger.view
         with self.fences.confinement(now) as confine:
             for step in plan.steps:
                 job, tag, sizes = eligible[step.job]
                 gpu = view.gpus[step.gid]
                 window = get_model(gpu.model).profile(step.profile).window(step.slot)
-                if not step.now:  # the first max_reservations hold their slices (as the rule's), the rest wait
-                    if len(out.reserved) < self.config.max_reservations:
+                if not step.now:
+                    if step.job in held:
                         out.reserved.append((step.gid, Hold(window, until=step.end, since=step.start)))
                     out.waiting += 1
                     continue
@@ -147,7 +155,7 @@ class LiveMoldable:
 
 
 PLAN_MOVED_S = 2.0  # a planned start that moves by more than this makes the plan a new one (recorded)
-EVENT_STEPS = 64  # steps a moldable-plan event keeps (the first, in plan order; ``jobs`` counts them all)
+EVENT_STEPS = 64  # steps a moldable-plan event keeps (the first, in plan order; ``planned`` counts them all)
 
 
 def plan_changed(before: Sequence[Step], after: Sequence[Step]) -> bool:

@@ -46,7 +46,7 @@ class MoldablePlacer:
             if not waiting:
                 return decided, reserved, waiting_count
         planner = MoldablePlanner(self.ledger.view, timelines, now, self.policy, self.config.min_gain,
-                                  self.config.max_reservations)  # fmt: skip
+                                  max(0, self.config.max_reservations - len(reserved)))  # one cap for both  # fmt: skip
         barred_of: dict[frozenset[str], frozenset[int]] = {}  # by the nodes outside a job's reach: most share them
         with self.fences.confinement(now) as confine:
             for job, tag in waiting:
