@@ -174,17 +174,12 @@ def test_a_job_listing_no_planner_profile_of_a_model_still_starts_on_that_models
     assert d is not None and (d.node, d.profile) == ("n2", "1g.10gb"), d
 
 
-def test_a_plan_holds_at_most_max_reservations_and_is_not_made_again_while_nothing_changes(tmp_path, monkeypatch):
-    """Ten jobs wait behind a whole-GPU job: the plan reserves slices for the first three only
-    (``max_reservations``: the others wait without a hold, as under the rule), and the next passes, with the
-    same jobs and holds and nothing of the plan able to start, reuse it instead of planning for a second."""
-    import mig_batch.controller.live_moldable as live_moldable
-
-    calls = []
-    real = live_moldable.plan_live
-    monkeypatch.setattr(live_moldable, "plan_live", lambda *a, **k: calls.append(1) or real(*a, **k))
+def _behind_a_whole_gpu_job(tmp_path, monkeypatch, max_reservations: int):
+    """One A100-80GB running a whole-GPU job for an hour; what each pass's moldable placing returned is
+    collected in the list returned."""
     site = SiteConfig(state=tmp_path / "state.db", nodes={"n1": ("A100-80GB",)},
-                      moldable=MoldableConfig(planner="auto", planner_budget_s=0.3, max_reservations=3))  # fmt: skip
+                      moldable=MoldableConfig(planner="auto", planner_budget_s=0.3,
+                                              max_reservations=max_reservations))  # fmt: skip
     batch = FakeBatch(["n1"], cpus_per_node=64)
     batch.clock = time.time()
     store = Store(site.state)
@@ -194,9 +189,22 @@ def test_a_plan_holds_at_most_max_reservations_and_is_not_made_again_while_nothi
     p = parse_place(batch.job(big).admin_tag)
     batch.start(big, NodeReport("made", p.gpu, p.profile, p.start, 1, f"MIG-{big}"))
     c.step()
-    outcomes = []
+    outcomes: list = []
     place = c.moldable.place
     monkeypatch.setattr(c.moldable, "place", lambda *a: outcomes.append(place(*a)) or outcomes[-1])
+    return batch, store, c, outcomes
+
+
+def test_a_plan_holds_at_most_max_reservations_and_is_not_made_again_while_nothing_changes(tmp_path, monkeypatch):
+    """Ten jobs wait behind a whole-GPU job: the plan reserves slices for the first three only
+    (``max_reservations``: the others wait without a hold, as under the rule), and the next passes, with the
+    same jobs and holds and nothing of the plan able to start, reuse it instead of planning for a second."""
+    import mig_batch.controller.live_moldable as live_moldable
+
+    calls = []
+    real = live_moldable.plan_live
+    monkeypatch.setattr(live_moldable, "plan_live", lambda *a, **k: calls.append(1) or real(*a, **k))
+    batch, store, c, outcomes = _behind_a_whole_gpu_job(tmp_path, monkeypatch, 3)
     jobs = [batch.add("mig-batch:v1;req=1g;moldable=1g:600,7g:60") for _ in range(10)]
     for _ in range(3):
         c.step()
@@ -213,26 +221,13 @@ def test_a_plan_holds_at_most_max_reservations_and_is_not_made_again_while_nothi
 def test_the_plans_reservations_go_to_the_oldest_waiting_jobs(tmp_path, monkeypatch):
     """The head of the queue (7g for 3000 s) and four short jobs wait behind a whole-GPU job; auto plans the
     short ones first, but with max_reservations=2 the head holds its slices, as it would under the rule."""
-    site = SiteConfig(state=tmp_path / "state.db", nodes={"n1": ("A100-80GB",)},
-                      moldable=MoldableConfig(planner="auto", planner_budget_s=0.3, max_reservations=2))  # fmt: skip
-    batch = FakeBatch(["n1"], cpus_per_node=64)
-    batch.clock = time.time()
-    store = Store(site.state)
-    c = Controller(site, store, batch)
-    big = batch.add(BIG, time_limit_s=3600)
-    c.step()
-    p = parse_place(batch.job(big).admin_tag)
-    batch.start(big, NodeReport("made", p.gpu, p.profile, p.start, 1, f"MIG-{big}"))
-    c.step()
-    outcomes = []
-    place = c.moldable.place
-    monkeypatch.setattr(c.moldable, "place", lambda *a: outcomes.append(place(*a)) or outcomes[-1])
+    batch, store, c, outcomes = _behind_a_whole_gpu_job(tmp_path, monkeypatch, 2)
     head = batch.add("mig-batch:v1;req=7g;moldable=7g:3000")
     for _ in range(4):
         batch.add("mig-batch:v1;req=7g;moldable=7g:100")
     c.step()
     (event,) = store.events(kind="moldable-plan")
     assert event["steps"][0]["job"] != head  # planned after the short ones
-    (_, reserved, waiting), = outcomes
+    ((_, reserved, waiting),) = outcomes
     assert waiting == 5 and len(reserved) == 2
     assert any(round(hold.until - hold.since) == 3000 for _, hold in reserved)  # the head's
