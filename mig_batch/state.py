@@ -816,10 +816,8 @@ class Store:
         args: list[Any] = []
         if job is not None:
             sql, args = sql + " AND job=?", [*args, job]
-        if isinstance(kind, str):
-            sql, args = sql + " AND kind=?", [*args, kind]
-        elif kind is not None:
-            kinds = sorted(kind)
+        if kind is not None:
+            kinds = [kind] if isinstance(kind, str) else sorted(kind)
             sql, args = sql + f" AND kind IN ({','.join('?' * len(kinds))})", [*args, *kinds]
         if node is not None:
             sql += " AND (json_extract(detail, '$.node')=? OR job IN (SELECT job FROM decisions WHERE node=?))"

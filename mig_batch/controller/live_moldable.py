@@ -90,18 +90,17 @@ class LiveMoldable:
         eligible: dict[str, tuple[BatchJob, JobTag, dict[int, float]]] = {}
         barred: dict[str, frozenset[int]] = {}  # the GPUs a job may not have, now or later (as the rule after)
         barred_of: dict[tuple[frozenset[str], frozenset[str]], frozenset[int]] = {}  # by reach and models: shared
-        with self.fences.confinement(now) as confine:
-            for job, tag in waiting:
-                times = self.translations.moldable(tag)
-                sizes, models = sizes_of(times, schemes) if not isinstance(times, str) else ({}, frozenset())
-                if not sizes or self.fences.partition_problem(job) is not None:
-                    out.left.append((job, tag))  # the rule after records why (unplaceable, partitions) or sizes it
-                    continue
-                eligible[job.job_id] = (job, tag, sizes)
-                key = (confine(job), models)
-                if key not in barred_of:
-                    barred_of[key] = self.fences.barred(key[0]) | {t.gid for t in timelines if t.model not in models}
-                barred[job.job_id] = barred_of[key]
+        for job, tag in waiting:
+            times = self.translations.moldable(tag)
+            sizes, models = sizes_of(times, schemes) if not isinstance(times, str) else ({}, frozenset())
+            if not sizes or self.fences.partition_problem(job) is not None:
+                out.left.append((job, tag))  # the rule after records why (unplaceable, partitions) or sizes it
+                continue
+            eligible[job.job_id] = (job, tag, sizes)
+            key = (self.fences.outside_of_job(job, now), models)  # no fence applied: nothing is decided here
+            if key not in barred_of:
+                barred_of[key] = self.fences.barred(key[0]) | {t.gid for t in timelines if t.model not in models}
+            barred[job.job_id] = barred_of[key]
         if not eligible:
             return out
         jobs = tuple(LiveJob(name, sizes, barred[name]) for name, (_, _, sizes) in eligible.items())
